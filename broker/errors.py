@@ -1,0 +1,103 @@
+"""Error codes of the wire protocol (DESIGN §4) and the exceptions that carry them.
+
+Server and clients share this module so that an error raised deep in the broker's log
+reaches a client as the same exception class, with the broker's explanation attached.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    NONE = 0
+    UNKNOWN = -1
+    OFFSET_OUT_OF_RANGE = 1
+    INVALID_MESSAGE = 2
+    UNKNOWN_PARTITION = 3
+    MESSAGE_TOO_LARGE = 4
+    UNKNOWN_TOPIC = 5
+    INVALID_TOPIC_NAME = 6
+    REQUEST_TOO_LARGE = 7
+    UNSUPPORTED_API = 8
+    INVALID_REQUEST = 9
+    BROKER_SHUTTING_DOWN = 10
+    NOT_LEADER_FOR_PARTITION = 11
+    TOPIC_ALREADY_EXISTS = 12
+
+
+class LogbusError(Exception):
+    """Base of every logbus error; `code` is what goes on the wire."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN
+    retriable: bool = False
+
+
+class OffsetOutOfRange(LogbusError):
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class InvalidMessage(LogbusError):
+    code = ErrorCode.INVALID_MESSAGE
+
+
+class UnknownPartition(LogbusError):
+    code = ErrorCode.UNKNOWN_PARTITION
+
+
+class MessageTooLarge(LogbusError):
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class UnknownTopic(LogbusError):
+    code = ErrorCode.UNKNOWN_TOPIC
+
+
+class InvalidTopicName(LogbusError):
+    code = ErrorCode.INVALID_TOPIC_NAME
+
+
+class RequestTooLarge(LogbusError):
+    code = ErrorCode.REQUEST_TOO_LARGE
+
+
+class UnsupportedApi(LogbusError):
+    code = ErrorCode.UNSUPPORTED_API
+
+
+class InvalidRequest(LogbusError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class BrokerShuttingDown(LogbusError):
+    code = ErrorCode.BROKER_SHUTTING_DOWN
+    retriable = True
+
+
+class NotLeaderForPartition(LogbusError):
+    code = ErrorCode.NOT_LEADER_FOR_PARTITION
+    retriable = True
+
+
+class TopicAlreadyExists(LogbusError):
+    code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class UnknownError(LogbusError):
+    code = ErrorCode.UNKNOWN
+
+
+_BY_CODE: dict[int, type[LogbusError]] = {
+    cls.code: cls
+    for cls in (
+        OffsetOutOfRange, InvalidMessage, UnknownPartition, MessageTooLarge, UnknownTopic,
+        InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
+        NotLeaderForPartition, TopicAlreadyExists, UnknownError,
+    )
+}
+
+
+def error_for(code: int, message: str = "") -> LogbusError:
+    """The exception for a wire error code; unknown codes become UnknownError."""
+    cls = _BY_CODE.get(code, UnknownError)
+    return cls(message or f"{cls.__name__} (error code {code})")

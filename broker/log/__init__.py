@@ -1,0 +1,1 @@
+"""The storage engine: partitions as directories of segment files (DESIGN §3)."""

@@ -1,0 +1,250 @@
+"""One partition: its segments, and the paper's verbs — append, flush, read, roll,
+recover, delete old segments, offsets before a time.
+
+Concurrency: appends and flushes may come from different threads (fsync runs in a
+worker so it never blocks the event loop). `_lock` guards the active segment's writes,
+`size` and timestamps, the unflushed counters, and replacing `_view`. Readers take no
+lock: `_view` is an immutable (segments, base offsets) pair replaced on roll and
+delete (copy-on-write), and `_flushed` is a single int.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.errors import OffsetOutOfRange
+from broker.log.segment import EMPTY, SUFFIX, FileRegion, Segment
+from broker.protocol import EARLIEST, LATEST
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    segment_bytes: int = 1 << 30
+    roll_ms: int = 7 * 24 * 3600 * 1000
+    flush_interval_messages: int = 10_000
+    flush_interval_ms: int = 200
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1: keep forever
+    retention_bytes: int = -1  # -1: no size limit
+    max_entry_bytes: int = 100 << 20  # recovery treats a larger size field as garbage
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    next_offset: int
+
+
+class Log:
+    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, recover: bool = False) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one fsync pass at a time per partition
+        directory.mkdir(parents=True, exist_ok=True)
+        segments = [Segment.open(p) for p in sorted(directory.glob("*" + SUFFIX))]
+        if not segments:
+            segments = [Segment.create(directory, 0)]
+        self._set_segments(segments)
+        if recover:
+            self.recover()
+        for segment in self.segments:
+            if segment.min_timestamp < 0 and segment.size and not segment.has_meta:
+                segment.recover(config.max_entry_bytes)  # no sidecar: learn its timestamps
+        self._flushed = self.end_offset  # what survived start-up is on disk
+        self._unflushed_messages = 0
+        self._first_unflushed = 0.0
+        self._rolled_at = time.monotonic()
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def _set_segments(self, segments: list[Segment]) -> None:
+        self._view = (tuple(segments), tuple(s.base_offset for s in segments))
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return self._view[0]
+
+    @property
+    def start_offset(self) -> int:
+        return self._view[0][0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """End of everything appended, flushed or not."""
+        return self._view[0][-1].end_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        """The high watermark: consumers see bytes below it only (the paper's rule)."""
+        return self._flushed
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # ------------------------------------------------------------------ append and roll
+
+    def append(self, message_set: bytes | memoryview, count: int, min_timestamp: int, max_timestamp: int) -> AppendResult:
+        """Append an already validated set with one write; returns its offsets."""
+        with self._lock:
+            active = self.segments[-1]
+            if active.size and (
+                active.size + len(message_set) > self.config.segment_bytes
+                or (time.monotonic() - self._rolled_at) * 1000 >= self.config.roll_ms
+            ):
+                active = self._roll()
+            base = active.end_offset
+            active.append(message_set)
+            active.note_timestamps(min_timestamp, max_timestamp)
+            if not self._unflushed_messages:
+                self._first_unflushed = time.monotonic()
+            self._unflushed_messages += count
+            return AppendResult(base, active.end_offset)
+
+    def _roll(self) -> Segment:
+        """Start a new segment at the end offset. Caller holds `_lock`."""
+        old = self.segments[-1]
+        old.write_meta()
+        segment = Segment.create(self.directory, old.end_offset)
+        self._set_segments([*self.segments, segment])
+        self._rolled_at = time.monotonic()
+        logger.info("%s: rolled to segment %s", self.name, segment.path.name)
+        return segment
+
+    # ------------------------------------------------------------------------- flush
+
+    @property
+    def unflushed_messages(self) -> int:
+        return self._unflushed_messages
+
+    def flush_due(self, now: float | None = None) -> bool:
+        """True once M messages or S milliseconds of unflushed data have piled up."""
+        if not self._unflushed_messages:
+            return False
+        if self._unflushed_messages >= self.config.flush_interval_messages:
+            return True
+        now = time.monotonic() if now is None else now
+        return (now - self._first_unflushed) * 1000 >= self.config.flush_interval_ms
+
+    def flush(self) -> int:
+        """fsync every segment holding unflushed bytes; returns the new flushed offset.
+
+        The fsync runs outside `_lock`, so appends continue meanwhile; what they add is
+        covered by the next flush (group commit happens one level up).
+        """
+        with self._flush_lock:
+            with self._lock:
+                target = self.end_offset
+                dirty = [s for s in self.segments if s.end_offset > self._flushed]
+                self._unflushed_messages = 0
+            for segment in dirty:
+                segment.fsync()
+            with self._lock:
+                if target > self._flushed:
+                    self._flushed = target
+            return self._flushed
+
+    # -------------------------------------------------------------------------- read
+
+    def read(self, offset: int, max_bytes: int) -> FileRegion:
+        """Bytes `[offset, min(offset+max_bytes, flushed end of that segment))`.
+
+        The region may end inside a message; clients drop the partial tail. An offset
+        outside `[start, end]` is OffsetOutOfRange; at (or past) the flushed end the
+        region is empty.
+        """
+        segments, bases = self._view
+        flushed = self._flushed
+        if offset < bases[0] or offset > segments[-1].end_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside the range [{bases[0]}, {segments[-1].end_offset}] of partition {self.name}"
+            )
+        if offset >= flushed or max_bytes <= 0:
+            return EMPTY
+        segment = segments[bisect.bisect_right(bases, offset) - 1]
+        end = min(segment.end_offset, flushed, offset + max_bytes)
+        return segment.region(offset - segment.base_offset, end - offset) if end > offset else EMPTY
+
+    def offsets_before(self, timestamp: int, max_offsets: int = 1) -> list[int]:
+        """Offsets from which to read everything produced after `timestamp`, newest first:
+        the flushed end if all data is older, then the start offsets of the segments
+        whose data begins at or before `timestamp`. -1 is the end, -2 the start."""
+        if timestamp == LATEST:
+            return [self._flushed][:max_offsets]
+        if timestamp == EARLIEST:
+            return [self.start_offset][:max_offsets]
+        segments = [s for s in self.segments if s.base_offset < self._flushed]
+        offsets = []
+        if segments and segments[-1].max_timestamp <= timestamp:
+            offsets.append(self._flushed)
+        offsets += [s.base_offset for s in reversed(segments) if 0 <= s.min_timestamp <= timestamp]
+        return offsets[:max_offsets]
+
+    # ------------------------------------------------------------------ recovery, retention
+
+    def recover(self) -> int:
+        """After an unclean shutdown: scan the newest segment and any whose end does not
+        meet the next one's start, truncate at the first bad or partial entry, and drop
+        segments that would follow a hole. Returns the bytes removed."""
+        segments = list(self.segments)
+        removed = 0
+        for i, segment in enumerate(segments):
+            is_last = i == len(segments) - 1
+            if not is_last and segment.end_offset == segments[i + 1].base_offset and segment.has_meta:
+                continue
+            removed += segment.recover(self.config.max_entry_bytes)
+            segment.write_meta()
+            if not is_last and segment.end_offset != segments[i + 1].base_offset:
+                for later in segments[i + 1 :]:
+                    removed += later.size
+                    later.delete()
+                    later.close()
+                logger.warning("%s: dropped %d segment(s) after a torn segment", self.name, len(segments) - i - 1)
+                segments = segments[: i + 1]
+                break
+        self._set_segments(segments)
+        if removed:
+            logger.warning("%s: recovery removed %d bytes; log now ends at %d", self.name, removed, self.end_offset)
+        return removed
+
+    def delete_old_segments(self, now_ms: int) -> list[Segment]:
+        """Retention: drop the oldest segments while they are older than `retention_ms`
+        (by their largest message timestamp) or the partition is over `retention_bytes`.
+        The active segment stays, so offsets keep growing."""
+        with self._lock:
+            segments = list(self.segments)
+            total = sum(s.size for s in segments)
+            removed: list[Segment] = []
+            while len(segments) > 1:
+                oldest = segments[0]
+                too_old = self.config.retention_ms > 0 and now_ms - oldest.max_timestamp > self.config.retention_ms
+                too_big = self.config.retention_bytes > 0 and total > self.config.retention_bytes
+                if not (too_old or too_big):
+                    break
+                removed.append(segments.pop(0))
+                total -= oldest.size
+            if removed:
+                self._set_segments(segments)
+        for segment in removed:
+            segment.delete()
+            logger.info("%s: retention deleted %s", self.name, segment.path.name)
+        return removed
+
+    def close(self) -> None:
+        """Flush, record the active segment's timestamps, close the files."""
+        self.flush()
+        with self._lock:
+            self.segments[-1].write_meta()
+            for segment in self.segments:
+                segment.close()

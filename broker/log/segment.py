@@ -1,0 +1,151 @@
+"""One segment file: `<20-digit base offset>.kafka`, plus a small `.meta` sidecar.
+
+The sidecar keeps the smallest and largest message timestamps of a sealed segment, so
+retention and offsets-before-time need not scan old segments at start-up. It is
+advisory: when missing or unreadable the segment is scanned instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.message import ScanResult, scan
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".kafka"
+META_SUFFIX = ".meta"
+SCAN_CHUNK = 16 << 20
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}{SUFFIX}"
+
+
+@dataclass(frozen=True)
+class FileRegion:
+    """Bytes `[position, position+length)` of an open segment file, to be sent with
+    sendfile. Holding a region keeps the file open even if retention deletes it."""
+
+    file: "os.PathLike | object"
+    position: int
+    length: int
+
+    def read(self) -> bytes:
+        return os.pread(self.file.fileno(), self.length, self.position) if self.length else b""
+
+
+EMPTY = FileRegion(None, 0, 0)
+
+
+class Segment:
+    """An append-only file. The owning `Log`'s lock guards `size` and the timestamps;
+    the file is opened with O_APPEND so readers' seeks never move the write position."""
+
+    def __init__(self, path: Path, base_offset: int, size: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.file = open(path, "a+b", buffering=0)
+        self.size = size
+        self.min_timestamp = -1
+        self.max_timestamp = -1
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int) -> "Segment":
+        path = directory / segment_name(base_offset)
+        path.touch(exist_ok=False)
+        return cls(path, base_offset, 0)
+
+    @classmethod
+    def open(cls, path: Path) -> "Segment":
+        segment = cls(path, int(path.name[: -len(SUFFIX)]), path.stat().st_size)
+        segment._load_meta()
+        return segment
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.size
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path.with_suffix(META_SUFFIX)
+
+    def append(self, data: bytes | memoryview) -> None:
+        """One write of the whole set (short writes are continued, never split per message)."""
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.write(self.file.fileno(), view[written:])
+        self.size += written
+
+    def note_timestamps(self, smallest: int, largest: int) -> None:
+        if smallest >= 0 and (self.min_timestamp < 0 or smallest < self.min_timestamp):
+            self.min_timestamp = smallest
+        if largest > self.max_timestamp:
+            self.max_timestamp = largest
+
+    def fsync(self) -> None:
+        os.fsync(self.file.fileno())
+
+    def region(self, position: int, length: int) -> FileRegion:
+        return FileRegion(self.file, position, length)
+
+    def recover(self, max_entry_bytes: int) -> int:
+        """Scan every entry, truncate at the first partial or invalid one, refresh the
+        timestamps. Returns the number of bytes cut off."""
+        position, chunk = 0, SCAN_CHUNK
+        smallest, largest = -1, -1
+        while position < self.size:
+            data = os.pread(self.file.fileno(), min(chunk, self.size - position), position)
+            result: ScanResult = scan(data, max_entry_bytes)
+            position += result.valid_bytes
+            if result.count:
+                smallest = result.min_timestamp if smallest < 0 else min(smallest, result.min_timestamp)
+                largest = max(largest, result.max_timestamp)
+            if result.error is None:
+                continue
+            chunk_end = position + len(data) - result.valid_bytes
+            if result.partial_tail and chunk_end < self.size:  # the entry runs past this chunk
+                if result.valid_bytes == 0:
+                    chunk *= 2  # bounded: scan rejects sizes above max_entry_bytes
+                continue
+            log.warning("%s: %s; truncating at byte %d of %d", self.path, result.error, position, self.size)
+            break
+        cut = self.size - position
+        if cut:
+            os.truncate(self.path, position)
+            self.size = position
+        self.min_timestamp, self.max_timestamp = smallest, largest
+        return cut
+
+    def write_meta(self) -> None:
+        tmp = self.meta_path.with_suffix(".meta.tmp")
+        tmp.write_text(json.dumps({"min_timestamp": self.min_timestamp, "max_timestamp": self.max_timestamp}))
+        os.replace(tmp, self.meta_path)
+
+    def _load_meta(self) -> bool:
+        try:
+            meta = json.loads(self.meta_path.read_text())
+            self.min_timestamp, self.max_timestamp = int(meta["min_timestamp"]), int(meta["max_timestamp"])
+            return True
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    @property
+    def has_meta(self) -> bool:
+        return self.meta_path.exists()
+
+    def delete(self) -> None:
+        """Unlink the files; the descriptor closes when the last reader drops it."""
+        self.path.unlink(missing_ok=True)
+        self.meta_path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __repr__(self) -> str:
+        return f"Segment({self.path.name}, size={self.size})"

@@ -1,0 +1,521 @@
+"""Request and response codecs of the wire protocol (DESIGN §4, a contract).
+
+Frames are `int32 size` + payload, big-endian, strings as `int16 length + UTF-8`.
+Server and clients both use this module; it knows nothing of sockets or logs.
+A response whose error code is not 0 carries a string explaining the error in place of
+its body (in MULTI* responses, per entry), so a client can show the broker's reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from broker.errors import ErrorCode, InvalidRequest, InvalidTopicName, error_for
+
+API_VERSION = 0
+SIZE = struct.Struct(">i")
+REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id (+ client_id)
+RESPONSE_HEADER = struct.Struct(">iih")  # size, correlation_id, error_code
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    MULTIFETCH = 2
+    MULTIPRODUCE = 3
+    OFFSETS = 4
+    METADATA = 5
+    CREATE_TOPIC = 6
+
+
+class Acks(enum.IntEnum):
+    NONE = 0  # no response at all
+    APPENDED = 1  # after the append to the log
+    FLUSHED = -1  # after the fsync that covers the data
+
+
+LATEST = -1  # OFFSETS time: the end of the log
+EARLIEST = -2  # OFFSETS time: the start of the log
+
+
+def check_topic_name(topic: str) -> str:
+    """Topic names become directory names: `[A-Za-z0-9._-]{1,249}`, not `.` or `..`."""
+    if not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise InvalidTopicName(
+            f"invalid topic name {topic!r}: use 1 to 249 of the characters A-Z a-z 0-9 . _ -, "
+            "and not '.' or '..'"
+        )
+    return topic
+
+
+class Reader:
+    """Sequential big-endian reads over a frame; running short is an InvalidRequest."""
+
+    __slots__ = ("view", "pos")
+
+    def __init__(self, data: bytes | memoryview, pos: int = 0) -> None:
+        self.view = memoryview(data)
+        self.pos = pos
+
+    def _unpack(self, fmt: struct.Struct) -> tuple:
+        try:
+            values = fmt.unpack_from(self.view, self.pos)
+        except struct.error:
+            raise InvalidRequest(f"frame ends early at byte {self.pos}") from None
+        self.pos += fmt.size
+        return values
+
+    def int8(self) -> int:
+        return self._unpack(_I8)[0]
+
+    def int16(self) -> int:
+        return self._unpack(_I16)[0]
+
+    def int32(self) -> int:
+        return self._unpack(_I32)[0]
+
+    def int64(self) -> int:
+        return self._unpack(_I64)[0]
+
+    def raw(self, n: int) -> memoryview:
+        if n < 0 or self.pos + n > len(self.view):
+            raise InvalidRequest(f"field of {n} bytes at byte {self.pos} runs past the frame end")
+        chunk = self.view[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def string(self) -> str:
+        n = self.int16()
+        if n < 0:
+            raise InvalidRequest(f"negative string length at byte {self.pos - 2}")
+        try:
+            return str(self.raw(n), "utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"string at byte {self.pos - n} is not UTF-8") from None
+
+    def count(self, limit: int = 100_000) -> int:
+        n = self.int32()
+        if not 0 <= n <= limit:
+            raise InvalidRequest(f"impossible element count {n}")
+        return n
+
+    def done(self) -> None:
+        if self.pos != len(self.view):
+            raise InvalidRequest(f"{len(self.view) - self.pos} unexpected bytes at the end of the frame")
+
+
+_I8, _I16, _I32, _I64 = (struct.Struct(f) for f in (">b", ">h", ">i", ">q"))
+
+
+class Writer:
+    """Builds a frame body in one bytearray."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def int8(self, v: int) -> "Writer":
+        self.buf += _I8.pack(v)
+        return self
+
+    def int16(self, v: int) -> "Writer":
+        self.buf += _I16.pack(v)
+        return self
+
+    def int32(self, v: int) -> "Writer":
+        self.buf += _I32.pack(v)
+        return self
+
+    def int64(self, v: int) -> "Writer":
+        self.buf += _I64.pack(v)
+        return self
+
+    def string(self, s: str) -> "Writer":
+        data = s.encode("utf-8")
+        if len(data) > 0x7FFF:
+            raise ValueError(f"string of {len(data)} bytes is too long for the protocol")
+        self.buf += _I16.pack(len(data))
+        self.buf += data
+        return self
+
+    def raw(self, data: bytes | memoryview) -> "Writer":
+        self.buf += data
+        return self
+
+    def sized(self, data: bytes | memoryview) -> "Writer":
+        self.buf += _I32.pack(len(data))
+        self.buf += data
+        return self
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str
+
+
+def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: bytes | bytearray) -> bytes:
+    w = Writer()
+    w.buf += SIZE.pack(0)
+    w.buf += REQUEST_HEADER.pack(api_key, API_VERSION, correlation_id)
+    w.string(client_id)
+    w.raw(body)
+    SIZE.pack_into(w.buf, 0, len(w.buf) - 4)
+    return bytes(w.buf)
+
+
+def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, Reader]:
+    """Parse the header of a frame (without its size field)."""
+    r = Reader(frame)
+    api_key, api_version, correlation_id = r._unpack(REQUEST_HEADER)
+    return RequestHeader(api_key, api_version, correlation_id, r.string()), r
+
+
+@dataclass(frozen=True)
+class ProduceRequest:
+    API: ClassVar[ApiKey] = ApiKey.PRODUCE
+    acks: int
+    timeout_ms: int
+    topic: str
+    partition: int
+    messages: bytes | memoryview
+
+    def encode(self) -> bytes:
+        return bytes(
+            Writer().int8(self.acks).int32(self.timeout_ms).string(self.topic).int32(self.partition).sized(self.messages).buf
+        )
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ProduceRequest":
+        acks, timeout_ms, topic, partition = r.int8(), r.int32(), r.string(), r.int32()
+        messages = r.raw(r.int32())
+        r.done()
+        return cls(_check_acks(acks), timeout_ms, topic, partition, messages)
+
+
+def _check_acks(acks: int) -> int:
+    if acks not in (0, 1, -1):
+        raise InvalidRequest(f"acks must be 0, 1 or -1, not {acks}")
+    return acks
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    API: ClassVar[ApiKey] = ApiKey.FETCH
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    max_wait_ms: int = 0
+    min_bytes: int = 0
+
+    def write(self, w: Writer) -> Writer:
+        return w.string(self.topic).int32(self.partition).int64(self.offset).int32(self.max_bytes).int32(
+            self.max_wait_ms
+        ).int32(self.min_bytes)
+
+    def encode(self) -> bytes:
+        return bytes(self.write(Writer()).buf)
+
+    @classmethod
+    def read(cls, r: Reader) -> "FetchRequest":
+        req = cls(r.string(), r.int32(), r.int64(), r.int32(), r.int32(), r.int32())
+        if req.max_bytes < 0 or req.max_wait_ms < 0 or req.min_bytes < 0:
+            raise InvalidRequest(f"negative max_bytes, max_wait_ms or min_bytes in {req}")
+        return req
+
+    @classmethod
+    def decode(cls, r: Reader) -> "FetchRequest":
+        req = cls.read(r)
+        r.done()
+        return req
+
+
+@dataclass(frozen=True)
+class MultiFetchRequest:
+    """Several fetches in one round trip. The broker answers when any one of them has
+    reached its `min_bytes`, or when the longest `max_wait_ms` has passed."""
+
+    API: ClassVar[ApiKey] = ApiKey.MULTIFETCH
+    fetches: list[FetchRequest]
+
+    def encode(self) -> bytes:
+        w = Writer().int16(len(self.fetches))
+        for f in self.fetches:
+            f.write(w)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "MultiFetchRequest":
+        n = r.int16()
+        if n < 0:
+            raise InvalidRequest(f"negative fetch count {n}")
+        fetches = [FetchRequest.read(r) for _ in range(n)]
+        r.done()
+        return cls(fetches)
+
+
+@dataclass(frozen=True)
+class ProducePart:
+    topic: str
+    partition: int
+    messages: bytes | memoryview
+
+
+@dataclass(frozen=True)
+class MultiProduceRequest:
+    API: ClassVar[ApiKey] = ApiKey.MULTIPRODUCE
+    acks: int
+    timeout_ms: int
+    parts: list[ProducePart]
+
+    def encode(self) -> bytes:
+        w = Writer().int8(self.acks).int32(self.timeout_ms).int16(len(self.parts))
+        for p in self.parts:
+            w.string(p.topic).int32(p.partition).sized(p.messages)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "MultiProduceRequest":
+        acks, timeout_ms, n = r.int8(), r.int32(), r.int16()
+        if n < 0:
+            raise InvalidRequest(f"negative part count {n}")
+        parts = []
+        for _ in range(n):
+            topic, partition = r.string(), r.int32()
+            parts.append(ProducePart(topic, partition, r.raw(r.int32())))
+        r.done()
+        return cls(_check_acks(acks), timeout_ms, parts)
+
+
+@dataclass(frozen=True)
+class OffsetsRequest:
+    API: ClassVar[ApiKey] = ApiKey.OFFSETS
+    topic: str
+    partition: int
+    time: int
+    max_offsets: int = 1
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.partition).int64(self.time).int32(self.max_offsets).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "OffsetsRequest":
+        req = cls(r.string(), r.int32(), r.int64(), r.int32())
+        r.done()
+        if req.max_offsets < 0:
+            raise InvalidRequest(f"negative max_offsets {req.max_offsets}")
+        return req
+
+
+@dataclass(frozen=True)
+class MetadataRequest:
+    API: ClassVar[ApiKey] = ApiKey.METADATA
+    topics: list[str] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        w = Writer().int32(len(self.topics))
+        for t in self.topics:
+            w.string(t)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "MetadataRequest":
+        topics = [r.string() for _ in range(r.count())]
+        r.done()
+        return cls(topics)
+
+
+@dataclass(frozen=True)
+class CreateTopicRequest:
+    API: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    topic: str
+    partitions: int
+    replication_factor: int = 1
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.partitions).int16(self.replication_factor).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "CreateTopicRequest":
+        req = cls(r.string(), r.int32(), r.int16())
+        r.done()
+        return req
+
+
+REQUEST_TYPES: dict[int, type] = {
+    cls.API: cls
+    for cls in (
+        ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
+        MetadataRequest, CreateTopicRequest,
+    )
+}
+
+# --------------------------------------------------------------------------- responses
+
+
+def response_header(correlation_id: int, error_code: int, body_size: int) -> bytes:
+    return RESPONSE_HEADER.pack(body_size + 6, correlation_id, error_code)
+
+
+def error_response(correlation_id: int, error_code: int, message: str) -> bytes:
+    body = Writer().string(message[:2000]).buf
+    return response_header(correlation_id, error_code, len(body)) + body
+
+
+def decode_response_header(frame: bytes | memoryview) -> tuple[int, int, Reader]:
+    """(correlation_id, error_code, reader at the body) of a frame without its size."""
+    r = Reader(frame)
+    return r.int32(), r.int16(), r
+
+
+def raise_for_error(error_code: int, r: Reader) -> None:
+    """Raise the error a response carries, with the broker's explanation."""
+    if error_code != ErrorCode.NONE:
+        try:
+            message = r.string()
+        except InvalidRequest:
+            message = ""
+        raise error_for(error_code, message)
+
+
+@dataclass(frozen=True)
+class ProduceResponse:
+    base_offset: int
+    next_offset: int
+
+    def encode(self) -> bytes:
+        return _I64.pack(self.base_offset) + _I64.pack(self.next_offset)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ProduceResponse":
+        return cls(r.int64(), r.int64())
+
+
+FETCH_RESPONSE_HEAD = struct.Struct(">qi")  # high_watermark, set_size
+
+
+@dataclass(frozen=True)
+class FetchResponse:
+    high_watermark: int
+    messages: bytes | memoryview
+
+    @classmethod
+    def read(cls, r: Reader) -> "FetchResponse":
+        high_watermark = r.int64()
+        return cls(high_watermark, r.raw(r.int32()))
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """One entry of a MULTI* response: the value, or the error it carries."""
+
+    error_code: int
+    value: object = None
+    message: str = ""
+
+    def unwrap(self):
+        if self.error_code != ErrorCode.NONE:
+            raise error_for(self.error_code, self.message)
+        return self.value
+
+
+def decode_multifetch(r: Reader) -> list[PartitionResult]:
+    results = []
+    for _ in range(r.int16()):
+        code = r.int16()
+        if code == ErrorCode.NONE:
+            results.append(PartitionResult(code, FetchResponse.read(r)))
+        else:
+            results.append(PartitionResult(code, None, r.string()))
+    return results
+
+
+def decode_multiproduce(r: Reader) -> list[PartitionResult]:
+    results = []
+    for _ in range(r.int16()):
+        code = r.int16()
+        if code == ErrorCode.NONE:
+            results.append(PartitionResult(code, ProduceResponse.decode(r)))
+        else:
+            results.append(PartitionResult(code, None, r.string()))
+    return results
+
+
+def decode_offsets(r: Reader) -> list[int]:
+    return [r.int64() for _ in range(r.count())]
+
+
+def encode_offsets(offsets: list[int]) -> bytes:
+    w = Writer().int32(len(offsets))
+    for o in offsets:
+        w.int64(o)
+    return bytes(w.buf)
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    broker_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class PartitionMetadata:
+    partition: int
+    leader: int  # -1 while the leader broker is not live
+    replicas: list[int]
+    earliest: int = -1  # offsets only from the partition's leader, -1 elsewhere
+    latest: int = -1
+
+
+@dataclass(frozen=True)
+class TopicMetadata:
+    topic: str
+    error_code: int
+    partitions: list[PartitionMetadata]
+
+
+@dataclass(frozen=True)
+class MetadataResponse:
+    brokers: list[BrokerInfo]
+    topics: list[TopicMetadata]
+
+    def encode(self) -> bytes:
+        w = Writer().int32(len(self.brokers))
+        for b in self.brokers:
+            w.int32(b.broker_id).string(b.host).int32(b.port)
+        w.int32(len(self.topics))
+        for t in self.topics:
+            w.string(t.topic).int16(t.error_code).int32(len(t.partitions))
+            for p in t.partitions:
+                w.int32(p.partition).int32(p.leader).int16(len(p.replicas))
+                for replica in p.replicas:
+                    w.int32(replica)
+                w.int64(p.earliest).int64(p.latest)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "MetadataResponse":
+        brokers = [BrokerInfo(r.int32(), r.string(), r.int32()) for _ in range(r.count())]
+        topics = []
+        for _ in range(r.count()):
+            topic, code = r.string(), r.int16()
+            partitions = []
+            for _ in range(r.count()):
+                partition, leader = r.int32(), r.int32()
+                replicas = [r.int32() for _ in range(r.int16())]
+                partitions.append(PartitionMetadata(partition, leader, replicas, r.int64(), r.int64()))
+            topics.append(TopicMetadata(topic, code, partitions))
+        return cls(brokers, topics)
