@@ -1,0 +1,1 @@
+"""logbus clients: connections, producer, consumers, consumer groups."""

@@ -1,0 +1,160 @@
+"""A blocking connection to one broker, with pipelining.
+
+`send` writes a request and returns its correlation id; `receive` reads responses in
+order (the broker answers in request order). `request` does both for one call. Every
+socket error becomes a `ConnectionError` naming the broker, and the connection is
+closed so the caller can reconnect or fail over.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+from collections import deque
+
+from broker.errors import InvalidRequest, LogbusError
+from broker.protocol import (
+    Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
+    MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
+    Reader, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
+    raise_for_error,
+)
+
+_SIZE = struct.Struct(">i")
+MAX_RESPONSE_BYTES = 1 << 30
+
+
+class BrokerConnection:
+    def __init__(self, host: str, port: int, client_id: str = "logbus-python", timeout: float = 30.0) -> None:
+        self.host, self.port = host, port
+        self.client_id = client_id
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._ids = itertools.count(1)
+        self._in_flight: deque[tuple[int, bool]] = deque()  # (correlation id, expects a response)
+
+    def __repr__(self) -> str:
+        return f"BrokerConnection({self.host}:{self.port})"
+
+    def connect(self) -> "BrokerConnection":
+        if self._sock is None:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            except OSError as exc:
+                raise ConnectionError(f"cannot connect to broker {self.host}:{self.port}: {exc}") from None
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+        return self
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._in_flight.clear()
+
+    def __enter__(self) -> "BrokerConnection":
+        return self.connect()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for _, expects in self._in_flight if expects)
+
+    # --------------------------------------------------------------------- raw frames
+
+    def send(self, api: ApiKey, body: bytes, expects_response: bool = True) -> int:
+        correlation_id = next(self._ids) & 0x7FFFFFFF
+        self.send_frame(encode_request(api, correlation_id, self.client_id, body))
+        self._in_flight.append((correlation_id, expects_response))
+        return correlation_id
+
+    def send_frame(self, frame: bytes) -> None:
+        self.connect()
+        try:
+            self._sock.sendall(frame)
+        except OSError as exc:
+            self.close()
+            raise ConnectionError(f"broker {self.host}:{self.port} connection failed while sending: {exc}") from None
+
+    def receive(self) -> tuple[int, Reader]:
+        """The next response: (error_code, reader at its body)."""
+        while self._in_flight and not self._in_flight[0][1]:
+            self._in_flight.popleft()  # acks=0 produce: no response comes
+        if not self._in_flight:
+            raise InvalidRequest("no request is waiting for a response")
+        expected, _ = self._in_flight.popleft()
+        (size,) = _SIZE.unpack(self._read_exactly(4))
+        if not 6 <= size <= MAX_RESPONSE_BYTES:
+            self.close()
+            raise ConnectionError(f"broker {self.host}:{self.port} sent an impossible response size {size}")
+        correlation_id, error_code, reader = decode_response_header(self._read_exactly(size))
+        if correlation_id != expected:
+            self.close()
+            raise ConnectionError(
+                f"broker {self.host}:{self.port} answered request {correlation_id}, expected {expected}"
+            )
+        return error_code, reader
+
+    def _read_exactly(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < n:
+                chunk = self._sock.recv_into(view[got:], n - got)
+                if not chunk:
+                    raise OSError("connection closed by the broker")
+                got += chunk
+        except (OSError, AttributeError) as exc:
+            self.close()
+            raise ConnectionError(f"broker {self.host}:{self.port} connection failed while reading: {exc}") from None
+        return bytes(buf)
+
+    def call(self, api: ApiKey, body: bytes) -> Reader:
+        """One request, one response; raises the broker's error, if any."""
+        self.send(api, body)
+        error_code, reader = self.receive()
+        raise_for_error(error_code, reader)
+        return reader
+
+    # ------------------------------------------------------------------- typed calls
+
+    def produce(self, topic: str, partition: int, messages: bytes, acks: int = Acks.APPENDED,
+                timeout_ms: int = 30_000) -> ProduceResponse | None:
+        body = ProduceRequest(acks, timeout_ms, topic, partition, messages).encode()
+        if acks == Acks.NONE:
+            self.send(ApiKey.PRODUCE, body, expects_response=False)
+            return None
+        return ProduceResponse.decode(self.call(ApiKey.PRODUCE, body))
+
+    def multiproduce(self, parts, acks: int = Acks.APPENDED, timeout_ms: int = 30_000) -> list[PartitionResult] | None:
+        body = MultiProduceRequest(acks, timeout_ms, list(parts)).encode()
+        if acks == Acks.NONE:
+            self.send(ApiKey.MULTIPRODUCE, body, expects_response=False)
+            return None
+        return decode_multiproduce(self.call(ApiKey.MULTIPRODUCE, body))
+
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20,
+              max_wait_ms: int = 0, min_bytes: int = 0) -> FetchResponse:
+        reader = self.call(ApiKey.FETCH, FetchRequest(topic, partition, offset, max_bytes, max_wait_ms, min_bytes).encode())
+        return FetchResponse.read(reader)
+
+    def multifetch(self, fetches: list[FetchRequest]) -> list[PartitionResult]:
+        return decode_multifetch(self.call(ApiKey.MULTIFETCH, MultiFetchRequest(fetches).encode()))
+
+    def offsets(self, topic: str, partition: int, time: int, max_offsets: int = 1) -> list[int]:
+        return decode_offsets(self.call(ApiKey.OFFSETS, OffsetsRequest(topic, partition, time, max_offsets).encode()))
+
+    def metadata(self, topics: list[str] | None = None) -> MetadataResponse:
+        return MetadataResponse.decode(self.call(ApiKey.METADATA, MetadataRequest(list(topics or [])).encode()))
+
+    def create_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> None:
+        self.call(ApiKey.CREATE_TOPIC, CreateTopicRequest(topic, partitions, replication_factor).encode())
+
+
+__all__ = ["BrokerConnection", "LogbusError"]

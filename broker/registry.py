@@ -1,0 +1,229 @@
+"""The ZooKeeper layout (DESIGN §5, a contract) and the broker's use of it.
+
+    /brokers/ids/<id>                                ephemeral  {"host","port","version"}
+    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2], ...}}
+    /consumers/<group>/ids/<consumer_id>             ephemeral  {"<topic>": <streams>}
+    /consumers/<group>/owners/<topic>/<partition>    ephemeral  owning stream id
+    /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
+
+The broker keeps an in-memory `ClusterView` (live brokers, topic assignments) fed by
+kazoo watches; request handlers read it without locks because it is replaced whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+
+from broker import __version__
+from broker.errors import TopicAlreadyExists, UnknownError
+from broker.protocol import BrokerInfo, check_topic_name
+
+logger = logging.getLogger(__name__)
+
+BROKER_IDS = "/brokers/ids"
+BROKER_TOPICS = "/brokers/topics"
+CONSUMERS = "/consumers"
+
+
+def broker_path(broker_id: int) -> str:
+    return f"{BROKER_IDS}/{broker_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{BROKER_TOPICS}/{topic}"
+
+
+def group_ids_path(group: str) -> str:
+    return f"{CONSUMERS}/{group}/ids"
+
+
+def owner_path(group: str, topic: str, partition: int) -> str:
+    return f"{CONSUMERS}/{group}/owners/{topic}/{partition}"
+
+
+def offset_path(group: str, topic: str, partition: int) -> str:
+    return f"{CONSUMERS}/{group}/offsets/{topic}/{partition}"
+
+
+Assignment = dict[int, list[int]]  # partition -> replica broker ids, leader first
+
+
+def encode_assignment(assignment: Assignment) -> bytes:
+    return json.dumps({"partitions": {str(p): r for p, r in sorted(assignment.items())}}).encode()
+
+
+def decode_assignment(data: bytes) -> Assignment:
+    return {int(p): [int(b) for b in replicas] for p, replicas in json.loads(data)["partitions"].items()}
+
+
+def assign_round_robin(topic: str, partitions: int, broker_ids: list[int]) -> Assignment:
+    """Spread partitions over the live brokers; the starting broker depends on the topic
+    (a stable hash) so that many small topics do not all lead on the lowest id."""
+    if not broker_ids:
+        raise UnknownError("no live brokers to assign partitions to")
+    ids = sorted(broker_ids)
+    start = zlib.crc32(topic.encode()) % len(ids)
+    return {p: [ids[(start + p) % len(ids)]] for p in range(partitions)}
+
+
+def decode_broker(broker_id: int, data: bytes) -> BrokerInfo:
+    info = json.loads(data)
+    return BrokerInfo(broker_id, info["host"], int(info["port"]))
+
+
+def read_brokers(zk: KazooClient) -> dict[int, BrokerInfo]:
+    brokers = {}
+    for child in zk.get_children(BROKER_IDS):
+        try:
+            brokers[int(child)] = decode_broker(int(child), zk.get(broker_path(int(child)))[0])
+        except (NoNodeError, ValueError, KeyError):
+            continue  # vanished meanwhile, or not ours
+    return brokers
+
+
+def create_topic(zk: KazooClient, topic: str, partitions: int) -> Assignment:
+    """Write a topic's assignment once; a concurrent creator gets TopicAlreadyExists."""
+    check_topic_name(topic)
+    assignment = assign_round_robin(topic, partitions, list(read_brokers(zk)))
+    try:
+        zk.create(topic_path(topic), encode_assignment(assignment), makepath=True)
+    except NodeExistsError:
+        raise TopicAlreadyExists(f"topic {topic!r} already exists") from None
+    logger.info("created topic %s: %s", topic, assignment)
+    return assignment
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
+    topics: dict[str, Assignment] = field(default_factory=dict)
+
+
+class BrokerRegistry:
+    """Registers this broker, keeps the registration across session expiries, and
+    watches brokers and topic assignments. `on_assignment(topic, assignment)` runs in
+    kazoo's thread for every topic seen or changed."""
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        broker: BrokerInfo,
+        on_assignment: Callable[[str, Assignment], None],
+        session_timeout_ms: int,
+    ) -> None:
+        self.zk = zk
+        self.broker = broker
+        self.on_assignment = on_assignment
+        self.session_timeout_ms = session_timeout_ms
+        self.view = ClusterView()
+        self._watched_topics: set[str] = set()
+        self._lock = threading.Lock()  # guards replacing `view` and `_watched_topics`
+        self._session_lost = False
+        self._stopping = False
+
+    def start(self) -> None:
+        for path in (BROKER_IDS, BROKER_TOPICS, CONSUMERS):
+            self.zk.ensure_path(path)
+        self.zk.add_listener(self._on_state)
+        ChildrenWatch(self.zk, BROKER_TOPICS, self._on_topics)
+        ChildrenWatch(self.zk, BROKER_IDS, self._on_brokers)
+
+    def register(self) -> None:
+        """Create our ephemeral node. After a crash, the previous session's node can
+        linger until ZooKeeper expires it: wait for that, up to a session timeout."""
+        data = json.dumps({"host": self.broker.host, "port": self.broker.port, "version": __version__}).encode()
+        path = broker_path(self.broker.broker_id)
+        deadline = time.monotonic() + 2 * self.session_timeout_ms / 1000 + 5
+        while True:
+            try:
+                self.zk.create(path, data, ephemeral=True, makepath=True)
+                logger.info("registered broker %d at %s:%d", self.broker.broker_id, self.broker.host, self.broker.port)
+                return
+            except NodeExistsError:
+                try:
+                    _, stat = self.zk.get(path)
+                except NoNodeError:
+                    continue
+                if stat.ephemeralOwner == self.zk.client_id[0]:
+                    return
+                if time.monotonic() > deadline:
+                    raise UnknownError(
+                        f"broker id {self.broker.broker_id} is registered by another live session at {path}; "
+                        "is another broker running with the same broker.id?"
+                    ) from None
+                logger.info("waiting for the previous registration of broker %d to expire", self.broker.broker_id)
+                time.sleep(0.5)
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST and not self._stopping:
+            self._session_lost = True
+            logger.warning("ZooKeeper session lost; will register again on reconnect")
+        elif state == KazooState.CONNECTED and self._session_lost and not self._stopping:
+            self._session_lost = False
+            self.zk.handler.spawn(self._register_again)
+
+    def _register_again(self) -> None:
+        try:
+            self.register()
+        except Exception:
+            logger.exception("could not register broker %d again", self.broker.broker_id)
+
+    def _on_brokers(self, children: list[str]) -> None:
+        brokers = {}
+        for child in children:
+            try:
+                brokers[int(child)] = decode_broker(int(child), self.zk.get(broker_path(int(child)))[0])
+            except (NoNodeError, ValueError, KeyError):
+                continue
+        with self._lock:
+            self.view = ClusterView(brokers, self.view.topics)
+        logger.info("live brokers: %s", sorted(brokers))
+
+    def _on_topics(self, children: list[str]) -> None:
+        for topic in children:
+            with self._lock:
+                if topic in self._watched_topics:
+                    continue
+                self._watched_topics.add(topic)
+            DataWatch(self.zk, topic_path(topic), lambda data, stat, topic=topic: self._on_topic_data(topic, data))
+
+    def _on_topic_data(self, topic: str, data: bytes | None) -> bool | None:
+        if data is None:
+            with self._lock:
+                self._watched_topics.discard(topic)
+                topics = dict(self.view.topics)
+                topics.pop(topic, None)
+                self.view = ClusterView(self.view.brokers, topics)
+            return False  # stop watching a deleted topic
+        try:
+            assignment = decode_assignment(data)
+        except (ValueError, KeyError, TypeError):
+            logger.error("ignoring unreadable assignment of topic %s: %r", topic, data[:200])
+            return None
+        self.apply_assignment(topic, assignment)
+        return None
+
+    def apply_assignment(self, topic: str, assignment: Assignment) -> None:
+        with self._lock:
+            self.view = ClusterView(self.view.brokers, {**self.view.topics, topic: assignment})
+        self.on_assignment(topic, assignment)
+
+    def create_topic(self, topic: str, partitions: int) -> Assignment:
+        assignment = create_topic(self.zk, topic, partitions)
+        self.apply_assignment(topic, assignment)
+        return assignment
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.zk.stop()
+        self.zk.close()

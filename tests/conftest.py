@@ -1,0 +1,61 @@
+"""Fixtures that own real processes: one ZooKeeper server per test session (each test
+gets its own chroot, so tests cannot see each other's brokers or topics) and broker
+processes started through `logbus-broker`. Everything is stopped even when a test
+fails; a failing test's broker logs are printed."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker.localcluster import LocalCluster, ZooKeeperServer
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory) -> ZooKeeperServer:
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_connect(zookeeper: ZooKeeperServer) -> str:
+    """A connect string with a fresh chroot for this test."""
+    chroot = f"/test-{uuid.uuid4().hex[:12]}"
+    client = KazooClient(zookeeper.connect_string)
+    client.start(30)
+    client.ensure_path(chroot)
+    client.stop()
+    client.close()
+    return zookeeper.connect_string + chroot
+
+
+@pytest.fixture
+def zk(zk_connect: str) -> KazooClient:
+    client = KazooClient(zk_connect)
+    client.start(30)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def cluster(zk_connect: str, tmp_path: Path, request) -> LocalCluster:
+    """Start brokers with `cluster.start_broker(id, {"key": value})`; fast flushes by default."""
+    local = LocalCluster(zk_connect, tmp_path, settings={"log.flush.interval.ms": 20})
+    yield local
+    local.stop()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for broker in local.brokers.values():
+            print(f"\n---- broker {broker.broker_id} log ({broker.log_path}) ----\n{broker.log_tail(60)}")
