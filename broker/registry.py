@@ -195,7 +195,14 @@ class BrokerRegistry:
                 if topic in self._watched_topics:
                     continue
                 self._watched_topics.add(topic)
-            DataWatch(self.zk, topic_path(topic), lambda data, stat, topic=topic: self._on_topic_data(topic, data))
+            DataWatch(self.zk, topic_path(topic), self._topic_watcher(topic))
+
+    def _topic_watcher(self, topic: str) -> Callable[[bytes | None, object], bool | None]:
+        # exactly two parameters: kazoo passes a third (the event) to callbacks that take one
+        def watch(data: bytes | None, stat: object) -> bool | None:
+            return self._on_topic_data(topic, data)
+
+        return watch
 
     def _on_topic_data(self, topic: str, data: bytes | None) -> bool | None:
         if data is None:

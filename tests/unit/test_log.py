@@ -1,0 +1,249 @@
+import os
+import threading
+
+import pytest
+
+from broker.errors import OffsetOutOfRange
+from broker.log.log import Log, LogConfig
+from broker.log.manager import CLEAN_SHUTDOWN, LogManager
+from broker.message import encode_message_set, iter_messages, scan
+
+
+def append(log: Log, values, ts=1000):
+    data = encode_message_set([(None, v, ts + i) for i, v in enumerate(values)])
+    result = scan(data)
+    return log.append(data, result.count, result.min_timestamp, result.max_timestamp)
+
+
+def read_all(log: Log, offset=None, max_bytes=1 << 20):
+    offset = log.start_offset if offset is None else offset
+    values = []
+    while offset < log.flushed_offset:
+        region = log.read(offset, max_bytes)
+        batch = list(iter_messages(region.read(), offset))
+        values += [m.value for m in batch]
+        offset = batch[-1].next_offset
+    return values
+
+
+@pytest.fixture
+def make_log(tmp_path):
+    def make(**config):
+        return Log(tmp_path / "events-0", "events", 0, LogConfig(**config))
+
+    return make
+
+
+def test_segments_are_named_by_their_20_digit_base_offset(make_log):
+    log = make_log(segment_bytes=1024)
+    for i in range(30):
+        append(log, [b"x" * 100])
+    names = sorted(p.name for p in log.directory.glob("*.kafka"))
+    assert names[0] == "00000000000000000000.kafka"
+    assert len(names) > 1
+    assert all(int(n[:20]) == s.base_offset for n, s in zip(names, log.segments))
+
+
+def test_segment_rolls_when_it_would_exceed_segment_bytes(make_log):
+    log = make_log(segment_bytes=1024)
+    for i in range(30):
+        append(log, [b"x" * 100])
+    assert all(s.size <= 1024 for s in log.segments)
+    assert log.segments[1].base_offset == log.segments[0].end_offset
+
+
+def test_segment_rolls_by_age(make_log):
+    log = make_log(roll_ms=1)
+    append(log, [b"a"])
+    log._rolled_at -= 1  # the segment is now a second old
+    append(log, [b"b"])
+    assert len(log.segments) == 2
+
+
+def test_reads_cross_segment_boundaries(make_log):
+    log = make_log(segment_bytes=1024)
+    values = [b"%03d" % i * 30 for i in range(40)]
+    for v in values:
+        append(log, [v])
+    log.flush()
+    assert len(log.segments) > 2
+    assert read_all(log, max_bytes=300) == values
+
+
+def test_unflushed_data_is_invisible(make_log):
+    log = make_log()
+    append(log, [b"one", b"two"])
+    assert log.flushed_offset == 0
+    assert log.read(0, 1000).length == 0
+    log.flush()
+    assert read_all(log) == [b"one", b"two"]
+
+
+def test_read_at_end_is_empty_and_past_end_is_out_of_range(make_log):
+    log = make_log()
+    result = append(log, [b"x"])
+    log.flush()
+    assert log.read(result.next_offset, 100).length == 0
+    with pytest.raises(OffsetOutOfRange, match="outside the range"):
+        log.read(result.next_offset + 1, 100)
+    with pytest.raises(OffsetOutOfRange):
+        log.read(-5, 100)
+
+
+def test_read_is_capped_at_max_bytes_and_may_end_mid_message(make_log):
+    log = make_log()
+    append(log, [b"x" * 100, b"y" * 100])
+    log.flush()
+    region = log.read(0, 150)
+    assert region.length == 150
+    assert [m.value for m in iter_messages(region.read(), 0)] == [b"x" * 100]
+
+
+def test_flush_policy_by_message_count(make_log):
+    log = make_log(flush_interval_messages=3, flush_interval_ms=10**9)
+    append(log, [b"a", b"b"])
+    assert not log.flush_due()
+    append(log, [b"c"])
+    assert log.flush_due()
+
+
+def test_offsets_before_time(make_log):
+    log = make_log(segment_bytes=1024)
+    for i in range(30):
+        append(log, [b"x" * 100], ts=10_000 + i * 1000)
+    log.flush()
+    bases = [s.base_offset for s in log.segments]
+    assert log.offsets_before(-2) == [0]
+    assert log.offsets_before(-1) == [log.flushed_offset]
+    # a time inside the second segment: its start first, then the first segment's
+    t = log.segments[1].min_timestamp + 1
+    assert log.offsets_before(t, 10) == [bases[1], bases[0]]
+    assert log.offsets_before(10**12, 1) == [log.flushed_offset]
+    assert log.offsets_before(5, 10) == []
+
+
+def test_recovery_truncates_garbage_tail(make_log):
+    log = make_log()
+    append(log, [b"good-1", b"good-2"])
+    log.flush()
+    end = log.end_offset
+    path = log.segments[-1].path
+    with open(path, "ab") as f:
+        f.write(b"\x00\x00\x00\x30" + os.urandom(20))  # a plausible size, then junk
+    reopened = Log(log.directory, "events", 0, log.config, recover=True)
+    assert reopened.end_offset == end
+    assert path.stat().st_size == end
+    assert read_all(reopened) == [b"good-1", b"good-2"]
+
+
+def test_recovery_truncates_torn_last_entry(make_log):
+    log = make_log()
+    append(log, [b"a" * 50, b"b" * 50, b"c" * 50])
+    log.flush()
+    path = log.segments[-1].path
+    os.truncate(path, path.stat().st_size - 10)
+    reopened = Log(log.directory, "events", 0, log.config, recover=True)
+    assert read_all(reopened) == [b"a" * 50, b"b" * 50]
+    assert reopened.end_offset == 2 * (50 + 22)
+
+
+def test_recovery_of_a_torn_middle_segment_drops_what_follows_the_hole(make_log):
+    log = make_log(segment_bytes=1024)
+    for i in range(30):
+        append(log, [b"x" * 100])
+    log.close()
+    first = log.segments[0]
+    os.truncate(first.path, first.size - 5)
+    first.meta_path.unlink()
+    reopened = Log(log.directory, "events", 0, log.config, recover=True)
+    assert len(reopened.segments) == 1
+    assert reopened.end_offset == first.size - 5 - (first.size - 5) % 122  # last whole message
+    assert len(read_all(reopened)) == (first.size - 5) // 122
+
+
+def test_retention_by_time_uses_largest_message_timestamp(make_log):
+    log = make_log(segment_bytes=1024, retention_ms=60_000)
+    for i in range(20):
+        append(log, [b"x" * 100], ts=1_000 + i)  # ancient
+    for i in range(20):
+        append(log, [b"y" * 100], ts=10_000_000 + i)
+    log.flush()
+    end = log.end_offset
+    deleted = log.delete_old_segments(now_ms=10_000_000 + 30_000)
+    assert deleted and all(s.max_timestamp < 1_100 for s in deleted)
+    assert log.start_offset > 0
+    assert log.end_offset == end  # offsets keep growing; nothing renumbered
+    assert all(not s.path.exists() for s in deleted)
+
+
+def test_retention_by_size_keeps_the_active_segment(make_log):
+    log = make_log(segment_bytes=1024, retention_bytes=2048, retention_ms=-1)
+    for i in range(40):
+        append(log, [b"x" * 100])
+    log.flush()
+    log.delete_old_segments(now_ms=0)
+    assert log.size <= 2048 + 1024
+    assert len(log.segments) >= 1
+    assert log.segments[-1].end_offset == log.end_offset
+
+
+def test_retention_while_a_reader_reads(make_log):
+    """A reader racing retention gets whole, valid messages or OffsetOutOfRange — never garbage."""
+    log = make_log(segment_bytes=2048, retention_bytes=4096, retention_ms=-1)
+    stop = threading.Event()
+    problems = []
+    read_count = [0]
+
+    def reader():
+        offset = 0
+        while not stop.is_set():
+            try:
+                region = log.read(offset, 1000)
+                batch = list(iter_messages(region.read(), offset))
+            except OffsetOutOfRange:
+                offset = log.start_offset
+                continue
+            except Exception as exc:  # anything else is a bug
+                problems.append(exc)
+                return
+            if batch:
+                read_count[0] += len(batch)
+                offset = batch[-1].next_offset
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(300):
+            append(log, [b"%05d" % i * 20])
+            log.flush()
+            if i % 10 == 0:
+                log.delete_old_segments(now_ms=0)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert problems == []
+    assert read_count[0] > 0
+    assert log.start_offset > 0
+
+
+def test_manager_places_new_partitions_in_the_least_loaded_dir(tmp_path):
+    dirs = (tmp_path / "a", tmp_path / "b")
+    manager = LogManager(dirs, LogConfig())
+    manager.load()
+    for p in range(4):
+        manager.get_or_create("t", p)
+    counts = [len(list(d.iterdir())) for d in dirs]
+    assert counts == [2, 2]
+
+
+def test_manager_marks_clean_shutdown_and_skips_recovery(tmp_path):
+    manager = LogManager((tmp_path,), LogConfig())
+    manager.load()
+    log = manager.get_or_create("t", 0)
+    append(log, [b"x"])
+    manager.close()
+    assert (tmp_path / CLEAN_SHUTDOWN).exists()
+    again = LogManager((tmp_path,), LogConfig())
+    again.load()
+    assert not (tmp_path / CLEAN_SHUTDOWN).exists()  # a crash from now on means recovery
+    assert again.get("t", 0).end_offset == log.end_offset
