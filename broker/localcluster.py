@@ -151,6 +151,7 @@ class BrokerProcess:
         self.log_dir = self.workdir / f"broker-{broker_id}" / "logs"
         self.log_path = self.workdir / f"broker-{broker_id}" / "broker.log"
         self.process: subprocess.Popen | None = None
+        self._log_start = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -169,6 +170,7 @@ class BrokerProcess:
 
     def start(self, wait: bool = True, timeout: float = 60) -> "BrokerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -183,7 +185,9 @@ class BrokerProcess:
         def registered() -> bool:
             if self.process.poll() is not None:
                 raise ClusterError(f"broker {self.broker_id} exited with {self.process.returncode}:\n{self.log_tail()}")
-            return "registered broker" in self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:  # only this run's lines
+                log.seek(self._log_start)
+                return b"registered broker" in log.read()
 
         try:
             wait_until(registered, timeout, f"broker {self.broker_id} to register")
