@@ -47,10 +47,16 @@ def broker_main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"logbus-broker: {exc}", file=sys.stderr)
         return 2
+    from kazoo.handlers.threading import KazooTimeoutError
+
     from broker.server import serve
 
     try:
         asyncio.run(serve(config))
+    except KazooTimeoutError:
+        print(f"logbus-broker: cannot reach ZooKeeper at {config.zookeeper_connect} within "
+              f"{config.zookeeper_connection_timeout_ms} ms", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"logbus-broker: cannot start: {exc}", file=sys.stderr)
         return 1

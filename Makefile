@@ -1,0 +1,42 @@
+# Two commands do all the set-up on a fresh machine (README):
+#   make demo   the main job: ZooKeeper + brokers + producers + the hourly DAG on Spark + the audit
+#   make test   every test
+# Both install what they need: Debian's zookeeper (and a JRE) with apt, a virtualenv with pip.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export PYTHONUNBUFFERED := 1
+
+.PHONY: all test demo bench system-deps venv clean
+
+all: test
+
+system-deps:
+	@if [ ! -f /usr/share/java/zookeeper.jar ] || ! command -v java >/dev/null 2>&1; then \
+		echo "installing Debian packages: zookeeper, default-jre-headless"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends zookeeper default-jre-headless >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[airflow,test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: system-deps $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo: system-deps $(STAMP)
+	$(PY) demo/run_demo.py
+
+bench: system-deps $(STAMP)
+	$(PY) -m bench.raw --messages 1000000
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info demo-output
