@@ -9,4 +9,31 @@ def get_provider_info() -> dict:
         "name": "logbus",
         "description": "Load logbus topics into a warehouse on Spark, exactly once, with completeness audits.",
         "versions": [__version__],
+        "integrations": [{"integration-name": "logbus", "external-doc-url": "https://example.invalid/logbus",
+                          "tags": ["software"]}],
+        "hooks": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.hooks.logbus"]}],
+        "operators": [{"integration-name": "logbus", "python-modules": [
+            "airflow_provider_logbus.operators.snapshot", "airflow_provider_logbus.operators.spark_load",
+            "airflow_provider_logbus.operators.commit", "airflow_provider_logbus.operators.audit"]}],
+        "sensors": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.sensors.lag"]}],
+        "triggers": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.triggers.lag"]}],
+        "connection-types": [{
+            "hook-class-name": "airflow_provider_logbus.hooks.logbus.LogbusHook",
+            "connection-type": "logbus",
+            "hook-name": "Logbus",
+            "ui-field-behaviour": {
+                "hidden-fields": ["login", "password"],
+                "relabeling": {"host": "ZooKeeper host", "port": "ZooKeeper port", "schema": "ZooKeeper chroot"},
+                "placeholders": {"host": "127.0.0.1", "port": "2181", "schema": "logbus (optional chroot)",
+                                 "extra": '{"zookeeper": "zk1:2181/logbus"} or {"brokers": "b1:9092,b2:9092"}'},
+            },
+            "conn-fields": {
+                "zookeeper": {"label": "ZooKeeper connect string",
+                              "description": "h1:2181,h2:2181/chroot (overrides host/port)",
+                              "schema": {"type": ["string", "null"]}},
+                "brokers": {"label": "Static brokers", "description": "h:9092,h:9093 (no group offsets then)",
+                            "schema": {"type": ["string", "null"]}},
+                "timeout": {"label": "Timeout (s)", "schema": {"type": ["number", "null"], "default": 15}},
+            },
+        }],
     }

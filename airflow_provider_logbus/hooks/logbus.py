@@ -1,0 +1,264 @@
+"""LogbusHook: the provider's one door to a logbus cluster (DESIGN §7).
+
+Connection `logbus` (default id `logbus_default`):
+
+* Host / Port: a ZooKeeper server; Schema: its chroot (e.g. `logbus`), or
+* Extra `{"zookeeper": "h1:2181,h2:2181/logbus"}`, or `{"brokers": "h:9092,h:9093"}`
+  (static brokers, answered with METADATA; no group offsets then), and optionally
+  `{"timeout": 15}` (seconds).
+
+Usable from plain Python without a connection: `LogbusHook(zookeeper="127.0.0.1:2181/x")`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook
+
+from airflow_provider_logbus.cluster import ClusterConfigError, LogbusCluster, PartitionOffsets
+from airflow_provider_logbus.warehouse import Range, Warehouse, batch_id_for
+
+log = logging.getLogger(__name__)
+
+
+class LogbusConnectionError(AirflowException):
+    """The logbus connection is missing or unusable; the message names it and the fix."""
+
+
+class LogbusDataLossError(AirflowException):
+    """Retention deleted bytes that were never loaded."""
+
+
+class LogbusHook(BaseHook):
+    conn_name_attr = "logbus_conn_id"
+    default_conn_name = "logbus_default"
+    conn_type = "logbus"
+    hook_name = "Logbus"
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden-fields": ["login", "password"],
+            "relabeling": {"host": "ZooKeeper host", "port": "ZooKeeper port", "schema": "ZooKeeper chroot"},
+            "placeholders": {
+                "host": "127.0.0.1",
+                "port": "2181",
+                "schema": "logbus (optional chroot)",
+                "extra": '{"zookeeper": "zk1:2181,zk2:2181/logbus"} or {"brokers": "b1:9092,b2:9092"}, '
+                         '"timeout": 15',
+            },
+        }
+
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        try:
+            from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
+            from flask_babel import lazy_gettext
+            from wtforms import IntegerField, StringField
+            from wtforms.validators import Optional
+        except ImportError:  # Airflow 3 UI without the FAB stack: provider info's conn-fields serve it
+            return {}
+        return {
+            "zookeeper": StringField(lazy_gettext("ZooKeeper connect string"), widget=BS3TextFieldWidget(),
+                                     description="h1:2181,h2:2181/chroot (overrides host/port)",
+                                     validators=[Optional()]),
+            "brokers": StringField(lazy_gettext("Static brokers"), widget=BS3TextFieldWidget(),
+                                   description="h:9092,h:9093 when ZooKeeper is not reachable", validators=[Optional()]),
+            "timeout": IntegerField(lazy_gettext("Timeout (s)"), widget=BS3TextFieldWidget(), default=15,
+                                    validators=[Optional()]),
+        }
+
+    def __init__(self, logbus_conn_id: str = default_conn_name, *, zookeeper: str | None = None,
+                 brokers: str | None = None, timeout: float | None = None) -> None:
+        super().__init__()
+        self.logbus_conn_id = logbus_conn_id
+        self._zookeeper, self._brokers, self._timeout = zookeeper, brokers, timeout
+        self._cluster: LogbusCluster | None = None
+
+    # ------------------------------------------------------------------ connection
+
+    def cluster_address(self) -> dict[str, Any]:
+        """{"zookeeper": ..., "brokers": ..., "timeout": ...} from arguments or the connection."""
+        if self._zookeeper or self._brokers:
+            return {"zookeeper": self._zookeeper, "brokers": self._brokers, "timeout": self._timeout or 15.0}
+        cid = self.logbus_conn_id
+        try:
+            conn = self.get_connection(cid)
+        except AirflowNotFoundException:
+            raise LogbusConnectionError(
+                f"Airflow connection {cid!r} is not defined: create a connection of type 'logbus' with the "
+                "ZooKeeper host/port (and chroot as schema), or extra {\"zookeeper\": \"h:p/chroot\"} or "
+                "{\"brokers\": \"h:p,...\"}; e.g. AIRFLOW_CONN_" + cid.upper() +
+                "='{\"conn_type\": \"logbus\", \"extra\": {\"zookeeper\": \"127.0.0.1:2181/logbus\"}}'"
+            ) from None
+        if conn.conn_type and conn.conn_type != "logbus":
+            raise LogbusConnectionError(
+                f"Airflow connection {cid!r} has type {conn.conn_type!r}, expected 'logbus'")
+        extra = conn.extra_dejson or {}
+        zookeeper, brokers = extra.get("zookeeper"), extra.get("brokers")
+        if not zookeeper and not brokers:
+            if not conn.host:
+                raise LogbusConnectionError(
+                    f"Airflow connection {cid!r} names no cluster: set its host (and port) to a ZooKeeper server, "
+                    "or extra 'zookeeper' or 'brokers'")
+            zookeeper = f"{conn.host}:{conn.port or 2181}"
+            if conn.schema:
+                zookeeper += "/" + conn.schema.strip("/")
+        try:
+            timeout = float(extra.get("timeout", 15))
+        except (TypeError, ValueError):
+            raise LogbusConnectionError(
+                f"Airflow connection {cid!r}: extra 'timeout' must be a number of seconds, got {extra.get('timeout')!r}"
+            ) from None
+        return {"zookeeper": zookeeper, "brokers": brokers, "timeout": timeout}
+
+    def get_conn(self) -> LogbusCluster:
+        if self._cluster is None:
+            address = self.cluster_address()
+            try:
+                self._cluster = LogbusCluster(address["zookeeper"], address["brokers"], address["timeout"])
+            except ClusterConfigError as exc:
+                raise LogbusConnectionError(f"logbus connection {self.logbus_conn_id!r}: {exc}") from None
+        return self._cluster
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            cluster = self.get_conn()
+            brokers = cluster.brokers()
+            if not brokers:
+                return False, "the cluster has no live brokers registered"
+            topics = cluster.topics()
+            return True, f"{len(brokers)} live broker(s), {len(topics)} topic(s)"
+        except Exception as exc:  # test_connection reports, never raises
+            return False, f"{type(exc).__name__}: {exc}"
+        finally:
+            self.close()
+
+    # ------------------------------------------------------------------ cluster facts
+
+    def topics(self) -> list[str]:
+        return self.get_conn().topics()
+
+    def partitions(self, topic: str) -> list[int]:
+        return self.get_conn().partitions(topic)
+
+    def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
+        """Earliest and latest offsets of every partition, from each partition's leader."""
+        return self.get_conn().partition_offsets(topic)
+
+    def group_offsets(self, group: str, topic: str) -> dict[int, int]:
+        return self.get_conn().group_offsets(group, topic)
+
+    def set_group_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        self.get_conn().set_group_offsets(group, topic, offsets)
+
+    def lag(self, group: str, topic: str) -> dict[int, int]:
+        return self.get_conn().lag(group, topic)
+
+    def producer(self, **kwargs):
+        """A `broker.client.producer.Producer` on this cluster."""
+        from broker.client.producer import Producer
+
+        address = self.cluster_address()
+        if address["zookeeper"]:
+            return Producer(zookeeper=address["zookeeper"], **kwargs)
+        return Producer(brokers=address["brokers"], **kwargs)
+
+    def consumer(self, **kwargs):
+        """A `broker.client.consumer.SimpleConsumer` on this cluster."""
+        from broker.client.consumer import SimpleConsumer
+
+        address = self.cluster_address()
+        if address["zookeeper"]:
+            return SimpleConsumer(zookeeper=address["zookeeper"], **kwargs)
+        return SimpleConsumer(brokers=address["brokers"], **kwargs)
+
+    def consumer_group(self, group: str, topics: dict[str, int], **kwargs):
+        from broker.client.group import ConsumerGroup
+
+        return ConsumerGroup(group, topics, zookeeper=self.cluster_address()["zookeeper"], **kwargs)
+
+    # ------------------------------------------------------------------ the batch's ranges
+
+    def snapshot_ranges(self, *, warehouse: str, table: str, topic: str, interval_start: datetime,
+                        interval_end: datetime, group: str | None = None, auto_offset_reset: str = "earliest",
+                        max_bytes_per_partition: int | None = None, on_data_loss: str = "fail") -> dict:
+        """The ranges of this interval's batch (DESIGN §7). Idempotent: a committed batch
+        returns its recorded ranges."""
+        if on_data_loss not in ("fail", "skip"):
+            raise ValueError(f"on_data_loss must be 'fail' or 'skip', not {on_data_loss!r}")
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {auto_offset_reset!r}")
+        wh = Warehouse(warehouse)
+        batch_id = batch_id_for(interval_start, interval_end)
+        plan = {"batch_id": batch_id, "table": table, "topic": topic, "warehouse": str(warehouse),
+                "interval_start": interval_start.isoformat(), "interval_end": interval_end.isoformat()}
+        committed = wh.batch(table, batch_id)
+        if committed is not None:
+            self.log.info("batch %s is already committed; reusing its ranges", batch_id)
+            return {**plan, "ranges": committed.ranges, "committed": True}
+        cluster = self.get_conn()
+        starts = wh.committed_end_offsets(table, topic)
+        source = "warehouse"
+        if not wh.table_exists(table):
+            starts = cluster.group_offsets(group, topic) if group else {}
+            source = f"group {group!r} offsets" if group else auto_offset_reset
+        ranges = []
+        for p, o in cluster.partition_offsets(topic).items():
+            start = starts.get(p)
+            how = source
+            if start is None:
+                start, how = (o.earliest if auto_offset_reset == "earliest" else o.latest), auto_offset_reset
+            r = Range(topic, p, start, o.latest)
+            if start < o.earliest:
+                if on_data_loss == "fail":
+                    raise LogbusDataLossError(
+                        f"{topic}-{p}: bytes [{start}, {o.earliest}) ({o.earliest - start} bytes) were deleted by "
+                        f"retention before table {table!r} loaded them (the earliest offset is now {o.earliest}); "
+                        "raise the topic's retention or rerun with on_data_loss='skip' to load from the earliest "
+                        "offset and record the loss for the audit")
+                self.log.warning("%s-%d: bytes [%d, %d) lost to retention; skipping to %d",
+                                 topic, p, start, o.earliest, o.earliest)
+                r = Range(topic, p, o.earliest, o.latest, lost_start=start, lost_end=o.earliest)
+            elif start > o.latest:
+                raise AirflowException(
+                    f"{topic}-{p}: start offset {start} (from {how}) is past the partition's end {o.latest}; "
+                    "was the topic recreated?")
+            if max_bytes_per_partition and r.end - r.start > max_bytes_per_partition:
+                r.end = cluster.boundary_at_or_before(topic, p, r.start, max_bytes_per_partition)
+            ranges.append(r.to_dict())
+            self.log.info("%s-%d: [%d, %d) %d bytes (start from %s)", topic, p, r.start, r.end, r.end - r.start, how)
+        return {**plan, "ranges": ranges, "committed": False}
+
+    # ------------------------------------------------------------------ commit and audit
+
+    def commit_batch(self, *, warehouse: str, table: str, plan: dict, staging: str, run_id: str,
+                     group: str | None = None) -> dict:
+        """Publish the staging directory with the plan's ranges, then mirror the offsets
+        to the group in ZooKeeper (for lag monitoring only)."""
+        wh = Warehouse(warehouse)
+        record, now = wh.publish(table, plan["batch_id"], staging, interval_start=plan["interval_start"],
+                                 interval_end=plan["interval_end"], run_id=run_id, ranges=plan["ranges"])
+        if group:
+            ends: dict[str, dict[int, int]] = {}
+            for r in record.ranges:
+                ends.setdefault(r["topic"], {})[int(r["partition"])] = int(r["end"])
+            for topic, offsets in ends.items():
+                self.set_group_offsets(group, topic, offsets)
+        return {**record.to_dict(), "published_now": now}
+
+    def audit(self, *, warehouse: str, table: str, topic: str, start_ms: int, end_ms: int, threshold: float,
+              monitoring_topic: str = "_logbus_audit") -> dict:
+        from airflow_provider_logbus.completeness import build_report
+        from airflow_provider_logbus.monitoring import read_produced_counts
+
+        produced = read_produced_counts(self.get_conn(), monitoring_topic)
+        return build_report(table, topic, start_ms, end_ms, produced, Warehouse(warehouse).batches(table), threshold)

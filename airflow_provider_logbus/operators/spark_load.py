@@ -1,0 +1,96 @@
+"""LogbusSparkLoadOperator: runs the load job with spark-submit into a fresh staging directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.providers.common.compat.sdk import AirflowNotFoundException, BaseOperator
+
+from airflow_provider_logbus.hooks.logbus import LogbusHook
+from airflow_provider_logbus.warehouse import Warehouse
+
+LOAD_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "load_job.py")
+EMBEDDED_MASTER = "local[*]"
+
+
+class LogbusSparkSubmitHook(SparkSubmitHook):
+    """SparkSubmitHook whose missing connection means the embedded `local[*]` master
+    (the stock hook falls back to YARN)."""
+
+    def _resolve_connection(self) -> dict[str, Any]:
+        try:
+            self.get_connection(self._conn_id)
+        except AirflowNotFoundException:
+            self.log.info("no connection %r: running Spark embedded (%s)", self._conn_id, EMBEDDED_MASTER)
+            data = super()._resolve_connection()
+            data["master"] = EMBEDDED_MASTER
+            return data
+        return super()._resolve_connection()
+
+
+def python_environment() -> dict[str, str]:
+    """Driver and workers run this interpreter (DESIGN §9), spark-submit from its venv."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {
+        "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+    }
+
+
+class LogbusSparkLoadOperator(BaseOperator):
+    """Loads the ranges from `snapshot_task_id`'s XCom into
+    `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
+    Skips the work when the snapshot says the batch is already committed."""
+
+    template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf")
+    template_fields_renderers = {"conf": "json"}
+
+    def __init__(self, *, warehouse: str, table: str, snapshot_task_id: str = "snapshot",
+                 value_format: str = "json", schema: str | None = None, conn_id: str = "spark_default",
+                 logbus_conn_id: str = LogbusHook.default_conn_name, conf: dict[str, Any] | None = None,
+                 fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
+        self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
+        self.logbus_conn_id, self.conf = logbus_conn_id, conf or {}
+        self.fetch_bytes, self.split_bytes = fetch_bytes, split_bytes
+        self._hook: SparkSubmitHook | None = None
+
+    def application_args(self, plan: dict, staging: Path) -> list[str]:
+        import json
+
+        address = LogbusHook(self.logbus_conn_id).cluster_address()
+        args = ["--ranges", json.dumps(plan["ranges"]), "--staging", str(staging), "--format", self.value_format,
+                "--fetch-bytes", str(self.fetch_bytes), "--split-bytes", str(self.split_bytes)]
+        if address["zookeeper"]:
+            args += ["--zookeeper", address["zookeeper"]]
+        else:
+            args += ["--brokers", address["brokers"]]
+        if self.schema:
+            args += ["--schema", self.schema]
+        return args
+
+    def execute(self, context) -> dict:
+        plan = context["ti"].xcom_pull(task_ids=self.snapshot_task_id)
+        if not plan:
+            raise ValueError(f"no ranges in the XCom of task {self.snapshot_task_id!r}")
+        if plan.get("committed"):
+            self.log.info("batch %s is already committed; nothing to load", plan["batch_id"])
+            return {"batch_id": plan["batch_id"], "staging": None, "committed": True}
+        staging = Warehouse(self.warehouse).prepare_staging(self.table, plan["batch_id"], context["ti"].try_number)
+        env = python_environment()
+        conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
+                "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}
+        self._hook = LogbusSparkSubmitHook(
+            conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan['batch_id']}",
+            application_args=self.application_args(plan, staging), env_vars=env)
+        self._hook.submit(LOAD_JOB)
+        return {"batch_id": plan["batch_id"], "staging": str(staging), "committed": False}
+
+    def on_kill(self) -> None:
+        if self._hook is not None:
+            self._hook.on_kill()

@@ -1,0 +1,1 @@
+"""logbus provider sensors."""
