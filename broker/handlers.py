@@ -47,6 +47,7 @@ class RequestHandler:
         self.scheduler = scheduler
         self.registry = registry
         self.shutting_down = False
+        self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
         self._handlers: dict[int, Callable[[RequestHeader, Reader], Result]] = {
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
@@ -69,9 +70,9 @@ class RequestHandler:
 
     def leader_log(self, topic: str, partition: int) -> Log:
         """The local log of a partition this broker leads, or the error saying why not."""
-        check_topic_name(topic)
-        assignment = self.registry.view.topics.get(topic)
+        assignment = self.registry.view.topics.get(topic)  # known topics have valid names
         if assignment is None:
+            check_topic_name(topic)
             raise UnknownTopic(f"unknown topic {topic!r}")
         replicas = assignment.get(partition)
         if replicas is None:
@@ -105,12 +106,22 @@ class RequestHandler:
                 return
             await asyncio.sleep(0.01)
 
-    def _append(self, topic: str, partition: int, messages) -> tuple[Log, int, int]:
+    def _append(self, topic: str, partition: int, messages, acks: int) -> tuple[Log, int, int]:
+        """Validate and append. An acknowledged append is in the page cache before its
+        answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
         log = self.leader_log(topic, partition)
         scanned = validate_message_set(messages, self.config.message_max_bytes)
-        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp)
+        buffered = acks == 0
+        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
+        if buffered:
+            self._unwritten.add(log)
         self.scheduler.flusher(log).appended()
         return log, result.base_offset, result.next_offset
+
+    def write_unwritten(self) -> None:
+        """Called by connections after each socket read: one write per touched log."""
+        while self._unwritten:
+            self._unwritten.pop().write_unwritten()
 
     # -------------------------------------------------------------------- produce
 
@@ -127,7 +138,7 @@ class RequestHandler:
 
     def _produce(self, header: RequestHeader, req: ProduceRequest) -> Result:
         partition = self._pick_partition(req.topic) if req.partition == -1 else req.partition
-        log, base, next_offset = self._append(req.topic, partition, req.messages)
+        log, base, next_offset = self._append(req.topic, partition, req.messages, req.acks)
         if req.acks == 0:
             return None
         body = ProduceResponse(base, next_offset).encode()
@@ -146,7 +157,7 @@ class RequestHandler:
         for part in req.parts:
             try:
                 partition = self._pick_partition(part.topic) if part.partition == -1 else part.partition
-                log, base, next_offset = self._append(part.topic, partition, part.messages)
+                log, base, next_offset = self._append(part.topic, partition, part.messages, req.acks)
             except LogbusError as exc:
                 logger.warning("multiproduce to %s-%d refused: %s", part.topic, part.partition, exc)
                 w.int16(exc.code).string(str(exc))

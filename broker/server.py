@@ -105,7 +105,8 @@ class Connection(asyncio.Protocol):
             pos += 4 + size
             self._dispatch(frame)
             if self.transport is None or self.transport.is_closing():
-                return
+                break
+        self.server.handler.write_unwritten()
         del buf[:pos]
         self.partial_since = time.monotonic() if buf else None
 

@@ -95,8 +95,13 @@ class Log:
 
     # ------------------------------------------------------------------ append and roll
 
-    def append(self, message_set: bytes | memoryview, count: int, min_timestamp: int, max_timestamp: int) -> AppendResult:
-        """Append an already validated set with one write; returns its offsets."""
+    def append(
+        self, message_set: bytes | memoryview, count: int, min_timestamp: int, max_timestamp: int,
+        buffered: bool = False,
+    ) -> AppendResult:
+        """Append an already validated set with one write; returns its offsets. With
+        `buffered`, the write may wait for `write_unwritten` (or the next flush or roll),
+        so one syscall covers many small sets."""
         with self._lock:
             active = self.segments[-1]
             if active.size and (
@@ -105,7 +110,7 @@ class Log:
             ):
                 active = self._roll()
             base = active.end_offset
-            active.append(message_set)
+            active.append(message_set, buffered)
             active.note_timestamps(min_timestamp, max_timestamp)
             if not self._unflushed_messages:
                 self._first_unflushed = time.monotonic()
@@ -115,6 +120,7 @@ class Log:
     def _roll(self) -> Segment:
         """Start a new segment at the end offset. Caller holds `_lock`."""
         old = self.segments[-1]
+        old.write_unwritten()
         old.write_meta()
         segment = Segment.create(self.directory, old.end_offset)
         self._set_segments([*self.segments, segment])
@@ -123,6 +129,11 @@ class Log:
         return segment
 
     # ------------------------------------------------------------------------- flush
+
+    def write_unwritten(self) -> None:
+        """Hand buffered appends to the OS (page cache)."""
+        with self._lock:
+            self.segments[-1].write_unwritten()
 
     @property
     def unflushed_messages(self) -> int:
@@ -145,6 +156,7 @@ class Log:
         """
         with self._flush_lock:
             with self._lock:
+                self.segments[-1].write_unwritten()
                 target = self.end_offset
                 dirty = [s for s in self.segments if s.end_offset > self._flushed]
                 self._unflushed_messages = 0

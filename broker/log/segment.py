@@ -42,9 +42,18 @@ class FileRegion:
 EMPTY = FileRegion(None, 0, 0)
 
 
+WRITE_BEHIND_LIMIT = 1 << 20
+
+
 class Segment:
-    """An append-only file. The owning `Log`'s lock guards `size` and the timestamps;
-    the file is opened with O_APPEND so readers' seeks never move the write position."""
+    """An append-only file. The owning `Log`'s lock guards `size`, `_unwritten` and the
+    timestamps; the file is opened with O_APPEND so readers' seeks never move the write
+    position.
+
+    Appends may be buffered (`_unwritten`) and written later with one `write` for many
+    small sets: one syscall per 222-byte request was a third of the broker's time at
+    batch size 1. `size` counts buffered bytes too; readers never see them because
+    reads stop at the flushed offset and a flush writes the buffer first."""
 
     def __init__(self, path: Path, base_offset: int, size: int) -> None:
         self.path = path
@@ -53,6 +62,7 @@ class Segment:
         self.size = size
         self.min_timestamp = -1
         self.max_timestamp = -1
+        self._unwritten = bytearray()
 
     @classmethod
     def create(cls, directory: Path, base_offset: int) -> "Segment":
@@ -74,13 +84,22 @@ class Segment:
     def meta_path(self) -> Path:
         return self.path.with_suffix(META_SUFFIX)
 
-    def append(self, data: bytes | memoryview) -> None:
-        """One write of the whole set (short writes are continued, never split per message)."""
-        view = memoryview(data)
-        written = 0
-        while written < len(view):
-            written += os.write(self.file.fileno(), view[written:])
-        self.size += written
+    def append(self, data: bytes | memoryview, buffered: bool = False) -> None:
+        """Append a whole set: written at once, or (buffered) kept until `write_unwritten`."""
+        self._unwritten += data
+        self.size += len(data)
+        if not buffered or len(self._unwritten) >= WRITE_BEHIND_LIMIT:
+            self.write_unwritten()
+
+    def write_unwritten(self) -> None:
+        """One write of everything buffered (short writes are continued)."""
+        if not self._unwritten:
+            return
+        with memoryview(self._unwritten) as view:
+            written = 0
+            while written < len(view):
+                written += os.write(self.file.fileno(), view[written:])
+        self._unwritten.clear()
 
     def note_timestamps(self, smallest: int, largest: int) -> None:
         if smallest >= 0 and (self.min_timestamp < 0 or smallest < self.min_timestamp):

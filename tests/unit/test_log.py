@@ -247,3 +247,19 @@ def test_manager_marks_clean_shutdown_and_skips_recovery(tmp_path):
     again.load()
     assert not (tmp_path / CLEAN_SHUTDOWN).exists()  # a crash from now on means recovery
     assert again.get("t", 0).end_offset == log.end_offset
+
+
+def test_buffered_appends_reach_the_file_in_one_write_and_before_any_flush(make_log):
+    log = make_log()
+    data = encode_message_set([(None, b"buffered", 1)])
+    for _ in range(3):
+        log.append(data, 1, 1, 1, buffered=True)
+    path = log.segments[-1].path
+    assert path.stat().st_size == 0  # still in the broker's buffer
+    assert log.end_offset == 3 * len(data)  # but offsets are assigned
+    log.write_unwritten()
+    assert path.stat().st_size == 3 * len(data)
+    log.append(data, 1, 1, 1, buffered=True)
+    log.flush()  # a flush writes the buffer before its fsync
+    assert path.stat().st_size == 4 * len(data)
+    assert read_all(log) == [b"buffered"] * 4
