@@ -2,9 +2,9 @@
 (topic, window_start).
 
 The reader lives in `broker/audit.py` (the clients' side owns the event format); this
-module only adapts to it. `read_produced_counts` uses `broker.audit`'s reader when that
-module provides one and otherwise reads the monitoring topic itself with the same rule:
-keep the latest event per (producer_id, topic, window_start), then sum.
+module only adapts it to plain counts. `_own_reader` is a fallback with the same rule
+(keep the latest event per (producer_id, topic, window_start), then sum) for an install
+without the clients' module.
 """
 
 from __future__ import annotations
@@ -55,10 +55,9 @@ def _own_reader(cluster: LogbusCluster, monitoring_topic: str) -> dict[tuple[str
 def read_produced_counts(cluster: LogbusCluster, monitoring_topic: str = MONITORING_TOPIC) -> dict[tuple[str, int], int]:
     """{(topic, window_start_ms): messages producers reported as sent}."""
     try:
-        from broker import audit as broker_audit  # written by the clients' side
-    except ImportError:
-        broker_audit = None
-    reader = getattr(broker_audit, "read_producer_counts", None) if broker_audit else None
-    if reader is not None:
-        return reader(cluster, monitoring_topic)
-    return _own_reader(cluster, monitoring_topic)
+        from broker.audit import read_producer_counts  # the clients' reader (DESIGN §6)
+    except ImportError:  # the clients' side not installed: same rule, our own reading
+        return _own_reader(cluster, monitoring_topic)
+    brokers = [f"{h}:{p}" for h, p in cluster.static_brokers] or None
+    totals = read_producer_counts(zookeeper=cluster.zookeeper, brokers=brokers, audit_topic=monitoring_topic)
+    return {key: int(getattr(total, "count", total)) for key, total in totals.items()}

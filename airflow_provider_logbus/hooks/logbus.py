@@ -172,14 +172,14 @@ class LogbusHook(BaseHook):
             return Producer(zookeeper=address["zookeeper"], **kwargs)
         return Producer(brokers=address["brokers"], **kwargs)
 
-    def consumer(self, **kwargs):
-        """A `broker.client.consumer.SimpleConsumer` on this cluster."""
+    def consumer(self, topic: str, partition: int, **kwargs):
+        """A `broker.client.consumer.SimpleConsumer` of one partition on this cluster."""
         from broker.client.consumer import SimpleConsumer
 
         address = self.cluster_address()
         if address["zookeeper"]:
-            return SimpleConsumer(zookeeper=address["zookeeper"], **kwargs)
-        return SimpleConsumer(brokers=address["brokers"], **kwargs)
+            return SimpleConsumer(topic, partition, zookeeper=address["zookeeper"], **kwargs)
+        return SimpleConsumer(topic, partition, brokers=address["brokers"], **kwargs)
 
     def consumer_group(self, group: str, topics: dict[str, int], **kwargs):
         from broker.client.group import ConsumerGroup

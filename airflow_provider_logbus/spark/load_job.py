@@ -91,7 +91,11 @@ def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = No
         shutil.rmtree(staging_path)
     df = decode(spark, read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes), value_format, schema)
     df.write.partitionBy("event_date", "event_hour").mode("errorifexists").parquet(str(staging_path))
-    counts, row_count = window_counts(spark, str(staging_path), window_ms)
+    staging_path.mkdir(parents=True, exist_ok=True)  # an empty batch writes no files
+    if any(staging_path.rglob("*.parquet")):
+        counts, row_count = window_counts(spark, str(staging_path), window_ms)
+    else:
+        counts, row_count = [], 0
     result = {"counts": counts, "row_count": row_count, "window_ms": window_ms,
               "ranges": ranges, "format": value_format}
     tmp = staging_path / f".{COUNTS_FILE}.tmp"
