@@ -55,3 +55,9 @@ def test_overrides_need_key_value():
     assert parse_overrides(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
     with pytest.raises(ConfigError, match="key=value"):
         parse_overrides(["novalue"])
+
+
+def test_example_configuration_file_is_valid():
+    example = Path(__file__).resolve().parents[2] / "config" / "broker.properties"
+    config = BrokerConfig.from_settings({**read_properties(example), "broker.id": "0"})
+    assert config.zookeeper_connect.endswith("/logbus")
