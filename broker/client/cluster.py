@@ -1,0 +1,387 @@
+"""Where partitions live: the client's view of brokers and partition leaders.
+
+Two sources give the same answers (DESIGN §5, §6):
+
+- `ZooKeeperMetadata` reads `/brokers/ids` and `/brokers/topics/<t>` and keeps them
+  current with kazoo watches, so a leader change or a broker death is seen without
+  polling;
+- `BrokerListMetadata` asks a static list of brokers with METADATA, on demand.
+
+Both answer `partitions(topic)` as {partition: leader broker id, -1 while the leader is
+down}. `ConnectionPool` keeps one `BrokerConnection` per broker id. Nothing here sends
+data; producers and consumers build on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Callable, Protocol
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+
+from broker.client.connection import BrokerConnection
+from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
+from broker.errors import ErrorCode, LogbusError, UnknownPartition, UnknownTopic
+from broker.protocol import Acks, BrokerInfo
+from broker.registry import BROKER_IDS, BROKER_TOPICS, decode_assignment, decode_broker, read_brokers, topic_path
+
+logger = logging.getLogger(__name__)
+
+Leaders = dict[int, int]  # partition -> leader broker id (-1: unavailable)
+# A probe for "create this topic with the broker's num.partitions": PRODUCE to a
+# partition no topic has. The broker auto-creates the topic, then refuses the write
+# with UnknownPartition, so nothing is appended (see `ensure_topic`).
+_PROBE_PARTITION = 0x7FFFFFFF
+
+
+def connect_zookeeper(connect: str, timeout: float = 10.0, session_timeout: float = 10.0) -> KazooClient:
+    """A started kazoo client, or `ZooKeeperUnavailable` after `timeout` seconds."""
+    zk = KazooClient(hosts=connect, timeout=session_timeout)
+    try:
+        zk.start(timeout)
+    except (KazooTimeoutError, Exception) as exc:  # kazoo raises several kinds on bad hosts
+        try:
+            zk.stop()
+            zk.close()
+        except Exception:
+            pass
+        raise ZooKeeperUnavailable(f"cannot connect to ZooKeeper at {connect!r} within {timeout:g}s: {exc}") from None
+    return zk
+
+
+def parse_broker_list(brokers: list[str] | str) -> list[tuple[str, int]]:
+    """"host:port" strings (or one comma-separated string) as (host, port) pairs."""
+    if isinstance(brokers, str):
+        brokers = [b for b in brokers.split(",") if b.strip()]
+    out = []
+    for item in brokers:
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"broker address {item!r} is not host:port")
+        out.append((host or "127.0.0.1", int(port)))
+    if not out:
+        raise ValueError("the broker list is empty")
+    return out
+
+
+class ClusterMetadata(Protocol):
+    def brokers(self) -> dict[int, BrokerInfo]: ...
+
+    def partitions(self, topic: str) -> Leaders | None: ...
+
+    def refresh(self, topic: str | None = None) -> None: ...
+
+    def topics(self) -> list[str]: ...
+
+    def add_listener(self, listener: Callable[[], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def available(leaders: Leaders) -> list[int]:
+    """Partitions whose leader is live, sorted."""
+    return sorted(p for p, leader in leaders.items() if leader >= 0)
+
+
+class ZooKeeperMetadata:
+    """Brokers and assignments from ZooKeeper, kept current by watches.
+
+    `_brokers` and `_assignments` are replaced whole (never mutated), so readers need
+    no lock; `_lock` guards starting a watch on a topic only once.
+    """
+
+    def __init__(self, zk: KazooClient, owns_client: bool = False) -> None:
+        self.zk = zk
+        self.owns_client = owns_client
+        self._brokers: dict[int, BrokerInfo] = {}
+        self._assignments: dict[str, dict[int, list[int]]] = {}
+        self._watched: set[str] = set()
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._closed = False
+        zk.ensure_path(BROKER_IDS)
+        zk.ensure_path(BROKER_TOPICS)
+        ChildrenWatch(zk, BROKER_IDS, self._on_brokers)
+
+    @classmethod
+    def connect(cls, connect: str, timeout: float = 10.0) -> "ZooKeeperMetadata":
+        return cls(connect_zookeeper(connect, timeout), owns_client=True)
+
+    def _on_brokers(self, children: list[str]) -> bool | None:
+        if self._closed:
+            return False
+        brokers = {}
+        for child in children:
+            try:
+                brokers[int(child)] = decode_broker(int(child), self.zk.get(f"{BROKER_IDS}/{child}")[0])
+            except (NoNodeError, ValueError, KeyError):
+                continue
+        self._brokers = brokers
+        logger.debug("live brokers: %s", sorted(brokers))
+        self._notify()
+        return None
+
+    def _watch_topic(self, topic: str) -> None:
+        with self._lock:
+            if topic in self._watched:
+                return
+            self._watched.add(topic)
+        DataWatch(self.zk, topic_path(topic), self._topic_watcher(topic))
+
+    def _topic_watcher(self, topic: str) -> Callable[[bytes | None, object], bool | None]:
+        """A two-argument callback: kazoo passes a third (the event) to any function
+        that accepts one, which would overwrite a `topic=topic` default."""
+
+        def watch(data: bytes | None, stat: object) -> bool | None:
+            return self._on_topic(topic, data)
+
+        return watch
+
+    def _on_topic(self, topic: str, data: bytes | None) -> bool | None:
+        if self._closed:
+            return False
+        assignments = dict(self._assignments)
+        if data is None:
+            assignments.pop(topic, None)
+        else:
+            try:
+                assignments[topic] = decode_assignment(data)
+            except (ValueError, KeyError, TypeError):
+                logger.error("ignoring unreadable assignment of topic %s", topic)
+                return None
+        self._assignments = assignments
+        self._notify()
+        return None
+
+    def _notify(self) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                logger.exception("metadata listener failed")
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """`listener()` runs in kazoo's thread after every broker or watched-topic change."""
+        self._listeners.append(listener)
+
+    def brokers(self) -> dict[int, BrokerInfo]:
+        return self._brokers
+
+    def partitions(self, topic: str) -> Leaders | None:
+        self._watch_topic(topic)
+        assignment = self._assignments.get(topic)
+        if assignment is None:
+            return None
+        brokers = self._brokers
+        return {p: (r[0] if r and r[0] in brokers else -1) for p, r in assignment.items()}
+
+    def refresh(self, topic: str | None = None) -> None:
+        """Re-read from ZooKeeper (watches keep us current; this closes the gap between
+        an event and its watch firing, e.g. right after a topic was auto-created)."""
+        try:
+            self._brokers = read_brokers(self.zk)
+            if topic is not None:
+                self._watch_topic(topic)
+                try:
+                    data, _ = self.zk.get(topic_path(topic))
+                except NoNodeError:
+                    return
+                self._assignments = {**self._assignments, topic: decode_assignment(data)}
+        except Exception as exc:  # ZooKeeper down: keep the last view, say why
+            logger.warning("cannot refresh metadata from ZooKeeper: %s", exc)
+
+    def topics(self) -> list[str]:
+        try:
+            return sorted(self.zk.get_children(BROKER_TOPICS))
+        except NoNodeError:
+            return []
+
+    def close(self) -> None:
+        self._closed = True
+        if self.owns_client:
+            try:
+                self.zk.stop()
+                self.zk.close()
+            except Exception:
+                pass
+
+
+class BrokerListMetadata:
+    """Metadata from METADATA requests to a static broker list (no ZooKeeper).
+
+    `_view` is replaced whole; `_lock` serializes refreshes (one socket at a time).
+    """
+
+    def __init__(self, brokers: list[str] | str, client_id: str = "logbus-python", timeout: float = 10.0,
+                 min_refresh_interval: float = 0.1) -> None:
+        self.seeds = parse_broker_list(brokers)
+        self.client_id = client_id
+        self.timeout = timeout
+        self.min_refresh_interval = min_refresh_interval
+        self._brokers: dict[int, BrokerInfo] = {}
+        self._leaders: dict[str, Leaders] = {}
+        self._lock = threading.Lock()
+        self._last_refresh = 0.0
+        self._listeners: list[Callable[[], None]] = []
+
+    def _addresses(self) -> list[tuple[str, int]]:
+        known = [(b.host, b.port) for b in self._brokers.values()]
+        seeds = list(self.seeds)
+        random.shuffle(seeds)
+        return seeds + [a for a in known if a not in seeds]
+
+    def refresh(self, topic: str | None = None) -> None:
+        with self._lock:
+            if time.monotonic() - self._last_refresh < self.min_refresh_interval:
+                return
+            errors = []
+            for host, port in self._addresses():
+                try:
+                    with BrokerConnection(host, port, self.client_id, self.timeout) as conn:
+                        response = conn.metadata([])
+                except (ConnectionError, LogbusError, OSError) as exc:
+                    errors.append(str(exc))
+                    continue
+                self._brokers = {b.broker_id: b for b in response.brokers}
+                self._leaders = {
+                    t.topic: {p.partition: p.leader for p in t.partitions}
+                    for t in response.topics if t.error_code == ErrorCode.NONE
+                }
+                self._last_refresh = time.monotonic()
+                break
+            else:
+                self._brokers = {}
+                self._leaders = {t: {p: -1 for p in leaders} for t, leaders in self._leaders.items()}
+                self._last_refresh = time.monotonic()
+                logger.warning("no broker answered METADATA: %s", "; ".join(errors))
+        for listener in list(self._listeners):
+            listener()
+
+    def brokers(self) -> dict[int, BrokerInfo]:
+        if not self._last_refresh:
+            self.refresh()
+        return self._brokers
+
+    def partitions(self, topic: str) -> Leaders | None:
+        if topic not in self._leaders:
+            self.refresh(topic)
+        return self._leaders.get(topic)
+
+    def topics(self) -> list[str]:
+        self.refresh()
+        return sorted(self._leaders)
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def close(self) -> None:
+        pass
+
+
+def open_metadata(zookeeper: str | None = None, brokers: list[str] | str | None = None,
+                  client_id: str = "logbus-python", timeout: float = 10.0) -> ClusterMetadata:
+    """Metadata from ZooKeeper or from a static broker list; exactly one must be given."""
+    if (zookeeper is None) == (brokers is None):
+        raise ValueError("give exactly one of zookeeper= (connect string) or brokers= (host:port list)")
+    if zookeeper is not None:
+        return ZooKeeperMetadata.connect(zookeeper, timeout)
+    return BrokerListMetadata(brokers, client_id, timeout)
+
+
+class ConnectionPool:
+    """One connection per broker id, opened on first use, replaced when the broker's
+    address changes. Not thread-safe: each thread that talks to brokers owns a pool."""
+
+    def __init__(self, metadata: ClusterMetadata, client_id: str, timeout: float) -> None:
+        self.metadata = metadata
+        self.client_id = client_id
+        self.timeout = timeout
+        self._connections: dict[int, BrokerConnection] = {}
+
+    def get(self, broker_id: int) -> BrokerConnection:
+        info = self.metadata.brokers().get(broker_id)
+        if info is None:
+            raise ConnectionError(f"broker {broker_id} is not live")
+        conn = self._connections.get(broker_id)
+        if conn is not None and (conn.host, conn.port) != (info.host, info.port):
+            conn.close()
+            conn = None
+        if conn is None:
+            conn = BrokerConnection(info.host, info.port, self.client_id, self.timeout)
+            self._connections[broker_id] = conn
+        return conn.connect()
+
+    def any(self) -> BrokerConnection:
+        """A connection to some live broker, for requests any broker can answer."""
+        ids = list(self.metadata.brokers())
+        random.shuffle(ids)
+        errors = []
+        for broker_id in ids:
+            try:
+                return self.get(broker_id)
+            except ConnectionError as exc:
+                errors.append(str(exc))
+        raise NoBrokersAvailable("no live broker reachable" + (": " + "; ".join(errors) if errors else ""))
+
+    def leader(self, topic: str, partition: int) -> BrokerConnection:
+        """A connection to the partition's leader; ConnectionError while it is down."""
+        leaders = self.metadata.partitions(topic)
+        if leaders is None:
+            raise UnknownTopic(f"unknown topic {topic!r}")
+        if partition not in leaders:
+            raise UnknownPartition(f"topic {topic!r} has no partition {partition}")
+        leader = leaders[partition]
+        if leader < 0:
+            raise ConnectionError(f"partition {topic}-{partition} has no live leader")
+        return self.get(leader)
+
+    def drop(self, broker_id: int) -> None:
+        conn = self._connections.pop(broker_id, None)
+        if conn is not None:
+            conn.close()
+
+    def drop_connection(self, conn: BrokerConnection) -> None:
+        for broker_id, known in list(self._connections.items()):
+            if known is conn:
+                self.drop(broker_id)
+
+    def close(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()
+
+
+def ensure_topic(metadata: ClusterMetadata, pool: ConnectionPool, topic: str, timeout: float = 10.0) -> Leaders:
+    """The topic's leaders, auto-creating the topic on a broker if it does not exist.
+
+    The broker creates a topic on its first produce, with its own `num.partitions`,
+    which the client does not know; so we send a PRODUCE to an impossible partition:
+    the broker creates the topic, then refuses the write (UnknownPartition), and
+    nothing is appended. Raises UnknownTopic when auto-creation is off.
+    """
+    leaders = metadata.partitions(topic)
+    if leaders is not None:
+        return leaders
+    conn = pool.any()
+    try:
+        conn.produce(topic, _PROBE_PARTITION, b"", Acks.APPENDED, int(timeout * 1000))
+    except UnknownPartition:
+        pass  # the expected answer: the topic exists now
+    except ConnectionError:
+        pool.drop_connection(conn)
+        raise
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata.refresh(topic)
+        leaders = metadata.partitions(topic)
+        if leaders is not None:
+            return leaders
+        if time.monotonic() > deadline:
+            raise UnknownTopic(f"topic {topic!r} did not appear within {timeout:g}s of its creation")
+        time.sleep(0.05)
