@@ -1,0 +1,49 @@
+"""Producing test data with the real clients, and reading it back."""
+
+from __future__ import annotations
+
+import json
+
+from broker.client.producer import Producer
+from broker.message import iter_messages
+
+from airflow_provider_logbus.cluster import LogbusCluster
+
+
+def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3, value_bytes: int | None = None,
+            keyed: bool = True) -> int:
+    """Send one JSON event per timestamp, round-robin over `servers` producers (each with
+    monitoring events on). With `value_bytes`, every value has exactly that size."""
+    producers = [Producer(zookeeper=zookeeper, acks=1, audit=True) for _ in range(servers)]
+    try:
+        for i, ts in enumerate(timestamps):
+            body = {"server": f"web-{i % servers}", "n": i, "ts_ms": ts}
+            value = json.dumps(body).encode()
+            if value_bytes is not None:
+                value = json.dumps({**body, "pad": "x" * (value_bytes - len(value) - 10)}).encode()
+                value = value + b" " * (value_bytes - len(value))
+            producers[i % servers].send(topic, value, key=(str(i) if keyed else None), timestamp=ts)
+    finally:
+        reports = [p.close() for p in producers]
+    failed = [f for r in reports if r is not None for f in r.failed]
+    assert not failed, failed
+    return len(timestamps)
+
+
+def all_offsets(zookeeper: str, topic: str) -> set[tuple[int, int]]:
+    """(partition, offset) of every message now in the topic."""
+    out = set()
+    with LogbusCluster(zookeeper) as cluster:
+        for p, o in cluster.partition_offsets(topic).items():
+            for base, buf in cluster.read_range(topic, p, o.earliest, o.latest):
+                out |= {(p, m.offset) for m in iter_messages(buf, base)}
+    return out
+
+
+def table_rows(table_dir) -> list[dict]:
+    import pyarrow.dataset as ds
+
+    if not any(table_dir.glob("batch_id=*/**/*.parquet")):
+        return []
+    return ds.dataset(str(table_dir), format="parquet", partitioning="hive").to_table(
+        columns=["partition", "offset", "batch_id"]).to_pylist()
