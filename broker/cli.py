@@ -1,4 +1,5 @@
-"""Command-line entry points: `logbus-broker` starts a broker."""
+"""Command-line entry points: `logbus` operates a cluster (subcommands in
+`broker.admin`), `logbus-broker` starts a broker."""
 
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ def broker_main(argv: list[str] | None = None) -> int:
         print(f"logbus-broker: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`logbus`: topics, produce, consume, offsets, groups, perf (see `broker.admin`)."""
+    from broker.admin import main as admin_main
+
+    return admin_main(argv)
 
 
 if __name__ == "__main__":
