@@ -1,0 +1,247 @@
+"""The Kafka paper's experiments (NetDB 2011, §4) on logbus, RabbitMQ and ActiveMQ
+(and Redis Streams), side by side, with Python clients on every side.
+
+    .venv/bin/python -m bench.paper                      # what `make bench` runs
+    .venv/bin/python -m bench.paper --messages 100000 --peer-messages 20000   # a quick look
+
+- Producer test: one producer, 200-byte messages; logbus at batch 1 and 50 with
+  acks=0 (the paper's Kafka) and acks=1; the peers one message at a time.
+- Consumer test: one consumer reads everything back, each pull about 1,000 messages
+  / 200 KB (logbus fetch size 200 KB; RabbitMQ prefetch 1000; ActiveMQ prefetch 1000;
+  Redis XREAD COUNT 1000); peers acknowledge automatically.
+- Storage: (bytes on disk after − before) / messages − 200.
+- logbus end-to-end latency (send → consumer) at a fixed rate, per flush interval.
+
+Peers are installed from Debian's packages when missing and run only for the
+duration of the run, in a scratch directory on free loopback ports; everything is
+stopped on the way out, also on failure, Ctrl-C or SIGTERM. Results go to
+`bench/results/` (CSV, Markdown), the figures to `bench/plots/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.paper import logbus_side
+from bench.paper.report import Latency, Run, Storage, markdown, plot, write_csv
+from bench.paper.sampling import Sampler
+
+ROOT = Path(__file__).resolve().parents[2]
+MESSAGE_BYTES = 200
+PEERS = ("rabbitmq", "activemq", "redis")
+PEER_NAMES = {"rabbitmq": "RabbitMQ", "activemq": "ActiveMQ", "redis": "Redis Streams"}
+# The bench extra of pyproject.toml, installed when missing.
+BENCH_MODULES = {"pika": "pika", "stomp": "stomp.py", "matplotlib": "matplotlib", "redis": "redis"}
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def ensure_python_packages() -> None:
+    missing = []
+    for module in BENCH_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        log(f"installing the bench extra (missing: {', '.join(missing)})")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{ROOT}[bench]"], check=True)
+        importlib.invalidate_caches()
+
+
+class Stop(Exception):
+    """SIGTERM or SIGHUP: unwind through every `finally`, stopping the servers."""
+
+
+def _on_signal(signum, _frame) -> None:
+    raise Stop(f"stopped by signal {signal.Signals(signum).name}")
+
+
+def sampler(label: str, messages: int, every: int) -> Sampler:
+    return Sampler(label, messages, max(1_000, min(every, messages // 10 or 1)), MESSAGE_BYTES)
+
+
+# ------------------------------------------------------------------------- logbus
+
+def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], latencies: list[Latency]) -> None:
+    payload = b"m" * MESSAGE_BYTES
+    every = int(args.sample_mb * 1e6 // MESSAGE_BYTES)
+    with logbus_side.ZooKeeperServer(workdir / "zk") as zk:
+        with logbus_side.LocalCluster(zk.connect_string + "/paper", workdir / "logbus") as cluster:
+            broker = cluster.start_broker(0, logbus_side.THROUGHPUT_SETTINGS)
+            setup = logbus_side.LogbusSetup(zk, cluster, broker)
+            ends = {}
+            for acks in args.acks:
+                for batch in args.batches:
+                    setting = f"batch {batch}, acks={acks}"
+                    topic = f"paper-b{batch}-a{acks}"
+                    logbus_side.create_topic(setup, topic)
+                    s = sampler(f"logbus produce {setting}", args.messages, every)
+                    ends[topic] = logbus_side.produce(setup, topic, args.messages, payload, s, acks=acks, batch=batch)
+                    runs.append(Run("logbus", "produce", setting, s.done, s.seconds, s.series(), batch))
+            # storage and the consumer test on the last topic written (same bytes in every topic)
+            topic = f"paper-b{args.batches[-1]}-a{args.acks[0]}"
+            for t, end in ends.items():
+                logbus_side.wait_visible(setup, t, end)
+            used, _ = logbus_side.storage_overhead(setup, topic, args.messages, MESSAGE_BYTES)
+            storage.append(Storage("logbus", args.messages, used))
+            log(f"  logbus storage: {used:,} bytes, {storage[-1].per_message:.1f} bytes/message beyond the payload")
+            s = sampler("logbus consume (fetch 200 KB)", args.messages, every)
+            got = logbus_side.consume(setup, topic, args.messages, s)
+            if got != args.messages:
+                raise RuntimeError(f"logbus consumer read {got:,} of {args.messages:,} messages")
+            runs.append(Run("logbus", "consume", "fetch 200 KB", s.done, s.seconds, s.series()))
+        if args.latency_seconds > 0:
+            for flush_ms in args.latency_flush_ms:
+                settings = {"log.flush.interval.ms": flush_ms, "log.flush.interval.messages": 1_000_000}
+                with logbus_side.LocalCluster(zk.connect_string + f"/latency-{flush_ms}",
+                                              workdir / f"latency-{flush_ms}") as cluster:
+                    broker = cluster.start_broker(0, settings)
+                    setup = logbus_side.LogbusSetup(zk, cluster, broker)
+                    topic = "paper-latency"
+                    logbus_side.create_topic(setup, topic)
+                    values = logbus_side.latency(setup, topic, args.latency_rate, args.latency_seconds)
+                    latencies.append(Latency(flush_ms, args.latency_rate, values))
+                    lat = latencies[-1]
+                    log(f"  latency, flush every {flush_ms} ms: median {lat.q(0.5):.1f} ms, p99 {lat.q(0.99):.1f} ms "
+                        f"({len(values):,} messages)")
+
+
+# -------------------------------------------------------------------------- peers
+
+def run_peer(name: str, args, workdir: Path, runs: list[Run], storage: list[Storage]) -> None:
+    module = importlib.import_module({"redis": "bench.peers.redis_streams"}.get(name, f"bench.peers.{name}"))
+    server_class = {"rabbitmq": "RabbitMQServer", "activemq": "ActiveMQServer", "redis": "RedisServer"}[name]
+    system = PEER_NAMES[name]
+    messages = args.peer_messages
+    every = int(args.sample_mb * 1e6 // MESSAGE_BYTES)
+    if not args.skip_install:
+        module.install()
+    server = getattr(module, server_class)(workdir)
+    log(f"starting {system} (log {server.log_path})")
+    server.start()
+    try:
+        from bench.peers.base import settled_disk_bytes  # noqa: PLC0415
+
+        before = settled_disk_bytes(server.data_dir(), timeout=10)
+        s = sampler(f"{system} produce", messages, every)
+        module.produce(server, messages, b"m" * MESSAGE_BYTES, s)
+        runs.append(Run(system, "produce", "one at a time" if name != "redis" else "XADD, pipelined 50",
+                        s.done, s.seconds, s.series(), notes="; ".join(s.notes)))
+        after = settled_disk_bytes(server.data_dir(), timeout=60)
+        storage.append(Storage(system, messages, after - before))
+        log(f"  {system} storage: {after - before:,} bytes, {storage[-1].per_message:.1f} bytes/message beyond the payload")
+        s = sampler(f"{system} consume", messages, every)
+        got = module.consume(server, messages, s)
+        if got != messages:
+            raise RuntimeError(f"{system} consumer read {got:,} of {messages:,} messages")
+        runs.append(Run(system, "consume", "prefetch 1000, auto-ack" if name != "redis" else "XREAD COUNT 1000",
+                        s.done, s.seconds, s.series()))
+    finally:
+        log(f"stopping {system}")
+        server.stop()
+        server.remove_data()
+
+
+# --------------------------------------------------------------------------- main
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} vCPUs ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}, "
+            f"load average at start {os.getloadavg()[0]:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=1_000_000, help="logbus messages per run (paper: 10 million)")
+    parser.add_argument("--peer-messages", type=int, default=200_000,
+                        help="messages per run for each peer (they are slower; same shape)")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: rabbitmq,activemq,redis (or none)")
+    parser.add_argument("--batches", default="1,50", help="logbus producer batch sizes")
+    parser.add_argument("--acks", default="0,1", help="logbus producer acks settings")
+    parser.add_argument("--sample-mb", type=float, default=10.0, help="one throughput sample per this many MB")
+    parser.add_argument("--latency-rate", type=int, default=2_000, help="messages/s of the latency run")
+    parser.add_argument("--latency-seconds", type=float, default=15.0, help="length of each latency run (0: skip)")
+    parser.add_argument("--latency-flush-ms", default="200,20", help="log.flush.interval.ms values for latency runs")
+    parser.add_argument("--skip-install", action="store_true", help="do not apt-get/pip install anything")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--plots", type=Path, default=ROOT / "bench" / "plots")
+    args = parser.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.acks = [int(a) for a in args.acks.split(",")]
+    args.latency_flush_ms = [int(f) for f in args.latency_flush_ms.split(",") if f]
+    peers = [p for p in args.peers.split(",") if p and p != "none"]
+    for p in peers:
+        if p not in PEERS:
+            parser.error(f"unknown peer {p!r}; choose from {', '.join(PEERS)}")
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    if not args.skip_install:
+        ensure_python_packages()
+    started = time.time()
+    about = machine()
+    log(f"bench.paper: {about}")
+    runs: list[Run] = []
+    storage: list[Storage] = []
+    latencies: list[Latency] = []
+    failed = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="logbus-paper-") as scratch:
+            workdir = Path(scratch)
+            log(f"logbus: {args.messages:,} messages of {MESSAGE_BYTES} bytes per run")
+            run_logbus(args, workdir, runs, storage, latencies)
+            for p in peers:
+                log(f"{PEER_NAMES[p]}: {args.peer_messages:,} messages of {MESSAGE_BYTES} bytes")
+                try:
+                    run_peer(p, args, workdir, runs, storage)
+                except (KeyboardInterrupt, Stop):
+                    raise
+                except Exception as exc:  # one peer failing must not lose the others' results
+                    failed = f"{PEER_NAMES[p]} failed: {type(exc).__name__}: {exc}"
+                    log(failed)
+    except (KeyboardInterrupt, Stop) as exc:
+        log(f"\ninterrupted ({exc or 'Ctrl-C'}); every server was stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    order = {"logbus": 0, "RabbitMQ": 1, "ActiveMQ": 2, "Redis Streams": 3}
+    storage.sort(key=lambda s: order.get(s.system, 9))
+    write_csv(args.results, runs, storage, latencies)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"{when}; {about}; load average at end {os.getloadavg()[0]:.2f}; "
+            f"took {time.time() - started:.0f} s\n\n"
+            f"logbus {args.messages:,} messages per run, peers {args.peer_messages:,}\n\n"
+            + markdown(runs, storage, latencies))
+    (args.results / "results.md").write_text(text)
+    plot(runs, "produce", args.plots / "producer.png",
+         f"Producer performance (after the paper's Figure 4), 200-byte messages")
+    plot(runs, "consume", args.plots / "consumer.png",
+         f"Consumer performance (after the paper's Figure 5), 200-byte messages")
+    print(text)
+    log(f"results in {args.results}, plots in {args.plots}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
