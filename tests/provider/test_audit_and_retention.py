@@ -1,0 +1,139 @@
+"""The audit (complete, cut short, under threshold) and retention data loss
+(on_data_loss fail / skip), with loads run by the load job on a shared SparkSession."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from broker.localcluster import wait_until
+
+from airflow_provider_logbus.cluster import LogbusCluster
+from airflow_provider_logbus.hooks.logbus import LogbusDataLossError, LogbusHook
+from airflow_provider_logbus.spark.load_job import run_load
+from airflow_provider_logbus.warehouse import Warehouse
+
+from .conftest import load_dag, use_logbus_connection
+from .helpers import produce, table_rows
+
+pytestmark = pytest.mark.slow
+HOUR = 3_600_000
+VALUE_BYTES = 200
+ENTRY = 22 + VALUE_BYTES  # keyless entries: 22 bytes of header + the value
+SCHEMA = "server string, n long, ts_ms long, pad string"
+
+
+def load_batch(hook: LogbusHook, spark, warehouse, table: str, topic: str, start: datetime, end: datetime,
+               **snapshot_kwargs) -> dict:
+    """snapshot → load job (in-process Spark) → commit, as the DAG's tasks do."""
+    plan = hook.snapshot_ranges(warehouse=str(warehouse), table=table, topic=topic, interval_start=start,
+                                interval_end=end, **snapshot_kwargs)
+    wh = Warehouse(warehouse)
+    staging = wh.prepare_staging(table, plan["batch_id"], 1)
+    run_load(spark, plan["ranges"], str(staging), zookeeper=hook.cluster_address()["zookeeper"],
+             value_format="json", schema=SCHEMA)
+    return hook.commit_batch(warehouse=str(warehouse), table=table, plan=plan, staging=str(staging),
+                             run_id="test", group="loader")
+
+
+def wait_flushed(zk: str, topic: str, count: int) -> None:
+    with LogbusCluster(zk) as c:
+        wait_until(lambda: sum(c.latest(topic, p) for p in c.partitions(topic)) == count * ENTRY, 30, "flush")
+
+
+@pytest.fixture
+def yesterday() -> tuple[datetime, datetime]:
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=1), today
+
+
+def test_audit_finds_nothing_missing_when_everything_is_loaded(cluster, spark, tmp_path, yesterday):
+    cluster.start_broker(0, {"num.partitions": 2})
+    zk = cluster.zookeeper
+    start, end = yesterday
+    t0 = int(start.timestamp() * 1000) + 10 * HOUR
+    n = produce(zk, "clicks", [t0 + i * 20_000 for i in range(150)], value_bytes=VALUE_BYTES, keyed=False)
+    wait_flushed(zk, "clicks", n)
+    hook = LogbusHook(zookeeper=zk)
+    load_batch(hook, spark, tmp_path, "clicks", "clicks", start, end)
+    report = hook.audit(warehouse=str(tmp_path), table="clicks", topic="clicks",
+                        start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000), threshold=0.999)
+    hook.close()
+    assert (report["produced"], report["loaded"], report["missing"], report["duplicated"]) == (n, n, 0, 0)
+    assert report["completeness"] == 1.0 and not report["offset_gaps"] and not report["data_loss"]
+    assert sum(h["produced"] for h in report["hours"] if h["hour"].endswith("T10:00Z")) == 150 - 60
+
+
+def test_audit_counts_exactly_what_a_cut_short_batch_missed_and_fails_the_task(
+        cluster, spark, tmp_path, yesterday, airflow_db):
+    cluster.start_broker(0, {"num.partitions": 2})
+    zk = cluster.zookeeper
+    start, end = yesterday
+    t0 = int(start.timestamp() * 1000) + 10 * HOUR
+    n = produce(zk, "views", [t0 + i * 10_000 for i in range(200)], value_bytes=VALUE_BYTES, keyed=False)
+    wait_flushed(zk, "views", n)
+    hook = LogbusHook(zookeeper=zk)
+    cap = 30 * ENTRY + ENTRY // 2  # a cap between messages: 30 whole messages per partition
+    with LogbusCluster(zk) as c:
+        per_partition = {p: c.latest("views", p) // ENTRY for p in c.partitions("views")}
+    record = load_batch(hook, spark, tmp_path, "views", "views", start, end, max_bytes_per_partition=cap)
+    hook.close()
+    loaded = sum(min(count, 30) for count in per_partition.values())
+    assert record["row_count"] == loaded == len(table_rows(tmp_path / "views"))
+    assert all(r["end"] - r["start"] == min(per_partition[r["partition"]], 30) * ENTRY for r in record["ranges"])
+
+    use_logbus_connection(zk)
+    dag = load_dag("logbus_daily_audit.py", {"LOGBUS_WAREHOUSE": str(tmp_path), "LOGBUS_TABLE": "views",
+                                             "LOGBUS_TOPIC": "views", "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "0",
+                                             "LOGBUS_AUDIT_THRESHOLD": "0.99"})
+    dr = dag.test(logical_date=end)
+    assert str(dr.state) == "failed"
+    report = json.loads((tmp_path / "_audit" / "views" / f"{start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json").read_text())
+    assert report["missing"] == n - loaded and report["produced"] == n and report["loaded"] == loaded
+    assert report["status"] == "failed"
+
+
+def test_data_loss_fails_by_default_naming_the_lost_range(cluster, tmp_path, yesterday):
+    zk, earliest = _topic_with_deleted_segments(cluster)
+    hook = LogbusHook(zookeeper=zk)
+    start, end = yesterday
+    with pytest.raises(LogbusDataLossError, match=rf"bytes \[0, {earliest}\) \({earliest} bytes\) were deleted"):
+        hook.snapshot_ranges(warehouse=str(tmp_path), table="old", topic="old", interval_start=start,
+                             interval_end=end, group="loader")
+    hook.close()
+    assert not (tmp_path / "old").exists()
+
+
+def test_data_loss_skip_loads_from_earliest_and_the_audit_reports_the_loss(cluster, spark, tmp_path, yesterday):
+    zk, earliest = _topic_with_deleted_segments(cluster)
+    hook = LogbusHook(zookeeper=zk)
+    start, end = yesterday
+    record = load_batch(hook, spark, tmp_path, "old", "old", start, end, group="loader", on_data_loss="skip")
+    (r,) = record["ranges"]
+    assert (r["lost_start"], r["lost_end"], r["start"]) == (0, earliest, earliest)
+    report = hook.audit(warehouse=str(tmp_path), table="old", topic="old",
+                        start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000), threshold=0.999)
+    hook.close()
+    assert report["data_loss"] == [{"batch_id": record["batch_id"], "partition": 0, "lost_start": 0,
+                                    "lost_end": earliest, "bytes": earliest}]
+    assert report["missing"] == earliest // ENTRY == report["produced"] - record["row_count"]
+
+
+def _topic_with_deleted_segments(cluster) -> tuple[str, int]:
+    """A 1-partition topic whose oldest segments retention deleted, and a group whose
+    committed offset (0) points into the deleted bytes. Returns (zk, earliest offset)."""
+    cluster.start_broker(0, {"num.partitions": 1, "log.segment.bytes": 4 * ENTRY + 10,
+                             "log.retention.bytes": 8 * ENTRY, "log.retention.check.interval.ms": 100})
+    zk = cluster.zookeeper
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    t0 = int(today.timestamp() * 1000) - 14 * HOUR
+    produce(zk, "old", [t0 + i * 60_000 for i in range(40)], value_bytes=VALUE_BYTES, keyed=False)
+    with LogbusCluster(zk) as c:
+        earliest = wait_until(lambda: c.earliest("old", 0) >= 20 * ENTRY and c.earliest("old", 0), 30,
+                              "retention to delete old segments")
+        c.set_group_offsets("loader", "old", {0: 0})
+    assert earliest % ENTRY == 0
+    return zk, earliest
