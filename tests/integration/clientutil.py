@@ -1,0 +1,63 @@
+"""Helpers for client tests: read a whole topic back, collect from group streams."""
+
+from __future__ import annotations
+
+import threading
+
+from broker.client.cluster import open_metadata
+from broker.client.consumer import SimpleConsumer
+from broker.client.errors import ConsumerTimeout
+from broker.client.group import ConsumerGroup
+from broker.localcluster import wait_until
+from broker.message import Message
+
+
+def read_topic(zk_connect: str, topic: str) -> dict[int, list[Message]]:
+    """Every visible message of every partition, by partition."""
+    metadata = open_metadata(zk_connect)
+    try:
+        out = {}
+        for partition in sorted(metadata.partitions(topic) or {}):
+            with SimpleConsumer(topic, partition, metadata=metadata, offset="smallest", max_wait_ms=0) as consumer:
+                out[partition] = list(consumer)
+        return out
+    finally:
+        metadata.close()
+
+
+def wait_visible(zk_connect: str, topic: str, count: int, timeout: float = 30) -> dict[int, list[Message]]:
+    """Wait until `count` messages of `topic` are flushed (visible), and return them."""
+    return wait_until(lambda: (m := read_topic(zk_connect, topic)) and sum(map(len, m.values())) >= count and m,
+                      timeout, f"{count} visible messages in {topic}")
+
+
+class Collector:
+    """Reads every stream of a group member in its own thread, keeping what arrives."""
+
+    def __init__(self, group: ConsumerGroup) -> None:
+        self.group = group
+        self.messages: list = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._read, args=(s,), daemon=True)
+                         for streams in group.streams.values() for s in streams]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, stream) -> None:
+        while True:
+            try:
+                for message in stream:
+                    with self._lock:
+                        self.messages.append(message)
+                return  # closed
+            except ConsumerTimeout:
+                continue
+
+    def values(self) -> list[bytes]:
+        with self._lock:
+            return [m.value for m in self.messages]
+
+    def close(self) -> None:
+        self.group.close()
+        for t in self._threads:
+            t.join(10)

@@ -1,0 +1,158 @@
+"""The producer against real brokers: partitioning, auto-creation, failover, async
+delivery and its reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from broker.client.cluster import open_metadata
+from broker.client.errors import ProduceError
+from broker.client.producer import Producer
+from broker.localcluster import wait_until
+from broker.registry import create_topic
+from tests.integration.clientutil import read_topic, wait_visible
+
+KEYS = [f"user-{i}" for i in range(40)]
+SECOND_PRODUCER = """
+import json, sys
+from broker.client.producer import Producer
+with Producer(zookeeper=sys.argv[1], audit=False) as p:
+    print(json.dumps({k: p.send(sys.argv[2], b"v", key=k).partition for k in sys.argv[3:]}))
+"""
+
+
+def test_keyed_sends_land_on_the_same_partition_from_every_process(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    cluster.start_broker(1)
+    create_topic(zk, "keyed", 6)
+    with Producer(zookeeper=zk_connect, audit=False) as producer:
+        here = {k: producer.send("keyed", b"v", key=k).partition for k in KEYS}
+    child = subprocess.run([sys.executable, "-c", SECOND_PRODUCER, zk_connect, "keyed", *KEYS],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout) == here
+    assert len(set(here.values())) > 1
+
+
+def test_unkeyed_sends_spread_over_all_partitions(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    cluster.start_broker(1)
+    create_topic(zk, "spread", 4)
+    with Producer(zookeeper=zk_connect, audit=False) as producer:
+        partitions = {producer.send("spread", b"v%d" % i).partition for i in range(80)}
+    assert partitions == {0, 1, 2, 3}
+
+
+def test_unkeyed_sends_skip_the_partitions_of_a_broker_that_is_down(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    down = cluster.start_broker(1)
+    assignment = create_topic(zk, "skip", 4)
+    alive = {p for p, replicas in assignment.items() if replicas[0] == 0}
+    with Producer(zookeeper=zk_connect, audit=False) as producer:
+        down.stop()
+        wait_until(lambda: 1 not in producer.metadata.brokers(), 30, "broker 1 to leave the registry")
+        partitions = {producer.send("skip", b"v%d" % i).partition for i in range(40)}
+    assert partitions == alive
+
+
+def test_sending_to_an_unknown_topic_creates_it_with_the_broker_default(cluster, zk_connect):
+    cluster.start_broker(0, {"num.partitions": 3})
+    with Producer(zookeeper=zk_connect, audit=False) as producer:
+        result = producer.send("fresh", b"hello")
+    metadata = open_metadata(zk_connect)
+    try:
+        assert sorted(metadata.partitions("fresh")) == [0, 1, 2]
+    finally:
+        metadata.close()
+    assert result.offset == 0
+
+
+def test_sync_send_returns_the_offset_of_each_message(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    create_topic(zk, "offsets", 1)
+    with Producer(zookeeper=zk_connect, audit=False) as producer:
+        results = [producer.send("offsets", b"x" * n, partition=0) for n in (1, 10, 100)]
+    messages = wait_visible(zk_connect, "offsets", 3)[0]
+    assert [r.offset for r in results] == [m.offset for m in messages]
+
+
+def test_send_to_a_missing_explicit_partition_fails(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    create_topic(zk, "two", 2)
+    with Producer(zookeeper=zk_connect, audit=False) as producer:
+        with pytest.raises(ProduceError, match="no partition 5"):
+            producer.send("two", b"v", partition=5)
+
+
+def test_producer_with_a_static_broker_list_finds_the_leaders(cluster, zk, zk_connect):
+    first = cluster.start_broker(0)
+    cluster.start_broker(1)
+    create_topic(zk, "static", 4)
+    with Producer(brokers=[f"127.0.0.1:{first.port}"], audit=False) as producer:
+        partitions = {producer.send("static", b"v", partition=p).partition for p in range(4)}
+    assert partitions == {0, 1, 2, 3}
+    assert sum(map(len, wait_visible(zk_connect, "static", 4).values())) == 4
+
+
+def test_async_producer_delivers_every_message_in_batches(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    cluster.start_broker(1)
+    create_topic(zk, "bulk", 4)
+    producer = Producer(zookeeper=zk_connect, mode="async", batch_size=50, audit=False)
+    for i in range(2000):
+        producer.send("bulk", b"%d" % i, key=b"%d" % (i % 10))
+    report = producer.close(30)
+    assert (report.delivered, report.failed) == (2000, [])
+    values = [m.value for ms in wait_visible(zk_connect, "bulk", 2000).values() for m in ms]
+    assert sorted(values) == sorted(b"%d" % i for i in range(2000))
+
+
+def test_async_producer_keeps_the_order_of_a_key(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    create_topic(zk, "ordered", 3)
+    producer = Producer(zookeeper=zk_connect, mode="async", batch_size=7, audit=False)
+    for i in range(300):
+        producer.send("ordered", b"%d" % i, key=b"same")
+    assert producer.close(30).ok
+    partition = [ms for ms in wait_visible(zk_connect, "ordered", 300).values() if ms][0]
+    assert [int(m.value) for m in partition] == list(range(300))
+
+
+def test_async_close_returns_while_all_brokers_are_down_and_reports_what_it_could_not_send(cluster, zk, zk_connect):
+    broker = cluster.start_broker(0)
+    create_topic(zk, "doomed", 2)
+    producer = Producer(zookeeper=zk_connect, mode="async", audit=False)
+    producer.send("doomed", b"before")
+    assert producer.flush(30).delivered == 1
+    broker.stop()
+    wait_until(lambda: not producer.metadata.brokers(), 30, "the broker to leave the registry")
+    for i in range(100):
+        producer.send("doomed", b"after %d" % i)
+    report = producer.close(timeout=2)
+    assert report.delivered == 0
+    assert len(report.failed) == 100
+    assert {f.value for f in report.failed} == {b"after %d" % i for i in range(100)}
+
+
+def test_gzip_batches_are_read_back_whole(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    create_topic(zk, "zipped", 1)
+    producer = Producer(zookeeper=zk_connect, mode="async", compression="gzip", batch_size=25, audit=False)
+    for i in range(100):
+        producer.send("zipped", b"line %d" % i)
+    assert producer.close(30).ok
+    assert [m.value for m in wait_visible(zk_connect, "zipped", 100)[0]] == [b"line %d" % i for i in range(100)]
+
+
+def test_flush_reports_a_failure_for_a_topic_that_cannot_be_created(cluster, zk_connect):
+    cluster.start_broker(0, {"auto.create.topics": "false"})
+    producer = Producer(zookeeper=zk_connect, mode="async", audit=False)
+    producer.send("nowhere", b"v")
+    report = producer.flush(10)
+    producer.close(5)
+    assert [type(f.error).__name__ for f in report.failed] == ["UnknownTopic"]
+    assert read_topic(zk_connect, "nowhere") == {}
