@@ -73,6 +73,13 @@ class BrokerConnection:
         self._in_flight.append((correlation_id, expects_response))
         return correlation_id
 
+    def send_many(self, requests: list[tuple[ApiKey, bytes]], expects_response: bool = True) -> None:
+        """Several requests written at once: one syscall instead of one per request."""
+        ids = [next(self._ids) & 0x7FFFFFFF for _ in requests]
+        client_id = self.client_id
+        self.send_frame(b"".join([encode_request(api, cid, client_id, body) for cid, (api, body) in zip(ids, requests)]))
+        self._in_flight.extend([(cid, expects_response) for cid in ids])
+
     def send_frame(self, frame: bytes) -> None:
         self.connect()
         try:

@@ -21,13 +21,14 @@ guards the record structures so `abandon()` may be called from another thread.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from broker.client.cluster import ClusterMetadata, ConnectionPool, ensure_topic
+from broker.client.cluster import ClusterMetadata, ConnectionPool, available, ensure_topic
 from broker.client.errors import PartitionUnavailable
 from broker.client.partitioner import choose_partition
 from broker.client.sender import Batch, BatchSender
@@ -173,6 +174,8 @@ class Delivery:
         placed: list[tuple[tuple[str, int], ProducerRecord]] = []
         failed: list[tuple[ProducerRecord, BaseException]] = []
         leaders_of: dict[str, tuple[dict[int, int] | None, BaseException | None]] = {}
+        live_of: dict[str, list[int]] = {}
+        randrange = random.randrange
         for r in waiting:
             if r.not_before > now:
                 keep.append(r)
@@ -191,6 +194,14 @@ class Delivery:
                     failed.append((r, UnknownPartition(f"topic {r.topic!r} has no partition {r.partition}")))
                     continue
                 partition = r.partition
+            elif r.key is None and r.avoid is None:  # the common case: random among available, list made once
+                live = live_of.get(r.topic)
+                if live is None:
+                    live = live_of[r.topic] = available(leaders)
+                if not live:
+                    keep.append(r)
+                    continue
+                partition = live[randrange(len(live))] if len(live) > 1 else live[0]
             else:
                 partition = choose_partition(r.key, leaders, r.avoid)
                 if partition is None:

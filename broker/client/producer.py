@@ -179,6 +179,7 @@ class Producer:
         self._close_deadline = float("inf")
         self._publish_requested = False
         self._flushing = 0
+        self._valid_topics: set[str] = set()  # names that passed check_topic_name (a regex per send is measurable)
         self._sync_lock = threading.Lock()  # one sync send at a time: the delivery loop is single-threaded
         self._thread: threading.Thread | None = None
         if mode == "async":
@@ -199,7 +200,8 @@ class Producer:
         `ProduceError`. Async mode: queues it and returns None."""
         if self._closed or self._closing:
             raise ProducerClosed("send after close()")
-        check_topic_name(topic)
+        if topic not in self._valid_topics:
+            self._valid_topics.add(check_topic_name(topic))
         record = ProducerRecord(
             topic, None if key is None else _as_bytes(key, "key"), _as_bytes(value, "value"),
             now_ms() if timestamp is None else int(timestamp), partition,

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 # Fewer than the broker's max.in.flight.requests.per.connection (100), so the broker
 # never stops reading while we are still writing: no deadlock of two full buffers.
 MAX_IN_FLIGHT = 32
+# Requests written together in one syscall stop growing past this many bytes.
+WRITE_BYTES = 1 << 20
 
 
 @dataclass(eq=False)
@@ -75,6 +77,10 @@ class BatchSender:
         queues: dict[tuple[str, int], deque[Batch]] = defaultdict(deque)
         for batch in batches:
             queues[(batch.topic, batch.partition)].append(batch)
+        if len(queues) == 1:  # one partition: a PRODUCE per batch, in order
+            acks, timeout = self.acks, self.timeout_ms
+            return [_Request([b], ProduceRequest(acks, timeout, b.topic, b.partition, b.payload).encode(), ApiKey.PRODUCE)
+                    for b in batches]
         requests = []
         while queues:
             round_ = [q.popleft() for q in queues.values()]
@@ -100,18 +106,27 @@ class BatchSender:
         pending = deque(requests)
         try:
             while pending or waiting:
-                while pending and len(waiting) < self.max_in_flight:
-                    request = pending[0]
-                    conn.send(request.api, request.body, expects_response=expects)
-                    pending.popleft()
-                    for b in request.batches:
-                        b.sent = True
+                # Write as many requests as the window allows in one syscall (at most
+                # about WRITE_BYTES), then read answers until the window is half empty.
+                room = self.max_in_flight - len(waiting) if expects else len(pending)
+                if pending and room > 0:
+                    group, size = [], 0
+                    for request in pending:
+                        if len(group) >= room or (group and size >= WRITE_BYTES):
+                            break
+                        group.append(request)
+                        size += len(request.body)
+                    conn.send_many([(r.api, r.body) for r in group], expects_response=expects)
+                    for request in group:
+                        pending.popleft()
+                        for b in request.batches:
+                            b.sent = True
                     if expects:
-                        waiting.append(request)
-                if waiting:
-                    request = waiting.popleft()
+                        waiting.extend(group)
+                low = self.max_in_flight // 2 if pending else 0
+                while len(waiting) > low:
                     error_code, reader = conn.receive()
-                    self._answer(request, error_code, reader)
+                    self._answer(waiting.popleft(), error_code, reader)  # popped after: a failed read fails it
         except (ConnectionError, OSError) as exc:
             self.pool.drop(leader)
             self._fail(list(waiting) + list(pending), ConnectionError(str(exc)))
