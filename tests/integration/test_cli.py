@@ -1,0 +1,106 @@
+"""The `logbus` command run as a subprocess, as an operator runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.localcluster import free_port, wait_until
+
+LOGBUS = Path(sys.executable).parent / "logbus"
+
+
+def logbus(zk_connect: str | None, *args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "LOGBUS_ZOOKEEPER"}
+    if zk_connect is not None:
+        env["LOGBUS_ZOOKEEPER"] = zk_connect
+    return subprocess.run([str(LOGBUS), *args], input=stdin, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, text: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert text in result.stderr
+
+
+@pytest.fixture
+def broker(cluster):
+    return cluster.start_broker(0, {"num.partitions": 2})
+
+
+def test_topics_create_list_and_describe(broker, zk_connect):
+    assert logbus(zk_connect, "topics", "create", "orders", "--partitions", "3").returncode == 0
+    assert logbus(zk_connect, "topics", "list").stdout.split() == ["orders"]
+    rows = logbus(zk_connect, "topics", "describe", "orders").stdout.strip().splitlines()[1:]
+    assert [row.split("\t")[1] for row in rows] == ["0", "1", "2"]
+    assert all("available" in row for row in rows)
+
+
+def test_topics_create_rejects_a_bad_topic_name(broker, zk_connect):
+    assert_one_line_error(logbus(zk_connect, "topics", "create", "no/slashes"), "invalid topic name")
+
+
+def test_an_unreachable_zookeeper_is_a_one_line_error(tmp_path):
+    result = logbus(f"127.0.0.1:{free_port()}", "--zookeeper-timeout", "1", "topics", "list")
+    assert_one_line_error(result, "cannot connect to ZooKeeper")
+
+
+def test_a_missing_zookeeper_setting_is_a_one_line_error():
+    assert_one_line_error(logbus(None, "topics", "list"), "LOGBUS_ZOOKEEPER")
+
+
+def test_produced_lines_come_back_from_consume(broker, zk_connect):
+    lines = [f"k{i % 3}|value {i}" for i in range(30)]
+    produced = logbus(zk_connect, "produce", "lines", "--key-separator", "|", stdin="\n".join(lines) + "\n")
+    assert produced.returncode == 0, produced.stderr
+    consumed = wait_until(
+        lambda: (r := logbus(zk_connect, "consume", "lines", "--from-beginning", "--idle-timeout", "1"))
+        and len(r.stdout.splitlines()) == 30 and r, 60, "30 lines")
+    assert sorted(consumed.stdout.splitlines()) == sorted(line.split("|", 1)[1] for line in lines)
+
+
+def test_consume_stops_after_count(broker, zk_connect):
+    logbus(zk_connect, "produce", "counted", "--partition", "0", stdin="a\nb\nc\n")
+    result = logbus(zk_connect, "consume", "counted", "--partition", "0", "--offset", "0", "--count", "2")
+    assert result.stdout.splitlines() == ["a", "b"]
+
+
+def test_consume_of_an_unknown_topic_fails(broker, zk_connect):
+    assert_one_line_error(logbus(zk_connect, "consume", "nothing", "--idle-timeout", "1"), "unknown topic")
+
+
+def test_offsets_of_a_topic_at_earliest_and_latest(broker, zk_connect):
+    logbus(zk_connect, "produce", "measured", "--partition", "1", stdin="abc\n")
+    latest = wait_until(lambda: (r := logbus(zk_connect, "offsets", "measured")) and "25" in r.stdout and r, 30,
+                        "the message to be flushed")
+    assert latest.stdout.splitlines() == ["0\t0", "1\t25"]  # one entry: 22 header bytes + 3
+    assert logbus(zk_connect, "offsets", "measured", "--time", "earliest").stdout.splitlines() == ["0\t0", "1\t0"]
+
+
+def test_groups_describe_shows_committed_offsets_lag_and_owners(broker, zk_connect):
+    logbus(zk_connect, "produce", "tracked", "--partition", "0", stdin="a\nb\nc\n")
+    wait_until(lambda: "0\t69" in logbus(zk_connect, "offsets", "tracked").stdout, 30, "the messages to be flushed")
+    read = logbus(zk_connect, "consume", "tracked", "--group", "readers", "--from-beginning", "--count", "2")
+    assert read.stdout.splitlines() == ["a", "b"]
+    assert logbus(zk_connect, "groups", "list").stdout.split() == ["readers"]
+    rows = [r.split("\t") for r in logbus(zk_connect, "groups", "describe", "readers").stdout.splitlines()[2:]]
+    assert rows[0] == ["tracked", "0", "46", "69", "23", "-"]  # entries of 23 bytes
+
+
+def test_groups_describe_of_an_unknown_group_fails(broker, zk_connect):
+    assert_one_line_error(logbus(zk_connect, "groups", "describe", "ghosts"), "unknown group")
+
+
+def test_perf_produce_and_consume_report_throughput_and_latency(broker, zk_connect):
+    produced = logbus(zk_connect, "perf", "produce", "--topic", "perf", "--count", "2000", "--size", "100")
+    assert produced.returncode == 0, produced.stderr
+    assert "2000 records" in produced.stdout and "records/s" in produced.stdout and "p99" in produced.stdout
+    consumed = logbus(zk_connect, "perf", "consume", "--topic", "perf", "--count", "2000")
+    assert consumed.returncode == 0, consumed.stderr
+    assert "2000 records" in consumed.stdout and "MB/s" in consumed.stdout
