@@ -1,0 +1,84 @@
+"""Client benchmark (not a test): the real `Producer` and `SimpleConsumer` against one
+local broker, in the paper's setting — 200-byte messages, batch 1 and batch 50, acks 0
+and 1 — and one consumer reading everything back.
+
+    .venv/bin/python -m bench.clients --count 200000
+
+The paper (Kafka, NetDB 2011) measured 50,000 msg/s (batch 1) and 400,000 msg/s
+(batch 50) for the producer and 22,000 msg/s for the consumer, on two dedicated Linux
+boxes. Here producer, broker and ZooKeeper share one 2-core machine, so the producer
+process and the broker compete for the same cores: read the ratios with that in mind.
+The default count (200,000 per run) keeps the whole run near a minute; the paper used
+10 million.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from broker.client.consumer import SimpleConsumer
+from broker.client.producer import Producer
+from broker.localcluster import LocalCluster, ZooKeeperServer
+from broker.registry import create_topic
+
+PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
+SIZE = 200
+
+
+def produce(zk: str, topic: str, count: int, batch: int, acks: int) -> float:
+    value = b"x" * SIZE
+    producer = Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, audit=False,
+                        queue_size=50_000)
+    start = time.perf_counter()
+    for _ in range(count):
+        producer.send(topic, value, partition=0)
+    report = producer.close(300)
+    elapsed = time.perf_counter() - start
+    assert not report.failed, report
+    return count / elapsed
+
+
+def consume(zk: str, topic: str, count: int) -> float:
+    with SimpleConsumer(topic, 0, zookeeper=zk, offset="smallest", fetch_size=1 << 20, max_wait_ms=100) as consumer:
+        got = 0
+        start = time.perf_counter()
+        while got < count:
+            got += len(consumer.fetch())
+        return got / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=200_000, help="messages per producer run (default 200000)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    work = Path(tempfile.mkdtemp(prefix="logbus-bench-clients-"))
+    with ZooKeeperServer(work / "zookeeper") as zookeeper, LocalCluster(zookeeper.connect_string, work) as cluster:
+        cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
+        from kazoo.client import KazooClient
+
+        zk = KazooClient(zookeeper.connect_string)
+        zk.start(30)
+        rows = []
+        for batch in (1, 50):
+            for acks in (0, 1):
+                topic = f"bench-b{batch}-a{acks}"
+                create_topic(zk, topic, 1)
+                rate = produce(zookeeper.connect_string, topic, args.count, batch, acks)
+                paper = PAPER[f"batch {batch}"]
+                rows.append((f"producer batch {batch} acks {acks}", rate, paper))
+        zk.stop()
+        rate = consume(zookeeper.connect_string, "bench-b50-a1", args.count)
+        rows.append(("consumer (one partition, 1 MiB fetches)", rate, PAPER["consumer"]))
+    print(f"{args.count} messages of {SIZE} bytes per run, one broker, one partition, 2 shared cores")
+    print(f"{'run':42} {'msg/s':>10} {'MB/s':>8} {'paper msg/s':>12} {'ratio':>6}")
+    for name, rate, paper in rows:
+        print(f"{name:42} {rate:10.0f} {rate * SIZE / 1e6:8.2f} {paper:12d} {rate / paper:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
