@@ -20,8 +20,9 @@ def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3,
             body = {"server": f"web-{i % servers}", "n": i, "ts_ms": ts}
             value = json.dumps(body).encode()
             if value_bytes is not None:
-                value = json.dumps({**body, "pad": "x" * (value_bytes - len(value) - 10)}).encode()
+                value = json.dumps({**body, "pad": "x" * (value_bytes - len(value) - 12)}).encode()
                 value = value + b" " * (value_bytes - len(value))
+                assert len(value) == value_bytes
             producers[i % servers].send(topic, value, key=(str(i) if keyed else None), timestamp=ts)
     finally:
         reports = [p.close() for p in producers]
