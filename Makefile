@@ -35,8 +35,11 @@ test: system-deps $(STAMP)
 demo: system-deps $(STAMP)
 	$(PY) demo/run_demo.py
 
+# The paper's experiments beside RabbitMQ and ActiveMQ (BENCHMARKS.md); installs the
+# peers' Debian packages and the bench extra when missing, runs them only meanwhile.
 bench: system-deps $(STAMP)
-	$(PY) -m bench.raw --messages 1000000
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m bench.paper
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info demo-output

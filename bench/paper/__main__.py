@@ -90,7 +90,8 @@ def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], lat
                     topic = f"paper-b{batch}-a{acks}"
                     logbus_side.create_topic(setup, topic)
                     s = sampler(f"logbus produce {setting}", args.messages, every)
-                    ends[topic] = logbus_side.produce(setup, topic, args.messages, payload, s, acks=acks, batch=batch)
+                    ends[topic] = logbus_side.produce(setup, topic, args.messages, payload, s, acks=acks, batch=batch,
+                                                      queue_size=args.queue_size)
                     runs.append(Run("logbus", "produce", setting, s.done, s.seconds, s.series(), batch))
             # storage and the consumer test on the last topic written (same bytes in every topic)
             topic = f"paper-b{args.batches[-1]}-a{args.acks[0]}"
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: rabbitmq,activemq,redis (or none)")
     parser.add_argument("--batches", default="1,50", help="logbus producer batch sizes")
     parser.add_argument("--acks", default="0,1", help="logbus producer acks settings")
+    parser.add_argument("--queue-size", type=int, default=logbus_side.QUEUE_SIZE,
+                        help="logbus async producer queue (Kafka 0.7's default queue.size is 10,000)")
     parser.add_argument("--sample-mb", type=float, default=10.0, help="one throughput sample per this many MB")
     parser.add_argument("--latency-rate", type=int, default=2_000, help="messages/s of the latency run")
     parser.add_argument("--latency-seconds", type=float, default=15.0, help="length of each latency run (0: skip)")

@@ -23,6 +23,7 @@ from bench.peers.base import settled_disk_bytes
 
 # Throughput runs: the flush policy bench/raw.py uses (fsync every 50,000 messages or 1 s).
 THROUGHPUT_SETTINGS = {"log.flush.interval.messages": 50_000, "log.flush.interval.ms": 1000}
+QUEUE_SIZE = 10_000
 
 
 @dataclass
@@ -55,20 +56,32 @@ def wait_visible(setup: LogbusSetup, topic: str, end_offset: int, timeout: float
 
 
 def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampler, *, acks: int, batch: int,
-            linger_ms: int = 5) -> int:
-    """One async producer sends `messages`; the clock stops when `flush()` returns
-    (acks=0: every request written to the socket; acks=1: every request answered).
-    Returns the topic's expected end offset."""
+            linger_ms: int = 5, queue_size: int = QUEUE_SIZE) -> int:
+    """One async producer sends `messages`. Samples count messages *delivered* (the
+    producer's `on_delivery`: acks=0 written to the socket, acks=1 answered), not
+    calls to `send`, which only fill the producer's queue; the clock stops when
+    `flush()` returns. Returns the topic's expected end offset."""
+    delivered = 0
+    every = sampler.every
+
+    def on_delivery(b) -> None:  # in the producer's sender thread
+        nonlocal delivered
+        delivered += len(b.records)
+        while delivered - sampler.done >= every:
+            sampler.tick(every)
+
+    # queue.size 10,000: Kafka 0.7's async producer default (ours is 100,000); with it a
+    # sender round delivers at most 2 MB, so samples every 10 MB are not bunched up.
     producer = Producer(zookeeper=setup.zookeeper, acks=acks, mode="async", batch_size=batch, linger_ms=linger_ms,
-                        audit=False, client_id="paper-bench-producer")
+                        queue_size=queue_size, audit=False, client_id="paper-bench-producer",
+                        on_delivery=on_delivery)
     try:
         send = producer.send
         sampler.start()
-        for chunk in sampler.chunks(messages):
-            for _ in range(chunk):
-                send(topic, payload)
-            sampler.tick(chunk)
+        for _ in range(messages):
+            send(topic, payload)
         report = producer.flush(600)
+        sampler.tick(delivered - sampler.done)
         sampler.finish()
         if not report.ok:
             raise RuntimeError(f"logbus producer: {report}")

@@ -150,8 +150,8 @@ def plot(runs: list[Run], test: str, path: Path, title: str) -> None:
             continue
         color, _ = _STYLE.get(r.system, ("black", "-"))
         style = "--" if "acks=1" in r.setting else "-"
-        if r.system == "logbus" and "batch 1," in r.setting + ",":
-            color = "tab:cyan" if "batch 1," in r.setting else color
+        if r.system == "logbus" and r.setting.startswith("batch 1,"):
+            color = "tab:purple"
         xs, ys = zip(*r.series)
         ax.plot(xs, ys, style, color=color, marker=next(markers), markersize=4, linewidth=1.6,
                 label=f"{r.label}: {r.rate:,.0f} msg/s")
