@@ -89,6 +89,10 @@ class AuditCounter:
         """True once per window boundary: time to publish what changed."""
         return (now_ms() if now is None else now) >= self._next_publish and bool(self._dirty)
 
+    def pending(self) -> bool:
+        """Counts changed since the last `events()` (a flush must publish again)."""
+        return bool(self._dirty)
+
     def events(self) -> list[tuple[bytes, bytes]]:
         """(key, JSON value) of an event for every window changed since the last call."""
         now = now_ms()

@@ -339,7 +339,9 @@ class Producer:
                 return
             with self._cond:
                 if closing and self._outstanding == 0 and not self._queue:
-                    return
+                    if self.audit is None or not self.audit.pending():
+                        return
+                    self._publish_requested = True  # messages delivered after the last publish
 
     # --------------------------------------------------------------- flush, close
 
@@ -357,7 +359,12 @@ class Producer:
             self._publish_requested = True
             self._cond.notify_all()
             try:
-                while self._outstanding > 0 or self._publish_requested:
+                while True:
+                    if self._outstanding == 0 and not self._publish_requested:
+                        if self.audit is None or not self.audit.pending():
+                            break
+                        self._publish_requested = True  # counts of messages delivered after the publish
+                        self._cond.notify_all()
                     left = deadline - time.monotonic()
                     if left <= 0 or not self._thread.is_alive():
                         break
