@@ -66,8 +66,15 @@ class Stop(Exception):
     """SIGTERM or SIGHUP: unwind through every `finally`, stopping the servers."""
 
 
+_stopping: str | None = None
+
+
 def _on_signal(signum, _frame) -> None:
-    raise Stop(f"stopped by signal {signal.Signals(signum).name}")
+    """Ctrl-C, SIGTERM, SIGHUP: remember it (a client's clean-up may raise its own error
+    over ours) and unwind."""
+    global _stopping
+    _stopping = f"stopped by {signal.Signals(signum).name}"
+    raise Stop(_stopping)
 
 
 def sampler(label: str, messages: int, every: int) -> Sampler:
@@ -198,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         if p not in PEERS:
             parser.error(f"unknown peer {p!r}; choose from {', '.join(PEERS)}")
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGHUP, _on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
     if not args.skip_install:
         ensure_python_packages()
     started = time.time()
@@ -221,13 +228,21 @@ def main(argv: list[str] | None = None) -> int:
                 except (KeyboardInterrupt, Stop):
                     raise
                 except Exception as exc:  # one peer failing must not lose the others' results
+                    if _stopping:
+                        raise Stop(_stopping) from exc
                     failed = f"{PEER_NAMES[p]} failed: {type(exc).__name__}: {exc}"
                     log(failed)
     except (KeyboardInterrupt, Stop) as exc:
-        log(f"\ninterrupted ({exc or 'Ctrl-C'}); every server was stopped")
+        log(f"\ninterrupted ({_stopping or exc or 'Ctrl-C'}); every server was stopped, no results written")
         return 130
+    except Exception as exc:
+        if _stopping:
+            log(f"\ninterrupted ({_stopping}: {exc}); every server was stopped, no results written")
+            return 130
+        raise
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
     order = {"logbus": 0, "RabbitMQ": 1, "ActiveMQ": 2, "Redis Streams": 3}
     storage.sort(key=lambda s: order.get(s.system, 9))
     write_csv(args.results, runs, storage, latencies)
