@@ -23,7 +23,7 @@ from broker.log.scheduler import FlushScheduler
 from broker.log.segment import FileRegion
 from broker.message import validate_message_set
 from broker.protocol import (
-    FETCH_RESPONSE_HEAD, ApiKey, CreateTopicRequest, FetchRequest, MetadataRequest, MetadataResponse,
+    AUTO_PARTITIONS, FETCH_RESPONSE_HEAD, ApiKey, CreateTopicRequest, FetchRequest, MetadataRequest, MetadataResponse,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, ProduceRequest, ProduceResponse,
     Reader, RequestHeader, TopicMetadata, Writer, check_topic_name, encode_offsets, response_header,
 )
@@ -258,11 +258,24 @@ class RequestHandler:
     def create_topic(self, header: RequestHeader, reader: Reader) -> Result:
         req = CreateTopicRequest.decode(reader)
         check_topic_name(req.topic)
+        if req.partitions == AUTO_PARTITIONS:
+            return self._auto_create_topic(header.correlation_id, req.topic)
         if not 1 <= req.partitions <= MAX_PARTITIONS:
-            raise InvalidRequest(f"partitions must be 1..{MAX_PARTITIONS}, not {req.partitions}")
+            raise InvalidRequest(
+                f"partitions must be 1..{MAX_PARTITIONS}, or {AUTO_PARTITIONS} for the broker's num.partitions, "
+                f"not {req.partitions}"
+            )
         if req.replication_factor != 1:
             raise InvalidRequest(f"replication factor {req.replication_factor} is not supported yet (only 1)")
         return self._create_topic(header.correlation_id, req)
+
+    async def _auto_create_topic(self, correlation_id: int, topic: str) -> list[Part]:
+        """Clients that learn a topic is missing ask for it to be created exactly as a
+        first produce would: num.partitions, only if auto.create.topics is on, and an
+        existing topic is success."""
+        if topic not in self.registry.view.topics:
+            await self._auto_create(topic)
+        return ok(correlation_id, b"")
 
     async def _create_topic(self, correlation_id: int, req: CreateTopicRequest) -> list[Part]:
         loop = asyncio.get_running_loop()

@@ -39,6 +39,7 @@ class Acks(enum.IntEnum):
     FLUSHED = -1  # after the fsync that covers the data
 
 
+AUTO_PARTITIONS = -1  # CREATE_TOPIC partitions: create as a first produce would (num.partitions)
 LATEST = -1  # OFFSETS time: the end of the log
 EARLIEST = -2  # OFFSETS time: the start of the log
 

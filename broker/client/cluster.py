@@ -28,16 +28,12 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from broker.client.connection import BrokerConnection
 from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
 from broker.errors import ErrorCode, LogbusError, UnknownPartition, UnknownTopic
-from broker.protocol import Acks, BrokerInfo
+from broker.protocol import AUTO_PARTITIONS, BrokerInfo
 from broker.registry import BROKER_IDS, BROKER_TOPICS, decode_assignment, decode_broker, read_brokers, topic_path
 
 logger = logging.getLogger(__name__)
 
 Leaders = dict[int, int]  # partition -> leader broker id (-1: unavailable)
-# A probe for "create this topic with the broker's num.partitions": PRODUCE to a
-# partition no topic has. The broker auto-creates the topic, then refuses the write
-# with UnknownPartition, so nothing is appended (see `ensure_topic`).
-_PROBE_PARTITION = 0x7FFFFFFF
 
 
 def connect_zookeeper(connect: str, timeout: float = 10.0, session_timeout: float = 10.0) -> KazooClient:
@@ -360,19 +356,16 @@ class ConnectionPool:
 def ensure_topic(metadata: ClusterMetadata, pool: ConnectionPool, topic: str, timeout: float = 10.0) -> Leaders:
     """The topic's leaders, auto-creating the topic on a broker if it does not exist.
 
-    The broker creates a topic on its first produce, with its own `num.partitions`,
-    which the client does not know; so we send a PRODUCE to an impossible partition:
-    the broker creates the topic, then refuses the write (UnknownPartition), and
-    nothing is appended. Raises UnknownTopic when auto-creation is off.
+    CREATE_TOPIC with `AUTO_PARTITIONS` creates it as a first produce would, with the
+    broker's `num.partitions`, which the client does not know. Raises UnknownTopic
+    when auto-creation is off.
     """
     leaders = metadata.partitions(topic)
     if leaders is not None:
         return leaders
     conn = pool.any()
     try:
-        conn.produce(topic, _PROBE_PARTITION, b"", Acks.APPENDED, int(timeout * 1000))
-    except UnknownPartition:
-        pass  # the expected answer: the topic exists now
+        conn.create_topic(topic, AUTO_PARTITIONS)  # as a first produce would; refused if auto-create is off
     except ConnectionError:
         pool.drop_connection(conn)
         raise

@@ -130,3 +130,19 @@ def test_chroot_keeps_clusters_apart(cluster, zk, zookeeper):
     finally:
         root.stop()
         root.close()
+
+
+def test_create_topic_with_auto_partitions_acts_like_a_first_produce(cluster, zk):
+    broker = cluster.start_broker(0, {"num.partitions": 5})
+    with connect(broker) as conn:
+        conn.create_topic("defaults", -1)
+        conn.create_topic("defaults", -1)  # an existing topic is success
+    assert len(decode_assignment(zk.get(topic_path("defaults"))[0])) == 5
+
+
+def test_create_topic_with_auto_partitions_obeys_auto_create_off(cluster):
+    from broker.errors import UnknownTopic
+
+    broker = cluster.start_broker(0, {"auto.create.topics": "false"})
+    with connect(broker) as conn, pytest.raises(UnknownTopic, match="auto.create.topics is off"):
+        conn.create_topic("refused", -1)
