@@ -66,7 +66,7 @@ def main() -> int:
     parser.add_argument("--hours", type=int, default=3)
     parser.add_argument("--rate", type=int, default=2000, help="events per server per hour")
     parser.add_argument("--servers", type=int, default=3)
-    parser.add_argument("--keep", help="work directory to keep (default: a temp dir, removed unless it fails)")
+    parser.add_argument("--keep", help="work directory (default: a new temp dir, kept so the Parquet can be inspected)")
     args = parser.parse_args()
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="logbus-demo-"))
