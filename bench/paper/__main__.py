@@ -26,6 +26,7 @@ import datetime
 import importlib
 import os
 import platform
+import random
 import signal
 import subprocess
 import sys
@@ -39,6 +40,9 @@ from bench.paper.sampling import Sampler
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE_BYTES = 200
+# One fixed message of random bytes: nothing on the way (Redis's snapshot LZF, say)
+# can shrink it, and every system stores the same bytes.
+PAYLOAD = random.Random(2011).randbytes(MESSAGE_BYTES)
 PEERS = ("rabbitmq", "activemq", "redis")
 PEER_NAMES = {"rabbitmq": "RabbitMQ", "activemq": "ActiveMQ", "redis": "Redis Streams"}
 # The bench extra of pyproject.toml, installed when missing.
@@ -84,7 +88,7 @@ def sampler(label: str, messages: int, every: int) -> Sampler:
 # ------------------------------------------------------------------------- logbus
 
 def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], latencies: list[Latency]) -> None:
-    payload = b"m" * MESSAGE_BYTES
+    payload = PAYLOAD
     every = int(args.sample_mb * 1e6 // MESSAGE_BYTES)
     with logbus_side.ZooKeeperServer(workdir / "zk") as zk:
         with logbus_side.LocalCluster(zk.connect_string + "/paper", workdir / "logbus") as cluster:
@@ -142,15 +146,19 @@ def run_peer(name: str, args, workdir: Path, runs: list[Run], storage: list[Stor
     log(f"starting {system} (log {server.log_path})")
     server.start()
     try:
-        from bench.peers.base import settled_disk_bytes  # noqa: PLC0415
+        from bench.peers.base import disk_listing, settled_disk_bytes  # noqa: PLC0415
 
         before = settled_disk_bytes(server.data_dir(), timeout=10)
         s = sampler(f"{system} produce", messages, every)
-        module.produce(server, messages, b"m" * MESSAGE_BYTES, s)
+        module.produce(server, messages, PAYLOAD, s)
         runs.append(Run(system, "produce", "one at a time" if name != "redis" else "XADD, pipelined 50",
                         s.done, s.seconds, s.series(), notes="; ".join(s.notes)))
         after = settled_disk_bytes(server.data_dir(), timeout=60)
         storage.append(Storage(system, messages, after - before))
+        args.results.mkdir(parents=True, exist_ok=True)
+        (args.results / f"storage-{name}.txt").write_text(
+            f"{system}: {messages:,} messages; {before:,} bytes before, {after:,} after\n"
+            + disk_listing(server.data_dir()) + "\n")
         log(f"  {system} storage: {after - before:,} bytes, {storage[-1].per_message:.1f} bytes/message beyond the payload")
         s = sampler(f"{system} consume", messages, every)
         got = module.consume(server, messages, s)
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1_000_000, help="logbus messages per run (paper: 10 million)")
-    parser.add_argument("--peer-messages", type=int, default=200_000,
+    parser.add_argument("--peer-messages", type=int, default=500_000,
                         help="messages per run for each peer (they are slower; same shape)")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: rabbitmq,activemq,redis (or none)")
     parser.add_argument("--batches", default="1,50", help="logbus producer batch sizes")

@@ -70,6 +70,21 @@ def disk_bytes(path: Path) -> int:
     return total
 
 
+def disk_listing(path: Path) -> str:
+    """Bytes on disk per file under `path`, biggest first: where a system's overhead is."""
+    rows = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            rows.append((st.st_blocks * 512, st.st_size, os.path.relpath(full, path)))
+    rows.sort(reverse=True)
+    return "\n".join(f"{used:>14,} on disk {size:>14,} apparent  {name}" for used, size, name in rows)
+
+
 def settled_disk_bytes(path: Path, timeout: float = 30.0, interval: float = 1.0) -> int:
     """`disk_bytes` once two readings `interval` apart agree (the server has written
     what it buffered), or the last reading after `timeout`."""

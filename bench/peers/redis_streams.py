@@ -1,6 +1,8 @@
 """Redis Streams, a modern peer: Debian's redis-server in a scratch directory on a
 free port, with the append-only file on and `appendfsync everysec` (its durable
-setting closest to a flush interval), RDB snapshots off; driven with redis-py.
+setting closest to a flush interval), RDB snapshots and AOF rewrites off (a rewrite
+would compact the file into a compressed snapshot in the middle of the storage
+measurement); driven with redis-py.
 
 Producer: `XADD` of one message per entry, pipelined (`pipeline` commands per round
 trip, no transaction). Consumer: `XREAD COUNT 1000` from the last id seen.
@@ -32,7 +34,7 @@ class RedisServer(PeerServer):
         return [
             shutil.which("redis-server") or "redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
             "--dir", str(self.workdir / "data"), "--appendonly", "yes", "--appendfsync", "everysec",
-            "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--logfile", "",
+            "--save", "", "--auto-aof-rewrite-percentage", "0", "--daemonize", "no", "--protected-mode", "yes", "--logfile", "",
         ]
 
     def client(self):
