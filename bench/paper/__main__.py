@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from bench.paper import logbus_side
-from bench.paper.report import Latency, Run, Storage, markdown, plot, write_csv
+from bench.paper.report import Latency, Run, Storage, draw, markdown, write_csv
 from bench.paper.sampling import Sampler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,10 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             f"logbus {args.messages:,} messages per run, peers {args.peer_messages:,}\n\n"
             + markdown(runs, storage, latencies))
     (args.results / "results.md").write_text(text)
-    plot(runs, "produce", args.plots / "producer.png",
-         f"Producer performance (after the paper's Figure 4), 200-byte messages")
-    plot(runs, "consume", args.plots / "consumer.png",
-         f"Consumer performance (after the paper's Figure 5), 200-byte messages")
+    draw(runs, args.plots)
     print(text)
     log(f"results in {args.results}, plots in {args.plots}")
     return 1 if failed else 0

@@ -131,6 +131,11 @@ def markdown(runs: list[Run], storage: list[Storage], latencies: list[Latency]) 
     return "\n".join(lines)
 
 
+PAPER_REFERENCE = {
+    "produce": ((50_000, "paper, Kafka batch 1: 50,000"), (400_000, "paper, Kafka batch 50: 400,000")),
+    "consume": ((22_000, "paper, Kafka: 22,000"),),
+}
+
 _STYLE = {
     "logbus": ("tab:blue", "-"), "RabbitMQ": ("tab:orange", "-"), "ActiveMQ": ("tab:red", "-"),
     "Redis Streams": ("tab:green", "-"),
@@ -143,7 +148,7 @@ def plot(runs: list[Run], test: str, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(12, 5.5), dpi=110)
     markers = iter("osD^v<>ph*")
     for r in runs:
         if r.test != test or not r.series:
@@ -155,12 +160,16 @@ def plot(runs: list[Run], test: str, path: Path, title: str) -> None:
         xs, ys = zip(*r.series)
         ax.plot(xs, ys, style, color=color, marker=next(markers), markersize=4, linewidth=1.6,
                 label=f"{r.label}: {r.rate:,.0f} msg/s")
+    for value, text in (PAPER_REFERENCE.get(test) or ()):
+        ax.axhline(value, color="gray", linestyle=":", linewidth=1.2)
+        ax.annotate(text, (0.005, value), xycoords=("axes fraction", "data"), fontsize=7, color="dimgray",
+                    va="bottom")
     ax.set_yscale("log")
     ax.set_xlabel("data sent (MB)" if test == "produce" else "data consumed (MB)")
     ax.set_ylabel("throughput (messages/s, log scale)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -169,3 +178,32 @@ def plot(runs: list[Run], test: str, path: Path, title: str) -> None:
 
 def median_rate(run: Run) -> float:
     return statistics.median(rate for _, rate in run.series) if run.series else run.rate
+
+
+def load_runs(results: Path) -> list[Run]:
+    """The runs of a finished `bench.paper` from its CSV files (to redraw the plots)."""
+    runs: dict[tuple[str, str, str], Run] = {}
+    with open(results / "throughput.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            batch = int(row["setting"].split(",")[0].split()[1]) if row["setting"].startswith("batch ") else 1
+            runs[(row["system"], row["test"], row["setting"])] = Run(
+                row["system"], row["test"], row["setting"], int(row["messages"]), float(row["seconds"]),
+                batch=batch, notes=row["notes"])
+    with open(results / "series.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            runs[(row["system"], row["test"], row["setting"])].series.append(
+                (float(row["mb_sent"]), float(row["msg_per_s"])))
+    return list(runs.values())
+
+
+def draw(runs: list[Run], plots: Path) -> None:
+    plot(runs, "produce", plots / "producer.png", "Producer performance (after the paper's Figure 4), 200-byte messages")
+    plot(runs, "consume", plots / "consumer.png", "Consumer performance (after the paper's Figure 5), 200-byte messages")
+
+
+if __name__ == "__main__":  # redraw: python -m bench.paper.report [results dir] [plots dir]
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    draw(load_runs(Path(sys.argv[1]) if len(sys.argv) > 1 else root / "bench" / "results"),
+         Path(sys.argv[2]) if len(sys.argv) > 2 else root / "bench" / "plots")
