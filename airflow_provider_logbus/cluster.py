@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from broker.client.cluster import connect_zookeeper, parse_broker_list
 from broker.client.connection import BrokerConnection
+from broker.client.errors import ZooKeeperUnavailable
 from broker.errors import LogbusError, NotLeaderForPartition, UnknownTopic
 from broker.message import HEADER, SIZE_FIELD, scan
 from broker.protocol import EARLIEST, LATEST, BrokerInfo
@@ -43,23 +45,14 @@ class PartitionOffsets:
 
 
 def parse_brokers(brokers: str | list) -> list[tuple[str, int]]:
-    """'h1:9092,h2:9093' or [('h1', 9092)] or ['h1:9092'] -> [(host, port)]."""
-    items = brokers.split(",") if isinstance(brokers, str) else list(brokers)
-    out = []
-    for item in items:
-        if isinstance(item, (tuple, list)):
-            out.append((str(item[0]), int(item[1])))
-            continue
-        item = str(item).strip()
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ClusterConfigError(f"broker address {item!r} is not host:port")
-        out.append((host, int(port)))
-    if not out:
-        raise ClusterConfigError("the static broker list is empty")
-    return out
+    """'h1:9092,h2:9093', ['h1:9092'] or [('h1', 9092)] -> [(host, port)] (the clients'
+    parser, with its errors as ClusterConfigError)."""
+    if not isinstance(brokers, str):
+        brokers = [f"{b[0]}:{b[1]}" if isinstance(b, (tuple, list)) else str(b) for b in brokers]
+    try:
+        return parse_broker_list(brokers)
+    except ValueError as exc:
+        raise ClusterConfigError(str(exc)) from None
 
 
 class LogbusCluster:
@@ -88,16 +81,10 @@ class LogbusCluster:
             if self._zk is None:
                 if not self.zookeeper:
                     raise ClusterConfigError("group offsets need ZooKeeper; this cluster has only static brokers")
-                from kazoo.client import KazooClient
-                from kazoo.handlers.threading import KazooTimeoutError
-
-                client = KazooClient(self.zookeeper, timeout=self.timeout)
                 try:
-                    client.start(self.timeout)
-                except KazooTimeoutError:
-                    client.close()
-                    raise ConnectionError(f"cannot reach ZooKeeper at {self.zookeeper} within {self.timeout:.0f}s") from None
-                self._zk = client
+                    self._zk = connect_zookeeper(self.zookeeper, self.timeout, self.timeout)
+                except ZooKeeperUnavailable as exc:
+                    raise ConnectionError(str(exc)) from None
             return self._zk
 
     def connection(self, host: str, port: int) -> BrokerConnection:

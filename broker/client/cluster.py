@@ -123,12 +123,14 @@ class ZooKeeperMetadata:
         self._notify()
         return None
 
-    def _watch_topic(self, topic: str) -> None:
+    def _watch_topic(self, topic: str) -> bool:
+        """Start watching `topic`; True if this call started the watch."""
         with self._lock:
             if topic in self._watched:
-                return
+                return False
             self._watched.add(topic)
         DataWatch(self.zk, topic_path(topic), self._topic_watcher(topic))
+        return True
 
     def _topic_watcher(self, topic: str) -> Callable[[bytes | None, object], bool | None]:
         """A two-argument callback: kazoo passes a third (the event) to any function
@@ -170,7 +172,10 @@ class ZooKeeperMetadata:
         return self._brokers
 
     def partitions(self, topic: str) -> Leaders | None:
-        self._watch_topic(topic)
+        if self._watch_topic(topic) and topic not in self._assignments:
+            # the watch's first callback may come later, from kazoo's thread: without this
+            # read a first-time caller is told the topic does not exist
+            self.refresh(topic)
         assignment = self._assignments.get(topic)
         if assignment is None:
             return None

@@ -118,7 +118,7 @@ def test_hook_test_connection_reports_an_unreachable_zookeeper(airflow_db, monke
     monkeypatch.setenv("AIRFLOW_CONN_LOGBUS_DOWN", json.dumps(
         {"conn_type": "logbus", "extra": {"zookeeper": f"127.0.0.1:{free_port()}", "timeout": 1}}))
     ok, message = LogbusHook("logbus_down").test_connection()
-    assert not ok and "cannot reach ZooKeeper" in message
+    assert not ok and "cannot connect to ZooKeeper" in message
 
 
 def test_hook_reads_offsets_group_offsets_and_lag(cluster):
