@@ -41,6 +41,24 @@ def _dirs(text: str) -> tuple[Path, ...]:
     return dirs
 
 
+def _per_topic(text: str) -> tuple[tuple[str, int], ...]:
+    """`topic:value,topic:value` (empty: no overrides), as (topic, value) pairs so the
+    config stays immutable; `dict()` them to look up."""
+    from broker.protocol import check_topic_name
+
+    overrides = {}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        topic, sep, value = item.rpartition(":")
+        if not sep:
+            raise ValueError(f"expected topic:value, got {item!r}")
+        try:
+            check_topic_name(topic)
+        except Exception as exc:
+            raise ValueError(str(exc)) from None
+        overrides[topic] = int(value)
+    return tuple(sorted(overrides.items()))
+
+
 _positive = (lambda v: v > 0, "must be > 0")
 _non_negative = (lambda v: v >= 0, "must be >= 0")
 
@@ -62,6 +80,14 @@ class BrokerConfig:
     log_flush_interval_ms: int = _setting("log.flush.interval.ms", 200, int, *_positive)
     log_retention_ms: int = _setting("log.retention.ms", 7 * DAY_MS, int, lambda v: v > 0 or v == -1, "must be > 0, or -1 for no limit")
     log_retention_bytes: int = _setting("log.retention.bytes", -1, int, lambda v: v > 0 or v == -1, "must be > 0, or -1 for no limit")
+    log_retention_ms_per_topic: tuple[tuple[str, int], ...] = _setting(
+        "log.retention.ms.per.topic", (), _per_topic, lambda m: all(v > 0 or v == -1 for _, v in m),
+        "values must be > 0, or -1 for no limit",
+    )
+    log_retention_bytes_per_topic: tuple[tuple[str, int], ...] = _setting(
+        "log.retention.bytes.per.topic", (), _per_topic, lambda m: all(v > 0 or v == -1 for _, v in m),
+        "values must be > 0, or -1 for no limit",
+    )
     log_retention_check_interval_ms: int = _setting("log.retention.check.interval.ms", 300_000, int, *_positive)
     message_max_bytes: int = _setting("message.max.bytes", 1 * MiB, int, lambda v: v >= 64, "must be >= 64")
     socket_request_max_bytes: int = _setting("socket.request.max.bytes", 100 * MiB, int, lambda v: v >= 1024, "must be >= 1024")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import signal
 import socket
@@ -206,7 +207,7 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.logs = LogManager(config.log_dirs, log_config(config))
+        self.logs = LogManager(config.log_dirs, functools.partial(log_config, config))
         self.scheduler = FlushScheduler()
         self.zk = KazooClient(
             hosts=config.zookeeper_connect,

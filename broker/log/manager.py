@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from broker.config import BrokerConfig
 from broker.log.log import Log, LogConfig
@@ -18,14 +18,16 @@ logger = logging.getLogger(__name__)
 CLEAN_SHUTDOWN = ".clean_shutdown"
 
 
-def log_config(config: BrokerConfig) -> LogConfig:
+def log_config(config: BrokerConfig, topic: str) -> LogConfig:
+    """A partition's settings: the broker's, with the topic's retention overrides (so
+    that, say, the monitoring topic can outlive size-based retention of busy topics)."""
     return LogConfig(
         segment_bytes=config.log_segment_bytes,
         roll_ms=config.log_roll_ms,
         flush_interval_messages=config.log_flush_interval_messages,
         flush_interval_ms=config.log_flush_interval_ms,
-        retention_ms=config.log_retention_ms,
-        retention_bytes=config.log_retention_bytes,
+        retention_ms=dict(config.log_retention_ms_per_topic).get(topic, config.log_retention_ms),
+        retention_bytes=dict(config.log_retention_bytes_per_topic).get(topic, config.log_retention_bytes),
         max_entry_bytes=config.socket_request_max_bytes,
     )
 
@@ -41,9 +43,9 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
 class LogManager:
     """`_lock` guards `_logs` changes; lookups read the dict without it."""
 
-    def __init__(self, log_dirs: tuple[Path, ...], config: LogConfig) -> None:
+    def __init__(self, log_dirs: tuple[Path, ...], config: LogConfig | Callable[[str], LogConfig]) -> None:
         self.log_dirs = tuple(Path(d) for d in log_dirs)
-        self.config = config
+        self.config_for: Callable[[str], LogConfig] = config if callable(config) else (lambda topic: config)
         self._logs: dict[tuple[str, int], Log] = {}
         self._lock = threading.Lock()
 
@@ -62,7 +64,7 @@ class LogManager:
                     logger.error("partition %s-%d found in two log directories; using %s",
                                  *parsed, self._logs[parsed].directory)
                     continue
-                self._logs[parsed] = Log(child, parsed[0], parsed[1], self.config, recover=not clean)
+                self._logs[parsed] = Log(child, parsed[0], parsed[1], self.config_for(parsed[0]), recover=not clean)
             marker.unlink(missing_ok=True)  # from now on, a crash means recovery
             logger.info("loaded %s (%s shutdown)", directory, "clean" if clean else "unclean")
 
@@ -77,7 +79,7 @@ class LogManager:
             existing = self._logs.get((topic, partition))
             if existing is None:
                 directory = min(self.log_dirs, key=self._partition_count)
-                existing = Log(directory / f"{topic}-{partition}", topic, partition, self.config)
+                existing = Log(directory / f"{topic}-{partition}", topic, partition, self.config_for(topic))
                 self._logs[(topic, partition)] = existing
                 logger.info("created partition %s-%d in %s", topic, partition, directory)
             return existing

@@ -151,3 +151,18 @@ def test_retention_by_time_uses_message_timestamps(cluster):
         values = {m.value for m in read_partition(conn, "aged", 0, conn.offsets("aged", 0, -2)[0])}
     assert b"new" * 30 in values
     assert conn.offsets("aged", 0, -1)[0] == 40 * (90 + 22)  # offsets kept growing
+
+
+def test_per_topic_retention_override_keeps_the_monitoring_topic(cluster):
+    broker = cluster.start_broker(0, {
+        "log.segment.bytes": 1024, "log.retention.bytes": 2048, "log.retention.check.interval.ms": 200,
+        "log.retention.bytes.per.topic": "_logbus_audit:-1",
+    })
+    with connect(broker) as conn:
+        for topic in ("busy", "_logbus_audit"):
+            conn.create_topic(topic, 1)
+            for i in range(40):
+                produce(conn, topic, 0, [b"x" * 100])
+        wait_until(lambda: conn.offsets("busy", 0, -2)[0] > 0, 30, "size retention on the busy topic")
+        assert conn.offsets("_logbus_audit", 0, -2) == [0]
+        assert len(read_partition(conn, "_logbus_audit", 0)) == 40

@@ -61,3 +61,24 @@ def test_example_configuration_file_is_valid():
     example = Path(__file__).resolve().parents[2] / "config" / "broker.properties"
     config = BrokerConfig.from_settings({**read_properties(example), "broker.id": "0"})
     assert config.zookeeper_connect.endswith("/logbus")
+
+
+def test_retention_overrides_per_topic():
+    from broker.log.manager import log_config
+
+    config = BrokerConfig.from_settings(base(**{
+        "log.retention.bytes": "1000000", "log.retention.bytes.per.topic": "_logbus_audit:-1, clicks:5000",
+        "log.retention.ms.per.topic": "clicks:60000",
+    }))
+    assert log_config(config, "_logbus_audit").retention_bytes == -1
+    assert (log_config(config, "clicks").retention_bytes, log_config(config, "clicks").retention_ms) == (5000, 60000)
+    assert log_config(config, "other").retention_bytes == 1_000_000
+
+
+def test_bad_per_topic_overrides_are_named():
+    with pytest.raises(ConfigError, match="expected topic:value"):
+        BrokerConfig.from_settings(base(**{"log.retention.ms.per.topic": "clicks"}))
+    with pytest.raises(ConfigError, match="invalid topic name"):
+        BrokerConfig.from_settings(base(**{"log.retention.ms.per.topic": "a b:5"}))
+    with pytest.raises(ConfigError, match="values must be > 0"):
+        BrokerConfig.from_settings(base(**{"log.retention.bytes.per.topic": "clicks:0"}))
