@@ -126,6 +126,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_ENTRY_HEAD = struct.Struct(">ibbI")  # size, magic, attributes, crc
+_ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first CRC-covered bytes
+
+
 def append_entry(
     out: bytearray,
     value: bytes,
@@ -133,17 +137,16 @@ def append_entry(
     timestamp: int | None = None,
     attributes: int = 0,
 ) -> None:
-    """Encode one entry at the end of `out`, computing its CRC in place."""
-    key_length = -1 if key is None else len(key)
-    start = len(out)
-    size = MIN_ENTRY_SIZE + max(key_length, 0) + len(value)
-    out += HEADER.pack(size, MAGIC, attributes, 0, now_ms() if timestamp is None else timestamp, key_length)
+    """Encode one entry at the end of `out`. This is the producer's inner loop: the
+    CRC comes from crcmod's C routine directly (as in `scan`), over the covered bytes
+    built once."""
+    covered = _ENTRY_TAIL.pack(now_ms() if timestamp is None else timestamp, -1 if key is None else len(key))
     if key:
-        out += key
-    out += value
-    with memoryview(out) as view, view[start + CRC_END :] as covered:
-        crc = crc32c(covered)
-    _CRC.pack_into(out, start + 6, crc)
+        covered += key
+    covered += value
+    crc = _CRC_ROUTINE(covered, 0xFFFFFFFF, _CRC_TABLE) ^ 0xFFFFFFFF
+    out += _ENTRY_HEAD.pack(len(covered) + 6, MAGIC, attributes, crc)
+    out += covered
 
 
 def encode_message_set(
@@ -158,9 +161,12 @@ def encode_message_set(
     codec = Codec.parse(codec)
     out = bytearray()
     largest = -1
+    now = None
     for key, value, timestamp in messages:
-        timestamp = now_ms() if timestamp is None else timestamp
-        largest = max(largest, timestamp)
+        if timestamp is None:
+            timestamp = now = now or now_ms()
+        if timestamp > largest:
+            largest = timestamp
         append_entry(out, value, key, timestamp)
     if codec is Codec.NONE or not out:
         return bytes(out)
@@ -178,14 +184,16 @@ class ScanResult:
     min_timestamp: int
     max_timestamp: int
     error: str | None  # why the scan stopped before the end, None at a clean end
+    too_large: bool = False  # it stopped at a valid entry over `max_message_bytes`
 
     @property
     def partial_tail(self) -> bool:
         return self.error is not None and self.error.startswith("partial")
 
 
-def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31) -> ScanResult:
-    """Walk entries from the start; stop at the first one that is partial or invalid.
+def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, max_message_bytes: int = 0) -> ScanResult:
+    """Walk entries from the start; stop at the first one that is partial or invalid,
+    or (with `max_message_bytes`) valid but larger than that, size field included.
 
     This is the one validator: the broker accepts a produced set only when the scan
     covers all of it, and recovery truncates a segment at `valid_bytes`. It is the
@@ -197,7 +205,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31) ->
     min_ts, max_ts = 1 << 62, -1
     unpack, crc_routine, crc_table, ones = HEADER.unpack_from, _CRC_ROUTINE, _CRC_TABLE, 0xFFFFFFFF
     header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
-    error = None
+    error, too_large = None, False
     try:
         while pos < end:
             if end - pos < header_size:
@@ -217,6 +225,10 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31) ->
             if crc_routine(view[pos + 10 : entry_end], ones, crc_table) ^ ones != crc:
                 error = f"CRC mismatch at byte {pos}"
                 break
+            if max_message_bytes and size + 4 > max_message_bytes:
+                error = f"message of {size + 4} bytes at byte {pos} exceeds message.max.bytes={max_message_bytes}"
+                too_large = True
+                break
             count += 1
             if timestamp < min_ts:
                 min_ts = timestamp
@@ -225,7 +237,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31) ->
             pos = entry_end
     finally:
         view.release()
-    return ScanResult(pos, count, min_ts if count else -1, max_ts, error)
+    return ScanResult(pos, count, min_ts if count else -1, max_ts, error, too_large)
 
 
 def _header_error(pos: int, magic: int, attributes: int, key_length: int) -> str:
@@ -237,26 +249,16 @@ def _header_error(pos: int, magic: int, attributes: int, key_length: int) -> str
 
 
 def validate_message_set(buf: bytes | memoryview, max_message_bytes: int) -> ScanResult:
-    """The broker's check of a produced set: every byte must be valid entries."""
+    """The broker's check of a produced set: every byte must be valid entries, none
+    over `max_message_bytes` — one walk."""
     if len(buf) == 0:
         raise InvalidMessage("empty message set")
-    result = scan(buf, max_entry_bytes=1 << 31)
+    result = scan(buf, max_entry_bytes=1 << 31, max_message_bytes=max_message_bytes)
+    if result.too_large:
+        raise MessageTooLarge(result.error)
     if result.error is not None:
         raise InvalidMessage(f"invalid message set: {result.error}")
-    if max_message_bytes and result.count:
-        _check_entry_sizes(buf, max_message_bytes)
     return result
-
-
-def _check_entry_sizes(buf: bytes | memoryview, max_message_bytes: int) -> None:
-    pos, end = 0, len(buf)
-    while pos < end:
-        (size,) = _SIZE.unpack_from(buf, pos)
-        if size + SIZE_FIELD > max_message_bytes:
-            raise MessageTooLarge(
-                f"message of {size + SIZE_FIELD} bytes at byte {pos} exceeds message.max.bytes={max_message_bytes}"
-            )
-        pos += SIZE_FIELD + size
 
 
 @dataclass(frozen=True, slots=True)
