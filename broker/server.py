@@ -53,6 +53,7 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self._buffer = bytearray()
         self._pending: collections.deque = collections.deque()
+        self._out: list[bytes] = []  # immediate responses of the current socket read
         self._writer: asyncio.Task | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
@@ -108,6 +109,7 @@ class Connection(asyncio.Protocol):
             if self.transport is None or self.transport.is_closing():
                 break
         self.server.handler.write_unwritten()
+        self._flush_out()
         del buf[:pos]
         self.partial_since = time.monotonic() if buf else None
 
@@ -148,7 +150,7 @@ class Connection(asyncio.Protocol):
             return
         if isinstance(result, list):
             if not self._pending and all(isinstance(p, bytes) for p in result):
-                self._send(result)
+                self._out += result  # written together after this read (`_flush_out`)
                 return
             self._pending.append(result)
         else:
@@ -157,7 +159,7 @@ class Connection(asyncio.Protocol):
             self._reading_paused = True
             self.transport.pause_reading()
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.ensure_future(self._write_pending())
+            self._writer = asyncio.ensure_future(self._write_pending())  # runs after `_flush_out`
 
     async def _guard(self, correlation_id: int, api_key: int, coroutine) -> list[Part] | None:
         try:
@@ -189,7 +191,15 @@ class Connection(asyncio.Protocol):
                 self._reading_paused = False
                 self.transport.resume_reading()
 
+    def _flush_out(self) -> None:
+        """One write for all immediate answers to one socket read: one syscall per answer
+        was a third of the broker's time with pipelined acks=1 producers."""
+        if self._out:
+            out, self._out = self._out, []
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
     def _send(self, parts: list[bytes]) -> None:
+        self._flush_out()
         for part in parts:
             self.transport.write(part)
 
@@ -199,6 +209,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            self._flush_out()
             self.transport.close()
 
 
