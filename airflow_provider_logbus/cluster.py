@@ -289,9 +289,14 @@ class LogbusCluster:
             buf = fetched.messages
             result_end = _complete_prefix(buf)
             if result_end == 0:
-                if len(buf) >= SIZE_FIELD:  # one message larger than the fetch size: grow
+                if len(buf) >= SIZE_FIELD:
                     (size,) = struct.unpack_from(">i", buf, 0)
-                    fetch_bytes = max(fetch_bytes, size + SIZE_FIELD)
+                    if offset + SIZE_FIELD + size > end:  # growing the fetch cannot help
+                        raise LogbusError(
+                            f"{topic}-{partition}: range end {end} is not a message boundary: the message at "
+                            f"{offset} ends at {offset + SIZE_FIELD + size}"
+                        )
+                    fetch_bytes = max(fetch_bytes, size + SIZE_FIELD)  # one message larger than the fetch
                     continue
                 raise LogbusError(
                     f"{topic}-{partition}: no data at offset {offset} though the range ends at {end} "

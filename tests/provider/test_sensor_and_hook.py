@@ -136,3 +136,18 @@ def test_hook_reads_offsets_group_offsets_and_lag(cluster):
         assert hook.test_connection()[0]
     finally:
         hook.close()
+
+
+def test_reading_a_range_whose_end_splits_a_message_fails_clearly(cluster):
+    from broker.client.connection import BrokerConnection
+    from broker.errors import LogbusError
+    from broker.message import encode_message_set
+
+    from airflow_provider_logbus.cluster import LogbusCluster
+
+    broker = cluster.start_broker(0)
+    with BrokerConnection(*broker.address) as conn:
+        conn.create_topic("split", 1)
+        conn.produce("split", 0, encode_message_set([(None, b"x" * 100, 1)] * 3), acks=-1)
+    with LogbusCluster(cluster.zookeeper) as c, pytest.raises(LogbusError, match="not a message boundary"):
+        list(c.read_range("split", 0, 0, 122 + 50))
