@@ -24,7 +24,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[airflow,test]"
+	$(PY) -m pip install -q -e ".[airflow,test,fast]"
 	touch $(STAMP)
 
 venv: $(STAMP)

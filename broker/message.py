@@ -34,24 +34,25 @@ CODEC_MASK = 0x07
 _SIZE = struct.Struct(">i")
 _CRC = struct.Struct(">I")
 
-crc32c: Callable[[bytes | memoryview], int] = crcmod.predefined.mkCrcFun("crc-32c")
+crc32c: Callable[[bytes | memoryview], int] = crcmod.predefined.mkCrcFun("crc-32c")  # the reference
 
 
-def _crc32c_routine() -> tuple[Callable[..., int], object]:
-    """crcmod's function is a Python wrapper around its C routine; on the produce path
-    that extra call per message is measurable, so `scan` calls the routine itself as
-    `routine(data, 0xFFFFFFFF, table) ^ 0xFFFFFFFF`. Checked against the standard test
-    vector; otherwise the wrapper is used in the same shape."""
+def _fastest_crc32c() -> Callable[[bytes | memoryview], int]:
+    """The CRC-32C every inner loop calls. crcmod computes it a byte at a time behind a
+    Python wrapper (0.83 us for a 200-byte message, half of validating it); the
+    `crc32c` package uses the CPU's CRC32 instruction (0.25 us) and takes memoryview
+    slices. Used when installed and in agreement with crcmod on a test vector."""
     try:
-        _, table, routine = crc32c.__defaults__  # (crc, table, fun) in crcmod 1.7
-        if routine(b"123456789", 0xFFFFFFFF, table) ^ 0xFFFFFFFF == 0xE3069283:
-            return routine, table
-    except (TypeError, ValueError):
+        import crc32c as hardware  # type: ignore[import-not-found]
+
+        if hardware.crc32c(b"123456789") == crc32c(b"123456789") == 0xE3069283:
+            return hardware.crc32c
+    except (ImportError, AttributeError):
         pass
-    return (lambda data, _init, _table: crc32c(data) ^ 0xFFFFFFFF), None
+    return crc32c
 
 
-_CRC_ROUTINE, _CRC_TABLE = _crc32c_routine()
+checksum = _fastest_crc32c()
 
 
 class Codec(enum.IntEnum):
@@ -137,15 +138,13 @@ def append_entry(
     timestamp: int | None = None,
     attributes: int = 0,
 ) -> None:
-    """Encode one entry at the end of `out`. This is the producer's inner loop: the
-    CRC comes from crcmod's C routine directly (as in `scan`), over the covered bytes
-    built once."""
+    """Encode one entry at the end of `out` (the producer's inner loop: the covered
+    bytes are built once and checksummed once)."""
     covered = _ENTRY_TAIL.pack(now_ms() if timestamp is None else timestamp, -1 if key is None else len(key))
     if key:
         covered += key
     covered += value
-    crc = _CRC_ROUTINE(covered, 0xFFFFFFFF, _CRC_TABLE) ^ 0xFFFFFFFF
-    out += _ENTRY_HEAD.pack(len(covered) + 6, MAGIC, attributes, crc)
+    out += _ENTRY_HEAD.pack(len(covered) + 6, MAGIC, attributes, checksum(covered))
     out += covered
 
 
@@ -203,7 +202,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     end = len(view)
     pos = count = 0
     min_ts, max_ts = 1 << 62, -1
-    unpack, crc_routine, crc_table, ones = HEADER.unpack_from, _CRC_ROUTINE, _CRC_TABLE, 0xFFFFFFFF
+    unpack, crc_of = HEADER.unpack_from, checksum
     header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
     error, too_large = None, False
     try:
@@ -222,7 +221,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             if magic != 1 or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
                 error = _header_error(pos, magic, attributes, key_length)
                 break
-            if crc_routine(view[pos + 10 : entry_end], ones, crc_table) ^ ones != crc:
+            if crc_of(view[pos + 10 : entry_end]) != crc:
                 error = f"CRC mismatch at byte {pos}"
                 break
             if max_message_bytes and size + 4 > max_message_bytes:
@@ -298,7 +297,7 @@ def iter_messages(
             raise InvalidMessage(f"corrupt entry at offset {base_offset + pos} (size {size}, magic {magic})")
         if entry_end > end:
             return
-        if verify_crc and crc32c(view[pos + CRC_END : entry_end]) != crc:
+        if verify_crc and checksum(view[pos + CRC_END : entry_end]) != crc:
             raise InvalidMessage(f"CRC mismatch in entry at offset {base_offset + pos}")
         body = pos + HEADER_SIZE
         if key_length >= 0:

@@ -93,3 +93,26 @@ def test_validate_rejects_message_over_max_bytes():
 def test_scan_reports_count_and_timestamps():
     result = scan(encode_message_set(entries(4, ts=50)))
     assert (result.count, result.min_timestamp, result.max_timestamp, result.error) == (4, 50, 53, None)
+
+
+def test_fast_checksum_agrees_with_crcmod():
+    import os
+
+    from broker.message import checksum, crc32c
+
+    for size in (0, 1, 7, 64, 200, 4099):
+        data = os.urandom(size)
+        assert checksum(data) == crc32c(data)
+        assert checksum(memoryview(data)[1:]) == crc32c(data[1:])
+
+
+def test_everything_works_on_the_crcmod_fallback(monkeypatch):
+    import broker.message as message
+
+    monkeypatch.setattr(message, "checksum", message.crc32c)
+    data = encode_message_set(entries(5))
+    assert scan(data).count == 5
+    assert len(list(iter_messages(data, 0))) == 5
+    corrupt = bytearray(data)
+    corrupt[-1] ^= 1
+    assert scan(corrupt).error.startswith("CRC mismatch")
