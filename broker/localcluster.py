@@ -46,7 +46,8 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str, inter
         time.sleep(interval)
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a process's log file, for error messages."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -92,12 +93,12 @@ class ZooKeeperServer:
             wait_until(self._ok, timeout, f"ZooKeeper on port {self.port}", 0.1)
         except TimeoutError:
             self.stop()
-            raise ClusterError(f"ZooKeeper did not start; its log {self.log_path}:\n{_tail(self.log_path)}") from None
+            raise ClusterError(f"ZooKeeper did not start; its log {self.log_path}:\n{tail(self.log_path)}") from None
         return self
 
     def _ok(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
-            raise ClusterError(f"ZooKeeper exited with {self.process.returncode}:\n{_tail(self.log_path)}")
+            raise ClusterError(f"ZooKeeper exited with {self.process.returncode}:\n{tail(self.log_path)}")
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                 s.sendall(b"ruok")
@@ -195,7 +196,7 @@ class BrokerProcess:
             raise ClusterError(f"broker {self.broker_id} did not register:\n{self.log_tail()}") from None
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, lines)
+        return tail(self.log_path, lines)
 
     @property
     def alive(self) -> bool:

@@ -18,17 +18,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from broker.localcluster import free_port, tail, wait_until  # noqa: F401 (re-exported to the peers)
+
 logger = logging.getLogger(__name__)
 
 
 class PeerError(RuntimeError):
     """A peer did not install, start or stop; the message says where its log is."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port: int) -> bool:
@@ -37,24 +33,6 @@ def port_open(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def disk_bytes(path: Path) -> int:
