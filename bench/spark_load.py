@@ -93,8 +93,12 @@ def main() -> int:
             spark = (SparkSession.builder.master("local[*]").config("spark.driver.memory", "4g")
                      .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false").getOrCreate())
             spark.sparkContext.setLogLevel("ERROR")
-            # warm-up: JVM and Python workers, not timed
+            # warm-up of both paths, not timed: the JVM, the JSON reader, and the Python
+            # workers with their imports (pyarrow, numpy, the data source) — the second
+            # path would otherwise pay for starting them inside its measurement
             spark.read.json(str(jsonl)).limit(10).collect()
+            tiny = [{**r, "end": min(r["end"], r["start"] + 100 * (200 + 22))} for r in ranges]  # 100 whole entries
+            decode(spark, read_ranges(spark, tiny, zookeeper=connect), "json", SCHEMA).count()
 
             def from_broker(out: str) -> None:
                 df = decode(spark, read_ranges(spark, ranges, zookeeper=connect), "json", SCHEMA)
