@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -49,6 +50,9 @@ def spark():
                .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     yield session
     session.stop()
+    # py4j logs "closing connection" at INFO from __del__ at interpreter exit, after
+    # pytest has closed the streams it captured: a "Logging error" traceback, no harm
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def new_chroot(zookeeper) -> str:
