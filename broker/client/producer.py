@@ -164,7 +164,10 @@ class Producer:
         self._on_delivery = on_delivery
         self._on_error = on_error
         self.delivery = Delivery(
-            self.metadata, self.pool, BatchSender(self.pool, self.acks, request_timeout_ms), self.codec,
+            self.metadata, self.pool,
+            BatchSender(self.pool, self.acks, request_timeout_ms,
+                        durable_topics=frozenset([self.audit.audit_topic]) if self.audit else frozenset()),
+            self.codec,
             batch_size if mode == "async" else 1 << 30, batch_bytes, linger_ms / 1000, retries,
             retry_backoff_ms / 1000, self.delivery_timeout, self._delivered, self._failed,
             track_offsets=(mode == "sync"),

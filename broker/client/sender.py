@@ -57,11 +57,15 @@ class _Request:
 class BatchSender:
     """Writes batches to leaders through a `ConnectionPool` it does not own."""
 
-    def __init__(self, pool: ConnectionPool, acks: int, timeout_ms: int, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+    def __init__(self, pool: ConnectionPool, acks: int, timeout_ms: int, max_in_flight: int = MAX_IN_FLIGHT,
+                 durable_topics: frozenset[str] = frozenset()) -> None:
         self.pool = pool
         self.acks = int(acks)
         self.timeout_ms = timeout_ms
         self.max_in_flight = max_in_flight
+        # Topics always sent with acks=-1 whatever `acks` is: the monitoring topic, whose
+        # events are the audit's ground truth and must not vanish with an acks=0 producer.
+        self.durable_topics = durable_topics
 
     def send(self, batches: list[Batch]) -> None:
         """Send every batch (its `leader` must be set); sets `base_offset` or `error`."""
@@ -69,16 +73,21 @@ class BatchSender:
         for batch in batches:
             by_leader[batch.leader].append(batch)
         for leader, group in by_leader.items():
-            self._send_to(leader, self._requests(group))
+            durable = [b for b in group if b.topic in self.durable_topics] if self.durable_topics else []
+            if len(durable) < len(group):
+                ordinary = [b for b in group if b.topic not in self.durable_topics] if durable else group
+                self._send_to(leader, self._requests(ordinary, self.acks), self.acks)
+            if durable:
+                self._send_to(leader, self._requests(durable, Acks.FLUSHED), Acks.FLUSHED)
 
-    def _requests(self, batches: list[Batch]) -> list[_Request]:
+    def _requests(self, batches: list[Batch], acks: int) -> list[_Request]:
         """Round k holds the k-th batch of every partition, so one request never has
         two batches of a partition and their order on the broker is kept."""
         queues: dict[tuple[str, int], deque[Batch]] = defaultdict(deque)
         for batch in batches:
             queues[(batch.topic, batch.partition)].append(batch)
         if len(queues) == 1:  # one partition: a PRODUCE per batch, in order
-            acks, timeout = self.acks, self.timeout_ms
+            timeout = self.timeout_ms
             return [_Request([b], ProduceRequest(acks, timeout, b.topic, b.partition, b.payload).encode(), ApiKey.PRODUCE)
                     for b in batches]
         requests = []
@@ -87,21 +96,21 @@ class BatchSender:
             queues = {k: q for k, q in queues.items() if q}
             if len(round_) == 1:
                 b = round_[0]
-                body = ProduceRequest(self.acks, self.timeout_ms, b.topic, b.partition, b.payload).encode()
+                body = ProduceRequest(acks, self.timeout_ms, b.topic, b.partition, b.payload).encode()
                 requests.append(_Request(round_, body, ApiKey.PRODUCE))
             else:
                 parts = [ProducePart(b.topic, b.partition, b.payload) for b in round_]
-                body = MultiProduceRequest(self.acks, self.timeout_ms, parts).encode()
+                body = MultiProduceRequest(acks, self.timeout_ms, parts).encode()
                 requests.append(_Request(round_, body, ApiKey.MULTIPRODUCE))
         return requests
 
-    def _send_to(self, leader: int, requests: list[_Request]) -> None:
+    def _send_to(self, leader: int, requests: list[_Request], acks: int) -> None:
         try:
             conn = self.pool.get(leader)
         except (ConnectionError, OSError) as exc:
             self._fail(requests, ConnectionError(str(exc)))
             return
-        expects = self.acks != Acks.NONE
+        expects = acks != Acks.NONE
         waiting: deque[_Request] = deque()
         pending = deque(requests)
         try:

@@ -50,3 +50,15 @@ def test_monitoring_can_be_switched_off(cluster, zk, zk_connect):
         producer.send("quiet", b"v")
     assert not zk.exists("/brokers/topics/_logbus_audit")
     assert read_producer_counts(zk_connect) == {}
+
+
+def test_monitoring_events_are_flushed_even_from_an_acks_zero_producer(cluster, zk, zk_connect):
+    # a broker that flushes only hourly: data with acks=0 stays invisible, but the
+    # monitoring events go with acks=-1, so they are readable as soon as close() returns
+    cluster.start_broker(0, {"log.flush.interval.ms": 3_600_000, "log.flush.interval.messages": 1_000_000})
+    create_topic(zk, "clicks", 1)
+    with Producer(zookeeper=zk_connect, acks=0, audit_window_ms=WINDOW) as producer:
+        for i in range(50):
+            producer.send("clicks", b"x", timestamp=BASE + i)
+    counts = read_producer_counts(zk_connect)
+    assert {key: total.count for key, total in counts.items()} == {("clicks", BASE): 50}
