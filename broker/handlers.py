@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, Union
 
 from broker.config import BrokerConfig
 from broker.errors import (
-    BrokerShuttingDown, ErrorCode, InvalidRequest, LogbusError, NotLeaderForPartition, TopicAlreadyExists,
+    BrokerShuttingDown, ErrorCode, InvalidRequest, LogbusError, NotLeaderForPartition,
     UnknownPartition, UnknownTopic, UnsupportedApi,
 )
 from broker.log.log import Log
@@ -97,14 +97,7 @@ class RequestHandler:
         if not self.config.auto_create_topics:
             raise UnknownTopic(f"unknown topic {topic!r} (auto.create.topics is off)")
         loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(None, self.registry.create_topic, topic, self.config.num_partitions)
-        except TopicAlreadyExists:
-            pass  # created concurrently; the watch brings its assignment
-        for _ in range(100):
-            if topic in self.registry.view.topics:
-                return
-            await asyncio.sleep(0.01)
+        await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions)
 
     def _append(self, topic: str, partition: int, messages, acks: int) -> tuple[Log, int, int]:
         """Validate and append. An acknowledged append is in the page cache before its

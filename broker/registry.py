@@ -230,6 +230,16 @@ class BrokerRegistry:
         self.apply_assignment(topic, assignment)
         return assignment
 
+    def ensure_topic(self, topic: str, partitions: int) -> Assignment:
+        """The topic's assignment, creating it if needed. When a concurrent creator won,
+        read what it wrote rather than wait for the watch to deliver it."""
+        try:
+            return self.create_topic(topic, partitions)
+        except TopicAlreadyExists:
+            assignment = decode_assignment(self.zk.get(topic_path(topic))[0])
+            self.apply_assignment(topic, assignment)
+            return assignment
+
     def stop(self) -> None:
         self._stopping = True
         self.zk.stop()

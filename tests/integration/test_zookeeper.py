@@ -146,3 +146,16 @@ def test_create_topic_with_auto_partitions_obeys_auto_create_off(cluster):
     broker = cluster.start_broker(0, {"auto.create.topics": "false"})
     with connect(broker) as conn, pytest.raises(UnknownTopic, match="auto.create.topics is off"):
         conn.create_topic("refused", -1)
+
+
+def test_losing_a_creation_race_adopts_the_winners_assignment(cluster, zk):
+    from broker.protocol import BrokerInfo
+    from broker.registry import BrokerRegistry, create_topic
+
+    cluster.start_broker(0)
+    winner = create_topic(zk, "raced", 3)
+    seen = []
+    registry = BrokerRegistry(zk, BrokerInfo(9, "127.0.0.1", 1), lambda t, a: seen.append((t, a)), 2000)
+    # no watches started: only ensure_topic's own read can bring the assignment
+    assert registry.ensure_topic("raced", 5) == winner
+    assert registry.view.topics["raced"] == winner and seen == [("raced", winner)]
