@@ -85,21 +85,28 @@ class Segment:
         return self.path.with_suffix(META_SUFFIX)
 
     def append(self, data: bytes | memoryview, buffered: bool = False) -> None:
-        """Append a whole set: written at once, or (buffered) kept until `write_unwritten`."""
-        self._unwritten += data
+        """Append a whole set: written at once, or (buffered) kept until `write_unwritten`.
+        An unbuffered set with nothing buffered before it is written straight from the
+        request, without a copy."""
         self.size += len(data)
+        if not buffered and not self._unwritten:
+            self._write(data)
+            return
+        self._unwritten += data
         if not buffered or len(self._unwritten) >= WRITE_BEHIND_LIMIT:
             self.write_unwritten()
 
     def write_unwritten(self) -> None:
-        """One write of everything buffered (short writes are continued)."""
-        if not self._unwritten:
-            return
-        with memoryview(self._unwritten) as view:
+        """One write of everything buffered."""
+        if self._unwritten:
+            self._write(self._unwritten)
+            self._unwritten.clear()
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        with memoryview(data) as view:
             written = 0
-            while written < len(view):
+            while written < len(view):  # short writes are continued
                 written += os.write(self.file.fileno(), view[written:])
-        self._unwritten.clear()
 
     def note_timestamps(self, smallest: int, largest: int) -> None:
         if smallest >= 0 and (self.min_timestamp < 0 or smallest < self.min_timestamp):

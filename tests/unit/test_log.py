@@ -263,3 +263,12 @@ def test_buffered_appends_reach_the_file_in_one_write_and_before_any_flush(make_
     log.flush()  # a flush writes the buffer before its fsync
     assert path.stat().st_size == 4 * len(data)
     assert read_all(log) == [b"buffered"] * 4
+
+
+def test_an_acknowledged_append_after_buffered_ones_keeps_their_order(make_log):
+    log = make_log()
+    first = encode_message_set([(None, b"acks=0", 1)])
+    second = encode_message_set([(None, b"acks=1", 2)])
+    log.append(first, 1, 1, 1, buffered=True)
+    log.append(second, 1, 2, 2)  # unbuffered: written now, behind the buffered set
+    assert log.segments[-1].path.read_bytes() == first + second
