@@ -129,9 +129,6 @@ class BrokerConfig:
             raise ConfigError("bad broker configuration:\n  " + "\n  ".join(problems))
         return config
 
-    def setting(self, key: str) -> Any:
-        return getattr(self, self.keys()[key].name)
-
 
 def read_properties(path: Path) -> dict[str, str]:
     """Java-style `key=value` lines; `#` and `!` start comments."""

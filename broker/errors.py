@@ -30,7 +30,6 @@ class LogbusError(Exception):
     """Base of every logbus error; `code` is what goes on the wire."""
 
     code: ErrorCode = ErrorCode.UNKNOWN
-    retriable: bool = False
 
 
 class OffsetOutOfRange(LogbusError):
@@ -71,12 +70,10 @@ class InvalidRequest(LogbusError):
 
 class BrokerShuttingDown(LogbusError):
     code = ErrorCode.BROKER_SHUTTING_DOWN
-    retriable = True
 
 
 class NotLeaderForPartition(LogbusError):
     code = ErrorCode.NOT_LEADER_FOR_PARTITION
-    retriable = True
 
 
 class TopicAlreadyExists(LogbusError):

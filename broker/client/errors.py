@@ -24,8 +24,6 @@ class NoBrokersAvailable(ClientError):
 class PartitionUnavailable(ClientError):
     """The partition has no live leader (its broker is down) within the retry time."""
 
-    retriable = True
-
 
 class ProduceError(ClientError):
     """A sync `send` that failed after its retries; `cause` is the last broker error."""
