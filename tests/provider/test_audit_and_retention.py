@@ -44,6 +44,17 @@ def wait_flushed(zk: str, topic: str, count: int) -> None:
         wait_until(lambda: sum(c.latest(topic, p) for p in c.partitions(topic)) == count * ENTRY, 30, "flush")
 
 
+def produced_yesterday(cluster, yesterday, topic: str, count: int, spacing_ms: int) -> tuple[str, int]:
+    """A 2-partition broker holding `count` visible messages stamped from 10:00 yesterday,
+    `spacing_ms` apart. Returns (zookeeper, count)."""
+    cluster.start_broker(0, {"num.partitions": 2})
+    zk = cluster.zookeeper
+    t0 = int(yesterday[0].timestamp() * 1000) + 10 * HOUR
+    n = produce(zk, topic, [t0 + i * spacing_ms for i in range(count)], value_bytes=VALUE_BYTES, keyed=False)
+    wait_flushed(zk, topic, n)
+    return zk, n
+
+
 @pytest.fixture
 def yesterday() -> tuple[datetime, datetime]:
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -51,12 +62,8 @@ def yesterday() -> tuple[datetime, datetime]:
 
 
 def test_audit_finds_nothing_missing_when_everything_is_loaded(cluster, spark, tmp_path, yesterday):
-    cluster.start_broker(0, {"num.partitions": 2})
-    zk = cluster.zookeeper
+    zk, n = produced_yesterday(cluster, yesterday, "clicks", 150, 40_000)
     start, end = yesterday
-    t0 = int(start.timestamp() * 1000) + 10 * HOUR
-    n = produce(zk, "clicks", [t0 + i * 40_000 for i in range(150)], value_bytes=VALUE_BYTES, keyed=False)
-    wait_flushed(zk, "clicks", n)
     hook = LogbusHook(zookeeper=zk)
     load_batch(hook, spark, tmp_path, "clicks", "clicks", start, end)
     report = hook.audit(warehouse=str(tmp_path), table="clicks", topic="clicks",
@@ -70,12 +77,8 @@ def test_audit_finds_nothing_missing_when_everything_is_loaded(cluster, spark, t
 
 def test_audit_counts_exactly_what_a_cut_short_batch_missed_and_fails_the_task(
         cluster, spark, tmp_path, yesterday, airflow_db):
-    cluster.start_broker(0, {"num.partitions": 2})
-    zk = cluster.zookeeper
+    zk, n = produced_yesterday(cluster, yesterday, "views", 200, 10_000)
     start, end = yesterday
-    t0 = int(start.timestamp() * 1000) + 10 * HOUR
-    n = produce(zk, "views", [t0 + i * 10_000 for i in range(200)], value_bytes=VALUE_BYTES, keyed=False)
-    wait_flushed(zk, "views", n)
     hook = LogbusHook(zookeeper=zk)
     cap = 30 * ENTRY + ENTRY // 2  # a cap between messages: 30 whole messages per partition
     with LogbusCluster(zk) as c:
