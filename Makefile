@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine (README):
 #   make demo   the main job: ZooKeeper + brokers + producers + the hourly DAG on Spark + the audit
 #   make test   every test
-# Both install what they need: Debian's zookeeper (and a JRE) with apt, a virtualenv with pip.
+# Both install what they need: Debian's zookeeper (and a JRE) and postgresql with apt, a virtualenv with pip.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -20,11 +20,16 @@ system-deps:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends zookeeper default-jre-headless >/dev/null; \
 	fi
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		echo "installing Debian packages: postgresql (the tests run a private server)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+	fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[airflow,test,fast]"
+	$(PY) -m pip install -q -e ".[airflow,test,fast,postgres]"
 	touch $(STAMP)
 
 venv: $(STAMP)

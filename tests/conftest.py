@@ -1,7 +1,8 @@
 """Fixtures that own real processes: one ZooKeeper server per test session (each test
 gets its own chroot, so tests cannot see each other's brokers or topics) and broker
-processes started through `logbus-broker`. Everything is stopped even when a test
-fails; a failing test's broker logs are printed."""
+processes started through `logbus-broker`; a PostgreSQL server for the tests that
+request `postgres`. Everything is stopped even when a test fails; a failing test's
+broker logs are printed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker.localcluster import LocalCluster, ZooKeeperServer
+from harness.postgres import PostgresServer
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -24,6 +26,16 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory) -> ZooKeeperServer:
     server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory) -> PostgresServer:
+    """A private PostgreSQL server (Debian's binaries, 127.0.0.1, trust auth), started
+    only for the tests that ask for it; `postgres.create_database(name)` gives each user
+    its own database."""
+    server = PostgresServer(tmp_path_factory.mktemp("postgres")).start()
     yield server
     server.stop()
 
