@@ -221,21 +221,38 @@ class LogbusCluster:
         return out
 
     def set_group_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        """Write next offsets for the group (only ever forwards: a mirror never goes back)."""
-        from kazoo.exceptions import NodeExistsError, NoNodeError
-
+        """Write next offsets for the group, only ever forwards (a mirror never goes back).
+        Concurrent writers are expected (overlapping runs commit one after another): a
+        version conflict re-reads the node and tries again until the stored offset is at
+        or past ours."""
         for p, offset in offsets.items():
-            path = offset_path(group, topic, int(p))
+            self._advance_offset(offset_path(group, topic, int(p)), int(offset))
+
+    def _advance_offset(self, path: str, offset: int, attempts: int = 20) -> None:
+        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+        for _ in range(attempts):
             try:
                 data, stat = self.zk.get(path)
-                if int(data.decode() or -1) >= offset:
-                    continue
-                self.zk.set(path, str(offset).encode(), version=stat.version)
             except NoNodeError:
                 try:
                     self.zk.create(path, str(offset).encode(), makepath=True)
+                    return
                 except NodeExistsError:
-                    self.set_group_offsets(group, topic, {p: offset})
+                    continue
+            try:
+                current = int(data.decode().strip() or -1)
+            except ValueError:
+                current = -1
+            if current >= offset:
+                return
+            try:
+                self.zk.set(path, str(offset).encode(), version=stat.version)
+                return
+            except BadVersionError:
+                logger.info("group offset %s changed while advancing it to %d; reading it again", path, offset)
+        logger.warning("gave up advancing group offset %s to %d after %d concurrent updates (lag monitoring only)",
+                    path, offset, attempts)
 
     def lag(self, group: str, topic: str, missing: str = "earliest") -> dict[int, int]:
         """Bytes between the group's offset and the end, per partition. A partition the

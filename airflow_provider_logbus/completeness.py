@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from airflow_provider_logbus.warehouse import BatchRecord
+from airflow_provider_logbus.targets.base import BatchRecord
 
 HOUR_MS = 3_600_000
 
@@ -19,14 +19,19 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
 
+def _by_window(records: list[BatchRecord], field: str) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for record in records:
+        for c in getattr(record, field) or []:
+            key = (c["topic"], int(c["window_start"]))
+            out[key] = out.get(key, 0) + int(c["count"])
+    return out
+
+
 def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: dict[tuple[str, int], int],
                  batches: list[BatchRecord], threshold: float) -> dict:
-    """The report of `topic` loaded into `table` for [start_ms, end_ms)."""
-    loaded: dict[tuple[str, int], int] = {}
-    for record in batches:
-        for c in record.counts:
-            key = (c["topic"], int(c["window_start"]))
-            loaded[key] = loaded.get(key, 0) + int(c["count"])
+    """The report of `topic` loaded into `table` for [start_ms, end_ms):
+    per hour, produced = loaded + rejected + missing (or − duplicated)."""
 
     def hourly(counts: dict[tuple[str, int], int]) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -36,30 +41,73 @@ def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: d
                 out[hour] = out.get(hour, 0) + n
         return out
 
-    produced_h, loaded_h = hourly(produced), hourly(loaded)
+    produced_h = hourly(produced)
+    loaded_h, rejected_h = hourly(_by_window(batches, "counts")), hourly(_by_window(batches, "rejected"))
     hours = []
-    for hour in sorted(set(produced_h) | set(loaded_h) | set(range(start_ms - start_ms % HOUR_MS, end_ms, HOUR_MS))):
+    for hour in sorted(set(produced_h) | set(loaded_h) | set(rejected_h)
+                       | set(range(start_ms - start_ms % HOUR_MS, end_ms, HOUR_MS))):
         if hour + HOUR_MS <= start_ms or hour >= end_ms:
             continue
-        p, l = produced_h.get(hour, 0), loaded_h.get(hour, 0)
+        p, l, rj = produced_h.get(hour, 0), loaded_h.get(hour, 0), rejected_h.get(hour, 0)
         hours.append({
-            "hour": _iso(hour), "hour_ms": hour, "produced": p, "loaded": l,
-            "missing": max(p - l, 0), "duplicated": max(l - p, 0),
-            "completeness": (min(p, l) / p) if p else 1.0,
+            "hour": _iso(hour), "hour_ms": hour, "produced": p, "loaded": l, "rejected": rj,
+            "missing": max(p - l - rj, 0), "duplicated": max(l + rj - p, 0),
+            "completeness": (min(p, l + rj) / p) if p else 1.0,
         })
-    total_p = sum(h["produced"] for h in hours)
-    total_l = sum(h["loaded"] for h in hours)
-    missing = sum(h["missing"] for h in hours)
-    duplicated = sum(h["duplicated"] for h in hours)
-    completeness = (total_p - missing) / total_p if total_p else 1.0
+    total = {k: sum(h[k] for h in hours) for k in ("produced", "loaded", "rejected", "missing", "duplicated")}
+    gaps = offset_gaps(batches, topic)
     return {
         "table": table, "topic": topic, "start": _iso(start_ms), "end": _iso(end_ms),
-        "start_ms": start_ms, "end_ms": end_ms, "threshold": threshold,
-        "produced": total_p, "loaded": total_l, "missing": missing, "duplicated": duplicated,
-        "completeness": completeness, "hours": hours,
-        "data_loss": data_losses(batches, topic), "offset_gaps": offset_gaps(batches, topic),
+        "start_ms": start_ms, "end_ms": end_ms, "threshold": threshold, **total,
+        "completeness": (total["produced"] - total["missing"]) / total["produced"] if total["produced"] else 1.0,
+        "hours": hours, "data_loss": data_losses(batches, topic), "offset_gaps": gaps,
+        "overlaps": [g for g in gaps if g["kind"] == "overlap"],
         "batches": [r.batch_id for r in batches],
     }
+
+
+def judge(report: dict, now_ms: int, grace_ms: int) -> dict:
+    """Set the report's and each hour's `status`: "failed" on any duplicate (duplicated
+    rows, or batches whose ranges overlap — duplicates never heal, so no grace applies),
+    or under the threshold once `grace_ms` has passed since the end; "pending" under the
+    threshold before that (late data may still come); else "ok". An hour is "complete"
+    when it is at or above the threshold, has no duplicate, and its grace has passed."""
+    threshold = float(report["threshold"])
+    for h in report["hours"]:
+        past_grace = now_ms >= h["hour_ms"] + HOUR_MS + grace_ms
+        if h["duplicated"]:
+            h["status"] = "duplicated"
+        elif h["completeness"] >= threshold:
+            h["status"] = "complete" if past_grace else "pending"
+        else:
+            h["status"] = "incomplete" if past_grace else "pending"
+    reasons = []
+    if report["duplicated"] or report["overlaps"]:
+        reasons.append(f"{report['duplicated']} duplicated row(s)" + "".join(
+            f"; partition {o['partition']} bytes [{o['start']}, {o['end']}) loaded by both batch {o['after']} "
+            f"and batch {o['before']}" for o in report["overlaps"]))
+    below = report["completeness"] < threshold
+    past_grace = now_ms >= report["end_ms"] + grace_ms
+    if below and past_grace:
+        reasons.append(f"completeness {report['completeness']:.4%} under the threshold {threshold:.4%} "
+                       f"({report['missing']} missing)")
+    report["status"] = "failed" if reasons else ("pending" if below else "ok")
+    report["reasons"] = reasons
+    return report
+
+
+def newly_complete_hours(report: dict, complete_through_ms: int | None) -> list[dict]:
+    """The hours to announce: complete ones, contiguous from the watermark (or from the
+    report's first hour when there is none). An incomplete or pending hour stops the run,
+    so an hour is announced once, and never before every hour before it is complete."""
+    out = []
+    for h in report["hours"]:
+        if complete_through_ms is not None and h["hour_ms"] < complete_through_ms:
+            continue
+        if h["status"] != "complete":
+            break
+        out.append(h)
+    return out
 
 
 def data_losses(batches: list[BatchRecord], topic: str) -> list[dict]:
@@ -72,22 +120,29 @@ def data_losses(batches: list[BatchRecord], topic: str) -> list[dict]:
 
 
 def offset_gaps(batches: list[BatchRecord], topic: str) -> list[dict]:
-    """Holes and overlaps between consecutive batches' ranges of a partition (a recorded
-    loss is not a hole: the next range starts at the earliest offset on purpose)."""
-    per_partition: dict[int, list[tuple[int, int, int | None, str]]] = {}
-    for r in batches:
-        for x in r.ranges:
-            if x["topic"] == topic and int(x["end"]) > int(x["start"]):
-                per_partition.setdefault(int(x["partition"]), []).append(
-                    (int(x["start"]), int(x["end"]), x.get("lost_start"), r.batch_id))
+    """Holes and overlaps between the batches' ranges of each partition (a recorded loss
+    is not a hole: the range starts past the lost bytes on purpose). Ranges are walked in
+    start order against the furthest end seen so far, so an overlap is found whichever
+    batches it involves."""
+    per_partition: dict[int, list[tuple[int, int, bool, str]]] = {}
+    for record in batches:
+        for r in record.range_list():
+            if r.topic == topic and r.end > r.start:
+                per_partition.setdefault(r.partition, []).append((r.start, r.end, r.lost_start is not None,
+                                                                  record.batch_id))
     gaps = []
     for p, ranges in sorted(per_partition.items()):
         ranges.sort()
-        for (s1, e1, _, b1), (s2, e2, lost2, b2) in zip(ranges, ranges[1:]):
-            if s2 > e1 and lost2 is None:
-                gaps.append({"partition": p, "kind": "hole", "start": e1, "end": s2, "after": b1, "before": b2})
-            elif s2 < e1:
-                gaps.append({"partition": p, "kind": "overlap", "start": s2, "end": e1, "after": b1, "before": b2})
+        reach, reached_by = ranges[0][1], ranges[0][3]
+        for start, end, lost, batch_id in ranges[1:]:
+            if start > reach and not lost:
+                gaps.append({"partition": p, "kind": "hole", "start": reach, "end": start,
+                             "after": reached_by, "before": batch_id})
+            elif start < reach:
+                gaps.append({"partition": p, "kind": "overlap", "start": start, "end": min(end, reach),
+                             "after": reached_by, "before": batch_id})
+            if end > reach:
+                reach, reached_by = end, batch_id
     return gaps
 
 
@@ -95,17 +150,20 @@ def format_report(report: dict) -> str:
     """A readable table for the task log and the demo."""
     lines = [
         f"logbus audit: topic {report['topic']} -> table {report['table']}, {report['start']} .. {report['end']}",
-        f"{'hour (UTC)':<18} {'produced':>10} {'loaded':>10} {'missing':>9} {'duplicated':>10} {'complete':>9}",
+        f"{'hour (UTC)':<18} {'produced':>10} {'loaded':>10} {'rejected':>9} {'missing':>9} {'duplicated':>10} "
+        f"{'complete':>9}  status",
     ]
     for h in report["hours"]:
-        lines.append(f"{h['hour']:<18} {h['produced']:>10} {h['loaded']:>10} {h['missing']:>9} "
-                     f"{h['duplicated']:>10} {h['completeness'] * 100:>8.2f}%")
-    lines.append(f"{'total':<18} {report['produced']:>10} {report['loaded']:>10} {report['missing']:>9} "
-                 f"{report['duplicated']:>10} {report['completeness'] * 100:>8.2f}%")
+        lines.append(f"{h['hour']:<18} {h['produced']:>10} {h['loaded']:>10} {h.get('rejected', 0):>9} "
+                     f"{h['missing']:>9} {h['duplicated']:>10} {h['completeness'] * 100:>8.2f}%  {h.get('status', '')}")
+    lines.append(f"{'total':<18} {report['produced']:>10} {report['loaded']:>10} {report.get('rejected', 0):>9} "
+                 f"{report['missing']:>9} {report['duplicated']:>10} {report['completeness'] * 100:>8.2f}%  "
+                 f"{report.get('status', '')}")
     for loss in report["data_loss"]:
         lines.append(f"data loss: partition {loss['partition']} bytes [{loss['lost_start']}, {loss['lost_end']}) "
                      f"deleted by retention before batch {loss['batch_id']}")
     for gap in report["offset_gaps"]:
         lines.append(f"offset {gap['kind']}: partition {gap['partition']} [{gap['start']}, {gap['end']}) "
                      f"between batches {gap['after']} and {gap['before']}")
+    lines.extend(f"FAILED: {reason}" for reason in report.get("reasons", []))
     return "\n".join(lines)

@@ -19,7 +19,10 @@ from typing import Any
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook
 
 from airflow_provider_logbus.cluster import ClusterConfigError, LogbusCluster, PartitionOffsets
-from airflow_provider_logbus.warehouse import Range, Warehouse, batch_id_for
+from airflow_provider_logbus.batch import DataLossError, PlanError, commit_batch, plan_batch
+from airflow_provider_logbus.plan import BatchPlan
+from airflow_provider_logbus.targets import CommitTarget
+from airflow_provider_logbus.targets.directory import DirectoryTarget
 
 log = logging.getLogger(__name__)
 
@@ -186,79 +189,40 @@ class LogbusHook(BaseHook):
 
         return ConsumerGroup(group, topics, zookeeper=self.cluster_address()["zookeeper"], **kwargs)
 
-    # ------------------------------------------------------------------ the batch's ranges
+    # ------------------------------------------------------------------ the batch protocol (batch.py)
 
-    def snapshot_ranges(self, *, warehouse: str, table: str, topic: str, interval_start: datetime,
-                        interval_end: datetime, group: str | None = None, auto_offset_reset: str = "earliest",
-                        max_bytes_per_partition: int | None = None, on_data_loss: str = "fail") -> dict:
-        """The ranges of this interval's batch (DESIGN §7). Idempotent: a committed batch
-        returns its recorded ranges."""
-        if on_data_loss not in ("fail", "skip"):
-            raise ValueError(f"on_data_loss must be 'fail' or 'skip', not {on_data_loss!r}")
-        if auto_offset_reset not in ("earliest", "latest"):
-            raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {auto_offset_reset!r}")
-        wh = Warehouse(warehouse)
-        batch_id = batch_id_for(interval_start, interval_end)
-        plan = {"batch_id": batch_id, "table": table, "topic": topic, "warehouse": str(warehouse),
-                "interval_start": interval_start.isoformat(), "interval_end": interval_end.isoformat()}
-        committed = wh.batch(table, batch_id)
-        if committed is not None:
-            self.log.info("batch %s is already committed; reusing its ranges", batch_id)
-            return {**plan, "ranges": committed.ranges, "committed": True}
-        cluster = self.get_conn()
-        starts = wh.committed_end_offsets(table, topic)
-        source = "warehouse"
-        if not wh.table_exists(table):
-            starts = cluster.group_offsets(group, topic) if group else {}
-            source = f"group {group!r} offsets" if group else auto_offset_reset
-        ranges = []
-        for p, o in cluster.partition_offsets(topic).items():
-            start = starts.get(p)
-            how = source
-            if start is None:
-                start, how = (o.earliest if auto_offset_reset == "earliest" else o.latest), auto_offset_reset
-            r = Range(topic, p, start, o.latest)
-            if start < o.earliest:
-                if on_data_loss == "fail":
-                    raise LogbusDataLossError(
-                        f"{topic}-{p}: bytes [{start}, {o.earliest}) ({o.earliest - start} bytes) were deleted by "
-                        f"retention before table {table!r} loaded them (the earliest offset is now {o.earliest}); "
-                        "raise the topic's retention or rerun with on_data_loss='skip' to load from the earliest "
-                        "offset and record the loss for the audit")
-                self.log.warning("%s-%d: bytes [%d, %d) lost to retention; skipping to %d",
-                                 topic, p, start, o.earliest, o.earliest)
-                r = Range(topic, p, o.earliest, o.latest, lost_start=start, lost_end=o.earliest)
-            elif start > o.latest:
-                raise AirflowException(
-                    f"{topic}-{p}: start offset {start} (from {how}) is past the partition's end {o.latest}; "
-                    "was the topic recreated?")
-            if max_bytes_per_partition and r.end - r.start > max_bytes_per_partition:
-                r.end = cluster.boundary_at_or_before(topic, p, r.start, max_bytes_per_partition)
-            ranges.append(r.to_dict())
-            self.log.info("%s-%d: [%d, %d) %d bytes (start from %s)", topic, p, r.start, r.end, r.end - r.start, how)
-        return {**plan, "ranges": ranges, "committed": False}
+    def snapshot_ranges(self, *, table: str, topic: str, interval_start: datetime, interval_end: datetime,
+                        warehouse: str | None = None, target: CommitTarget | None = None, group: str | None = None,
+                        auto_offset_reset: str = "earliest", max_bytes_per_partition: int | None = None,
+                        on_data_loss: str = "fail") -> dict:
+        """The ranges of this interval's batch as XCom wants them (`batch.plan_batch`)."""
+        target = target or DirectoryTarget(warehouse or "", table)
+        try:
+            plan = plan_batch(self.get_conn(), target, topic, interval_start, interval_end, group=group,
+                              auto_offset_reset=auto_offset_reset, max_bytes_per_partition=max_bytes_per_partition,
+                              on_data_loss=on_data_loss)
+        except DataLossError as exc:
+            raise LogbusDataLossError(str(exc)) from None
+        except PlanError as exc:
+            raise AirflowException(str(exc)) from None
+        return {**plan.to_dict(), "warehouse": str(warehouse or "")}
 
-    # ------------------------------------------------------------------ commit and audit
-
-    def commit_batch(self, *, warehouse: str, table: str, plan: dict, staging: str, run_id: str,
+    def commit_batch(self, *, table: str, plan: dict, staging: str | None, run_id: str,
+                     warehouse: str | None = None, target: CommitTarget | None = None,
                      group: str | None = None) -> dict:
-        """Publish the staging directory with the plan's ranges, then mirror the offsets
-        to the group in ZooKeeper (for lag monitoring only)."""
-        wh = Warehouse(warehouse)
-        record, now = wh.publish(table, plan["batch_id"], staging, interval_start=plan["interval_start"],
-                                 interval_end=plan["interval_end"], run_id=run_id, ranges=plan["ranges"])
-        if group:
-            ends: dict[str, dict[int, int]] = {}
-            for r in record.ranges:
-                ends.setdefault(r["topic"], {})[int(r["partition"])] = int(r["end"])
-            for topic, offsets in ends.items():
-                self.set_group_offsets(group, topic, offsets)
-        return {**record.to_dict(), "published_now": now}
+        """Publish the staged batch (compare-and-swap on the table's offsets), then mirror
+        the offsets to the group in ZooKeeper (lag monitoring only)."""
+        target = target or DirectoryTarget(warehouse or "", table)
+        result = commit_batch(target, BatchPlan.from_dict(plan), staging, run_id,
+                              cluster=self.get_conn() if group else None, group=group)
+        return {**result.record.to_dict(), "published_now": result.published_now}
 
-    def audit(self, *, warehouse: str, table: str, topic: str, start_ms: int, end_ms: int, threshold: float,
+    def audit(self, *, table: str, topic: str, start_ms: int, end_ms: int, threshold: float,
+              warehouse: str | None = None, target: CommitTarget | None = None,
               monitoring_topic: str = "_logbus_audit") -> dict:
         from airflow_provider_logbus.completeness import build_report
         from airflow_provider_logbus.monitoring import read_produced_counts
 
+        target = target or DirectoryTarget(warehouse or "", table)
         produced = read_produced_counts(self.get_conn(), monitoring_topic)
-        return build_report(table, topic, start_ms, end_ms, produced, Warehouse(warehouse).batches(table), threshold)
+        return build_report(table, topic, start_ms, end_ms, produced, target.batches(), threshold)

@@ -5,55 +5,96 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
-from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
+from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOperator
 
-from airflow_provider_logbus.completeness import format_report
+from airflow_provider_logbus.completeness import format_report, judge, newly_complete_hours
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.warehouse import Warehouse, batch_id_for
+from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.plan import batch_id_for
 
 
 class LogbusCompletenessError(AirflowException):
-    """Completeness under the threshold after the late-data grace period."""
+    """Completeness under the threshold after the late-data grace period, or duplicates."""
+
+
+def complete_hours_asset(table: str) -> Asset:
+    """The Asset announcing that an hour of `table` is complete: one event per hour,
+    with the hour as its partition key (`logbus-complete://<table>`)."""
+    return Asset(uri=f"logbus-complete://{table}", name=f"logbus_complete_{table}")
 
 
 class LogbusAuditOperator(BaseOperator):
-    """Reports produced / loaded / missing / duplicated / completeness per hour of the
-    run's data interval, with data losses and offset holes; keeps the report in XCom and
-    `<warehouse>/_audit/<table>/<interval>.json` and prints it as a table. Fails when
-    completeness < `threshold` once `grace` has passed since the interval end (before
-    that it only warns: late data may still come)."""
+    """Reports produced / loaded / rejected / missing / duplicated / completeness per hour
+    of the run's data interval, with data losses and offset holes or overlaps; keeps the
+    report in XCom and beside the table (`<warehouse>/_audit/<table>/<interval>.json` for
+    the directory target) and prints it as a table.
 
-    template_fields: Sequence[str] = ("warehouse", "table", "topic", "threshold")
+    Fails at once on any duplicate (duplicated rows or overlapping batch ranges: they
+    never heal), and when completeness < `threshold` once `grace` has passed since the
+    interval end (before that it only warns: late data may still come).
 
-    def __init__(self, *, warehouse: str, table: str, topic: str, threshold: float = 0.999,
+    Every hour found complete (at or above the threshold, no duplicate, past its grace),
+    contiguous from the table's `logbus.complete-through` watermark, is announced once:
+    an event of `complete_hours_asset(table)` with the hour as partition key (extra:
+    hour, rows, rejected, completeness), and the watermark advances past it.
+    """
+
+    template_fields: Sequence[str] = ("warehouse", "table", "topic", "threshold", "target")
+
+    def __init__(self, *, table: str, topic: str, warehouse: str | None = None, threshold: float = 0.999,
                  grace: timedelta = timedelta(hours=1), fail_under_threshold: bool = True,
-                 monitoring_topic: str = "_logbus_audit", logbus_conn_id: str = LogbusHook.default_conn_name,
-                 **kwargs: Any) -> None:
+                 monitoring_topic: str = "_logbus_audit", target: str = "directory",
+                 catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID,
+                 logbus_conn_id: str = LogbusHook.default_conn_name, **kwargs: Any) -> None:
+        kwargs.setdefault("outlets", [complete_hours_asset(table)])
         super().__init__(**kwargs)
         self.warehouse, self.table, self.topic, self.threshold = warehouse, table, topic, threshold
         self.grace, self.fail_under_threshold = grace, fail_under_threshold
         self.monitoring_topic, self.logbus_conn_id = monitoring_topic, logbus_conn_id
+        self.target, self.catalog_conn_id = target, catalog_conn_id
 
     def execute(self, context) -> dict:
         start, end = context["data_interval_start"], context["data_interval_end"]
         hook = LogbusHook(self.logbus_conn_id)
+        target = resolve_target(self.target, self.table, warehouse=self.warehouse,
+                                catalog_conn_id=self.catalog_conn_id)
         try:
-            report = hook.audit(warehouse=self.warehouse, table=self.table, topic=self.topic,
+            report = hook.audit(target=target, table=self.table, topic=self.topic,
                                 start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000),
                                 threshold=float(self.threshold), monitoring_topic=self.monitoring_topic)
+            now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+            judge(report, now_ms, int(self.grace.total_seconds() * 1000))
+            report["run_id"] = context["run_id"]
+            path = target.write_audit(batch_id_for(start, end), report)
+            self.log.info("audit report (%s) in %s\n%s", report["status"], path, format_report(report))
+            self._announce(context, target, report)
         finally:
+            target.close()
             hook.close()
-        past_grace = datetime.now(timezone.utc) >= end + self.grace
-        below = report["completeness"] < float(self.threshold)
-        report["status"] = "ok" if not below else ("failed" if past_grace else "pending")
-        report["run_id"] = context["run_id"]
-        path = Warehouse(self.warehouse).write_audit(self.table, batch_id_for(start, end), report)
-        self.log.info("audit report (%s) in %s\n%s", report["status"], path, format_report(report))
-        if below and past_grace and self.fail_under_threshold:
+        duplicated = report["duplicated"] or report["overlaps"]
+        if report["status"] == "failed" and (duplicated or self.fail_under_threshold):
             raise LogbusCompletenessError(
-                f"table {self.table!r} holds {report['completeness']:.4%} of topic {self.topic!r} for "
-                f"{report['start']}..{report['end']} ({report['missing']} missing, {report['duplicated']} "
-                f"duplicated), under the threshold {float(self.threshold):.4%}; report: {path}")
-        if below:
-            self.log.warning("completeness %.4f%% under threshold; grace period not over yet", report["completeness"] * 100)
+                f"audit of table {self.table!r} against topic {self.topic!r} for {report['start']}..{report['end']} "
+                f"failed: {'; '.join(report['reasons'])}; report: {path}")
+        if report["status"] != "ok":
+            self.log.warning("completeness %.4f%% (%s)", report["completeness"] * 100, report["status"])
         return report
+
+    def _announce(self, context, target, report: dict) -> None:
+        hours = newly_complete_hours(report, target.complete_through())
+        report["announced_hours"] = [h["hour"] for h in hours]
+        if not hours:
+            return
+        outlet_events = context.get("outlet_events")
+        if outlet_events is not None:
+            for asset in self.outlets:
+                if isinstance(asset, Asset) and asset.uri.startswith("logbus-complete://"):
+                    accessor = outlet_events[asset]
+                    accessor.extra = {"table": self.table, "topic": self.topic, "hours": {
+                        h["hour"]: {"hour": h["hour"], "rows": h["loaded"], "rejected": h["rejected"],
+                                    "completeness": h["completeness"]} for h in hours}}
+                    if hasattr(accessor, "add_partitions"):  # Airflow >= 3.2: one event per hour
+                        accessor.add_partitions([h["hour"] for h in hours])
+        target.set_complete_through(hours[-1]["hour_ms"] + 3_600_000)
+        self.log.info("announced complete hour(s) %s; complete-through now %s",
+                      ", ".join(report["announced_hours"]), hours[-1]["hour_ms"] + 3_600_000)

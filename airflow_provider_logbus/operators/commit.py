@@ -1,4 +1,5 @@
-"""LogbusCommitOperator: publishes a batch atomically, then mirrors offsets to ZooKeeper."""
+"""LogbusCommitOperator: publishes a batch atomically with its offsets, then mirrors
+the offsets to ZooKeeper."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, Sequence
 from airflow.providers.common.compat.sdk import Asset, BaseOperator
 
 from airflow_provider_logbus.hooks.logbus import LogbusHook
+from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 
 
 def table_asset(table: str) -> Asset:
@@ -15,37 +17,47 @@ def table_asset(table: str) -> Asset:
 
 
 class LogbusCommitOperator(BaseOperator):
-    """Renames the load task's staging directory to `batch_id=<id>/` with
-    `_logbus_batch.json` (ranges from the snapshot, counts from the job): data and offsets
-    in one atomic step. A retry after the rename is a no-op; staging of other attempts
-    is removed. Then advances `group`'s ZooKeeper offsets (monitoring mirror) and emits
-    the table's Asset."""
+    """Publishes the load task's staged batch with the ranges from the snapshot — data
+    and offsets in one atomic step, and only if the batch starts where the table's
+    committed offsets end (a compare-and-swap). A batch whose ranges another run
+    committed first is re-planned onto the rows past the new end, so overlapping runs
+    (backfills, manual triggers) never load a message twice and still succeed. A retry
+    after the publish is a no-op; staging of other attempts is removed. Then advances
+    `group`'s ZooKeeper offsets (monitoring mirror) and emits the table's Asset."""
 
-    template_fields: Sequence[str] = ("warehouse", "table", "group")
+    template_fields: Sequence[str] = ("warehouse", "table", "group", "target")
 
-    def __init__(self, *, warehouse: str, table: str, group: str | None = None,
-                 snapshot_task_id: str = "snapshot", load_task_id: str = "load",
+    def __init__(self, *, table: str, warehouse: str | None = None, group: str | None = None,
+                 snapshot_task_id: str = "snapshot", load_task_id: str = "load", target: str = "directory",
+                 catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID,
                  logbus_conn_id: str = LogbusHook.default_conn_name, **kwargs: Any) -> None:
         kwargs.setdefault("outlets", [table_asset(table)])
         super().__init__(**kwargs)
         self.warehouse, self.table, self.group = warehouse, table, group
         self.snapshot_task_id, self.load_task_id, self.logbus_conn_id = snapshot_task_id, load_task_id, logbus_conn_id
+        self.target, self.catalog_conn_id = target, catalog_conn_id
 
     def execute(self, context) -> dict:
         ti = context["ti"]
         plan = ti.xcom_pull(task_ids=self.snapshot_task_id)
         load = ti.xcom_pull(task_ids=self.load_task_id) or {}
         hook = LogbusHook(self.logbus_conn_id)
+        target = resolve_target(self.target, self.table, warehouse=self.warehouse,
+                                catalog_conn_id=self.catalog_conn_id)
         try:
-            record = hook.commit_batch(warehouse=self.warehouse, table=self.table, plan=plan,
-                                       staging=load.get("staging") or "", run_id=context["run_id"], group=self.group)
+            record = hook.commit_batch(target=target, table=self.table, plan=plan, staging=load.get("staging"),
+                                       run_id=context["run_id"], group=self.group)
         finally:
+            target.close()
             hook.close()
-        self.log.info("batch %s: %d rows, %s", record["batch_id"], record["row_count"],
-                      "published" if record["published_now"] else "already published")
+        replanned = record.get("planned_ranges") is not None
+        self.log.info("batch %s: %d rows, %d rejected, %s%s", record["batch_id"], record["row_count"],
+                      record.get("rejected_count", 0), "published" if record["published_now"] else "already published",
+                      " after re-planning onto the table's committed end" if replanned else "")
         outlet_events = context.get("outlet_events")
         if outlet_events is not None:
             for asset in self.outlets:
                 if isinstance(asset, Asset):
                     outlet_events[asset].extra = {"batch_id": record["batch_id"], "rows": record["row_count"]}
-        return {k: record[k] for k in ("batch_id", "row_count", "ranges", "published_now")}
+        return {k: record.get(k) for k in ("batch_id", "row_count", "rejected_count", "ranges", "planned_ranges",
+                                          "published_now")}

@@ -7,39 +7,47 @@ from typing import Any, Sequence
 from airflow.providers.common.compat.sdk import BaseOperator
 
 from airflow_provider_logbus.hooks.logbus import LogbusHook
+from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 
 
 class LogbusOffsetSnapshotOperator(BaseOperator):
-    """Per partition: start = end of the table's last committed batch (the warehouse is
-    the source of truth; ZooKeeper offsets of `group` only for a new table, then
-    `auto_offset_reset`), end = latest offset now, capped at `max_bytes_per_partition`
-    (on a message boundary). Returns (XCom) {"batch_id", "ranges": [...], "committed", ...};
-    an already committed batch returns its recorded ranges.
+    """Per partition: start = the table's committed end (the table is the source of
+    truth; ZooKeeper offsets of `group` only for a new table, then `auto_offset_reset`),
+    end = latest offset now, capped at `max_bytes_per_partition` (on a message boundary).
+    Returns (XCom) {"batch_id", "ranges": [...], "committed", ...}; an already committed
+    batch returns its recorded ranges.
 
-    `on_data_loss`: "fail" (default) when retention deleted unloaded bytes, naming them;
-    "skip" starts at the earliest offset and records the lost range for the audit.
+    `target`: "directory" (Parquet under `warehouse`) or "iceberg" (catalog connection
+    `catalog_conn_id`). `on_data_loss`: "fail" (default) when retention deleted unloaded
+    bytes, naming them; "skip" starts at the earliest offset and records the lost range
+    for the audit. Overlapping runs may plan the same ranges: the commit decides.
     """
 
     template_fields: Sequence[str] = ("topic", "table", "warehouse", "group", "max_bytes_per_partition",
-                                      "on_data_loss")
+                                      "on_data_loss", "target")
 
-    def __init__(self, *, topic: str, table: str, warehouse: str, group: str | None = None,
+    def __init__(self, *, topic: str, table: str, warehouse: str | None = None, group: str | None = None,
                  auto_offset_reset: str = "earliest", max_bytes_per_partition: int | None = None,
-                 on_data_loss: str = "fail", logbus_conn_id: str = LogbusHook.default_conn_name,
-                 **kwargs: Any) -> None:
+                 on_data_loss: str = "fail", target: str = "directory",
+                 catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID,
+                 logbus_conn_id: str = LogbusHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.topic, self.table, self.warehouse, self.group = topic, table, warehouse, group
         self.auto_offset_reset, self.max_bytes_per_partition = auto_offset_reset, max_bytes_per_partition
         self.on_data_loss, self.logbus_conn_id = on_data_loss, logbus_conn_id
+        self.target, self.catalog_conn_id = target, catalog_conn_id
 
     def execute(self, context) -> dict:
         hook = LogbusHook(self.logbus_conn_id)
+        target = resolve_target(self.target, self.table, warehouse=self.warehouse,
+                                catalog_conn_id=self.catalog_conn_id)
         try:
             cap = int(self.max_bytes_per_partition) if self.max_bytes_per_partition not in (None, "", "None") else None
             return hook.snapshot_ranges(
-                warehouse=self.warehouse, table=self.table, topic=self.topic,
+                warehouse=self.warehouse, target=target, table=self.table, topic=self.topic,
                 interval_start=context["data_interval_start"], interval_end=context["data_interval_end"],
                 group=self.group, auto_offset_reset=self.auto_offset_reset, max_bytes_per_partition=cap,
                 on_data_loss=self.on_data_loss)
         finally:
+            target.close()
             hook.close()

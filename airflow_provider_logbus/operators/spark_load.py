@@ -11,7 +11,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.common.compat.sdk import AirflowNotFoundException, BaseOperator
 
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.warehouse import Warehouse
+from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 
 LOAD_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "load_job.py")
 EMBEDDED_MASTER = "local[*]"
@@ -46,14 +46,16 @@ class LogbusSparkLoadOperator(BaseOperator):
     `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
     Skips the work when the snapshot says the batch is already committed."""
 
-    template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf")
+    template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target")
     template_fields_renderers = {"conf": "json"}
 
-    def __init__(self, *, warehouse: str, table: str, snapshot_task_id: str = "snapshot",
+    def __init__(self, *, table: str, warehouse: str | None = None, snapshot_task_id: str = "snapshot",
                  value_format: str = "json", schema: str | None = None, conn_id: str = "spark_default",
                  logbus_conn_id: str = LogbusHook.default_conn_name, conf: dict[str, Any] | None = None,
-                 fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, **kwargs: Any) -> None:
+                 fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, target: str = "directory",
+                 catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
         self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
         self.logbus_conn_id, self.conf = logbus_conn_id, conf or {}
@@ -81,7 +83,11 @@ class LogbusSparkLoadOperator(BaseOperator):
         if plan.get("committed"):
             self.log.info("batch %s is already committed; nothing to load", plan["batch_id"])
             return {"batch_id": plan["batch_id"], "staging": None, "committed": True}
-        staging = Warehouse(self.warehouse).prepare_staging(self.table, plan["batch_id"], context["ti"].try_number)
+        target = resolve_target(self.target, self.table, warehouse=self.warehouse, catalog_conn_id=self.catalog_conn_id)
+        try:
+            staging = target.prepare_staging(plan["batch_id"], context["ti"].try_number)
+        finally:
+            target.close()
         env = python_environment()
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
                 "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}

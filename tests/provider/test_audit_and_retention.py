@@ -14,7 +14,7 @@ from broker.localcluster import wait_until
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusDataLossError, LogbusHook
 from airflow_provider_logbus.spark.load_job import run_load
-from airflow_provider_logbus.warehouse import Warehouse
+from airflow_provider_logbus.targets.directory import DirectoryTarget
 
 from .conftest import load_dag, use_logbus_connection
 from .helpers import produce, table_rows
@@ -31,8 +31,7 @@ def load_batch(hook: LogbusHook, spark, warehouse, table: str, topic: str, start
     """snapshot → load job (in-process Spark) → commit, as the DAG's tasks do."""
     plan = hook.snapshot_ranges(warehouse=str(warehouse), table=table, topic=topic, interval_start=start,
                                 interval_end=end, **snapshot_kwargs)
-    wh = Warehouse(warehouse)
-    staging = wh.prepare_staging(table, plan["batch_id"], 1)
+    staging = DirectoryTarget(warehouse, table).prepare_staging(plan["batch_id"], 1)
     run_load(spark, plan["ranges"], str(staging), zookeeper=hook.cluster_address()["zookeeper"],
              value_format="json", schema=SCHEMA)
     return hook.commit_batch(warehouse=str(warehouse), table=table, plan=plan, staging=str(staging),

@@ -1,0 +1,100 @@
+"""The batch protocol's two cluster-facing steps, apart from Airflow: fixing a run's
+ranges (the offset snapshot) and committing a loaded batch with its offsets.
+
+The table is the source of truth for where a batch starts; ZooKeeper group offsets are
+read only for a table that has no batch yet, and written after a commit only as a mirror
+for lag monitoring.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime
+
+from airflow_provider_logbus.cluster import LogbusCluster
+from airflow_provider_logbus.plan import BatchPlan, Range, batch_id_for
+from airflow_provider_logbus.targets import CommitResult, CommitTarget
+
+logger = logging.getLogger(__name__)
+
+ON_DATA_LOSS = ("fail", "skip")
+OFFSET_RESETS = ("earliest", "latest")
+
+
+class DataLossError(RuntimeError):
+    """Retention deleted bytes that were never loaded."""
+
+
+class PlanError(RuntimeError):
+    """The ranges cannot be planned (a start past the end: was the topic recreated?)."""
+
+
+def plan_batch(cluster: LogbusCluster, target: CommitTarget, topic: str, interval_start: datetime,
+               interval_end: datetime, *, group: str | None = None, auto_offset_reset: str = "earliest",
+               max_bytes_per_partition: int | None = None, on_data_loss: str = "fail") -> BatchPlan:
+    """The ranges of this interval's batch (DESIGN §7). Idempotent: a committed batch
+    returns its recorded ranges. Overlapping runs may plan the same ranges; the commit's
+    compare-and-swap decides which publishes them."""
+    if on_data_loss not in ON_DATA_LOSS:
+        raise ValueError(f"on_data_loss must be 'fail' or 'skip', not {on_data_loss!r}")
+    if auto_offset_reset not in OFFSET_RESETS:
+        raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {auto_offset_reset!r}")
+    plan = BatchPlan(batch_id=batch_id_for(interval_start, interval_end), table=target.table, topic=topic,
+                     interval_start=interval_start.isoformat(), interval_end=interval_end.isoformat())
+    committed = target.batch(plan.batch_id)
+    if committed is not None:
+        logger.info("batch %s is already committed; reusing its ranges", plan.batch_id)
+        return replace(plan, ranges=tuple(r for r in committed.range_list() if r.topic == topic), committed=True)
+    state = target.state()
+    starts = {p: end for (t, p), end in state.ends.items() if t == topic}
+    source = "table"
+    if not state.exists:
+        starts = cluster.group_offsets(group, topic) if group else {}
+        source = f"group {group!r} offsets" if group else auto_offset_reset
+    ranges = []
+    for p, o in cluster.partition_offsets(topic).items():
+        start, how = starts.get(p), source
+        if start is None:
+            start, how = (o.earliest if auto_offset_reset == "earliest" else o.latest), auto_offset_reset
+        r = Range(topic, p, start, o.latest)
+        if start < o.earliest:
+            if on_data_loss == "fail":
+                raise DataLossError(
+                    f"{topic}-{p}: bytes [{start}, {o.earliest}) ({o.earliest - start} bytes) were deleted by "
+                    f"retention before table {target.table!r} loaded them (the earliest offset is now {o.earliest}); "
+                    "raise the topic's retention or rerun with on_data_loss='skip' to load from the earliest "
+                    "offset and record the loss for the audit")
+            logger.warning("%s-%d: bytes [%d, %d) lost to retention; skipping to %d",
+                           topic, p, start, o.earliest, o.earliest)
+            r = Range(topic, p, o.earliest, o.latest, lost_start=start, lost_end=o.earliest)
+        elif start > o.latest:
+            raise PlanError(f"{topic}-{p}: start offset {start} (from {how}) is past the partition's end "
+                            f"{o.latest}; was the topic recreated?")
+        if max_bytes_per_partition and r.end - r.start > max_bytes_per_partition:
+            r = Range(r.topic, r.partition, r.start,
+                      cluster.boundary_at_or_before(topic, p, r.start, max_bytes_per_partition),
+                      r.lost_start, r.lost_end)
+        ranges.append(r)
+        logger.info("%s-%d: [%d, %d) %d bytes (start from %s)", topic, p, r.start, r.end, r.end - r.start, how)
+    return plan.with_ranges(ranges)
+
+
+def commit_batch(target: CommitTarget, plan: BatchPlan, staging: str | None, run_id: str, *,
+                 cluster: LogbusCluster | None = None, group: str | None = None) -> CommitResult:
+    """Publish the batch with the compare-and-swap of `CommitTarget.commit`, then mirror
+    the table's committed ends to the group's ZooKeeper offsets (lag monitoring only: a
+    failure to mirror is logged, never fails the commit)."""
+    result = target.commit(plan, staging, run_id)
+    if cluster is not None and group:
+        ends: dict[str, dict[int, int]] = {}
+        for r in result.record.range_list():
+            ends.setdefault(r.topic, {})[r.partition] = r.end
+        for topic, offsets in ends.items():
+            try:
+                cluster.set_group_offsets(group, topic, offsets)
+            except Exception as exc:  # noqa: BLE001 - a mirror must not undo a commit
+                logger.warning("committed batch %s, but could not mirror offsets %s of %s to group %r in "
+                               "ZooKeeper (lag monitoring only): %s: %s", plan.batch_id, offsets, topic, group,
+                               type(exc).__name__, exc)
+    return result

@@ -1,0 +1,136 @@
+"""What one load attempt staged, read and reshaped with pyarrow (no Spark, no Airflow).
+
+The Spark load job writes a batch's Parquet files and `_logbus_counts.json` into a
+staging directory (rejected values under `_rejects/`). The commit needs two things from
+it without starting Spark again:
+
+* `trim`: when another run committed first, keep only the rows at or past the table's
+  new committed end — the batch re-plans onto the rows it already holds;
+* `count_windows`: rows per (topic, 10-minute window of the message timestamp) of what
+  remains, so the batch's record stays exact after a trim.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_provider_logbus.plan import Range
+
+logger = logging.getLogger(__name__)
+
+COUNTS_FILE = "_logbus_counts.json"
+REJECTS_DIR = "_rejects"
+COUNT_WINDOW_MS = 600_000
+
+
+class StagingError(RuntimeError):
+    """A staging directory is missing or incomplete; the message says which and why."""
+
+
+@dataclass
+class StagedBatch:
+    """The load job's output for one attempt, as the commit sees it."""
+
+    root: Path
+    counts: list[dict]
+    row_count: int
+    rejected: list[dict] = field(default_factory=list)
+    rejected_count: int = 0
+    window_ms: int = COUNT_WINDOW_MS
+    schema: str | None = None
+    schema_source: str | None = None
+
+    @classmethod
+    def read(cls, root: str | os.PathLike) -> "StagedBatch":
+        root = Path(root)
+        if not root.is_dir():
+            raise StagingError(f"staging directory {root} does not exist; run the load task again")
+        try:
+            info = json.loads((root / COUNTS_FILE).read_text())
+        except FileNotFoundError:
+            raise StagingError(
+                f"staging {root} has no {COUNTS_FILE}: the load job did not finish for this attempt; "
+                "run the load task again") from None
+        return cls(root=root, counts=list(info.get("counts", [])), row_count=int(info.get("row_count", 0)),
+                   rejected=list(info.get("rejected", [])), rejected_count=int(info.get("rejected_count", 0)),
+                   window_ms=int(info.get("window_ms", COUNT_WINDOW_MS)), schema=info.get("schema"),
+                   schema_source=info.get("schema_source"))
+
+    def data_files(self) -> list[Path]:
+        return sorted(p for p in self.root.rglob("*.parquet") if REJECTS_DIR not in p.relative_to(self.root).parts)
+
+    def reject_files(self) -> list[Path]:
+        rejects = self.root / REJECTS_DIR
+        return sorted(rejects.rglob("*.parquet")) if rejects.is_dir() else []
+
+    def write_counts(self) -> None:
+        info = json.loads((self.root / COUNTS_FILE).read_text())
+        info.update(counts=self.counts, row_count=self.row_count, rejected=self.rejected,
+                    rejected_count=self.rejected_count)
+        tmp = self.root.parent / f".{COUNTS_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.write_text(json.dumps(info, indent=1, sort_keys=True))
+        os.replace(tmp, self.root / COUNTS_FILE)
+
+    def trim(self, ranges: list[Range]) -> "StagedBatch":
+        """Drop the rows outside `ranges` (only ever rows below a range's new start, after
+        `plan.rebase`) from data and rejects, rewriting only the files that mix both, and
+        recount. The counts file is rewritten too, so a later retry of the commit sees the
+        trimmed attempt as it is on disk."""
+        keep_from = {r.key: r.start for r in ranges}
+        for path in self.data_files() + self.reject_files():
+            _trim_file(path, keep_from)
+        self.counts, self.row_count = count_windows(self.data_files(), self.window_ms)
+        self.rejected, self.rejected_count = count_windows(self.reject_files(), self.window_ms)
+        self.write_counts()
+        logger.info("trimmed staging %s to %d rows and %d rejects", self.root, self.row_count, self.rejected_count)
+        return self
+
+
+def _trim_file(path: Path, keep_from: dict[tuple[str, int], int]) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)  # one file alone: Hive partition columns stay in the path
+    if table.num_rows == 0:
+        return
+    keep = pa.array([True] * table.num_rows)
+    for (topic, partition), start in keep_from.items():
+        here = pc.and_(pc.equal(table["topic"], topic), pc.equal(table["partition"], partition))
+        keep = pc.and_(keep, pc.or_(pc.invert(here), pc.greater_equal(table["offset"], start)))
+    kept = int(pc.sum(keep.cast("int64")).as_py() or 0)
+    if kept == table.num_rows:
+        return
+    if kept == 0:
+        path.unlink()
+        return
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    pq.write_table(table.filter(keep), tmp)
+    os.replace(tmp, path)
+
+
+def count_windows(files: list[Path], window_ms: int = COUNT_WINDOW_MS) -> tuple[list[dict], int]:
+    """Rows per (topic, window of the message timestamp) in Parquet `files`, sorted."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    counts: dict[tuple[str, int], int] = {}
+    for path in files:
+        table = pq.read_table(path, columns=["topic", "timestamp"])
+        if table.num_rows == 0:
+            continue
+        ts = table["timestamp"]
+        ms = pc.cast(ts, pa.timestamp("ms", tz=ts.type.tz), safe=False).cast(pa.int64())
+        windows = pc.multiply(pc.divide(ms, window_ms), window_ms)
+        grouped = pa.table({"topic": table["topic"], "window": windows}).group_by(["topic", "window"]).aggregate(
+            [("window", "count")])
+        for topic, window, n in zip(*(grouped[c].to_pylist() for c in ("topic", "window", "window_count"))):
+            counts[(topic, window)] = counts.get((topic, window), 0) + n
+    rows = [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())]
+    return rows, sum(counts.values())

@@ -1,0 +1,228 @@
+"""The commit-target interface: where batches land, and the one commit protocol both
+targets share (DESIGN §7).
+
+A table is the source of truth for its own offsets: every committed batch records the
+byte ranges it loaded, and the table's committed end per partition is where the next
+batch must start. Runs of one table may overlap (a backfill has its own concurrency, a
+manual trigger runs beside the schedule), so the commit is a compare-and-swap:
+
+1. read the table's state (committed ends, committed batch ids, a version token);
+2. if this batch id is already committed, stop: the retry is a no-op;
+3. rebase the plan's ranges onto the committed ends: a batch that lost the race keeps
+   only its rows at or past the new end (`plan.rebase`, `StagedBatch.trim`), so it
+   never publishes an overlap and needs no second read of the broker;
+4. publish data and record together *only if the version token is unchanged* — a
+   directory rename under the table's lock, or a catalog commit that asserts the current
+   snapshot — otherwise go back to 1.
+
+A target implements the reading, the staging location and the conditional publish; the
+loop lives here once.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow_provider_logbus.plan import BatchPlan, Range, rebase
+from airflow_provider_logbus.staged import COUNT_WINDOW_MS, StagedBatch
+
+logger = logging.getLogger(__name__)
+
+
+class TargetError(RuntimeError):
+    """A table cannot be read or written; the message names the table and the fix."""
+
+
+class CommitConflictError(TargetError):
+    """The batch kept losing the commit race, or cannot follow the table's committed end."""
+
+
+@dataclass
+class BatchRecord:
+    """The proof of what a batch loaded: ranges, counts per 10-minute window of the
+    message timestamp (accepted and rejected), run id. `planned_ranges` holds the
+    snapshot's ranges when the batch was re-planned at commit (it lost a race)."""
+
+    table: str
+    batch_id: str
+    interval_start: str
+    interval_end: str
+    run_id: str
+    ranges: list[dict]
+    counts: list[dict]  # {"topic", "window_start", "count"}
+    row_count: int
+    committed_at: str = ""
+    attempt: str = ""
+    window_ms: int = COUNT_WINDOW_MS
+    rejected: list[dict] = field(default_factory=list)
+    rejected_count: int = 0
+    schema: str | None = None
+    schema_source: str | None = None
+    planned_ranges: list[dict] | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BatchRecord":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def range_list(self) -> list[Range]:
+        return [Range.from_dict(r) for r in self.ranges]
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return {r.partition: r.end for r in self.range_list() if r.topic == topic}
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A consistent read of a table: `token` changes with every commit."""
+
+    ends: dict[tuple[str, int], int]
+    batch_ids: frozenset[str]
+    token: Any
+    exists: bool
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    record: BatchRecord
+    published_now: bool
+
+    @property
+    def replanned(self) -> bool:
+        return self.record.planned_ranges is not None
+
+
+def committed_ends(records: list[BatchRecord]) -> dict[tuple[str, int], int]:
+    """Per (topic, partition), the largest end any committed batch recorded."""
+    ends: dict[tuple[str, int], int] = {}
+    for record in records:
+        for r in record.range_list():
+            ends[r.key] = max(r.end, ends.get(r.key, r.end))
+    return ends
+
+
+class CommitTarget(ABC):
+    """One table of one target kind. `layout` tells the Spark load job how to write."""
+
+    layout: str = "directory"
+    max_commit_rounds: int = 50
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    # ----------------------------------------------------------------- reading
+
+    @abstractmethod
+    def state(self) -> TableState:
+        """Committed ends, batch ids and the version token, read together."""
+
+    @abstractmethod
+    def batch(self, batch_id: str) -> BatchRecord | None:
+        """The record of a committed batch, or None."""
+
+    @abstractmethod
+    def batches(self) -> list[BatchRecord]:
+        """Every committed batch, oldest interval first (the audit's input)."""
+
+    def exists(self) -> bool:
+        return self.state().exists
+
+    def committed_end_offsets(self, topic: str) -> dict[int, int]:
+        return {p: end for (t, p), end in self.state().ends.items() if t == topic}
+
+    # ----------------------------------------------------------------- writing
+
+    @abstractmethod
+    def prepare_staging(self, batch_id: str, attempt: int | str) -> str:
+        """A fresh, empty location for one load attempt's files."""
+
+    @abstractmethod
+    def remove_attempts(self, batch_id: str, keep: str | None = None) -> None:
+        """Delete staging left by other (failed or superseded) attempts of a batch."""
+
+    @abstractmethod
+    def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
+        """Make data and record visible at once, only if the table is still at
+        `state.token`. False when another commit came first (nothing changed)."""
+
+    def commit(self, plan: BatchPlan, staging: str | None, run_id: str) -> CommitResult:
+        """The compare-and-swap commit (module docstring). Idempotent per batch id."""
+        ranges = list(plan.ranges)
+        staged: StagedBatch | None = None
+        for _ in range(self.max_commit_rounds):
+            state = self.state()
+            if plan.batch_id in state.batch_ids:
+                record = self.batch(plan.batch_id)
+                if record is not None:
+                    logger.info("batch %s of %s is already committed; nothing to do", plan.batch_id, self.table)
+                    self.remove_attempts(plan.batch_id)
+                    return CommitResult(record, False)
+            if staged is None:
+                if not staging:
+                    raise TargetError(f"batch {plan.batch_id} of {self.table} has no staging: run the load task again")
+                staged = StagedBatch.read(staging)
+            try:
+                rebased = rebase(ranges, state.ends)
+            except ValueError as exc:
+                raise CommitConflictError(
+                    f"batch {plan.batch_id} cannot follow table {self.table!r}: {exc}; clear the run's snapshot "
+                    "task so that it plans again from the table's committed ends") from None
+            if rebased != ranges:
+                logger.warning(
+                    "batch %s of %s: another run committed these offsets first (%s); re-planning onto %s and "
+                    "keeping only the rows past the table's committed end", plan.batch_id, self.table,
+                    describe(ranges), describe(rebased))
+                staged.trim(rebased)
+                ranges = rebased
+            record = self._record(plan, ranges, staged, run_id)
+            if self.publish(state, record, staged):
+                self.remove_attempts(plan.batch_id, keep=str(staged.root))
+                logger.info("committed batch %s of %s: %d rows, %d rejected%s", plan.batch_id, self.table,
+                            record.row_count, record.rejected_count,
+                            " (re-planned after a concurrent commit)" if record.planned_ranges else "")
+                return CommitResult(record, True)
+            logger.info("batch %s of %s: another batch committed meanwhile; reading the table again",
+                        plan.batch_id, self.table)
+        raise CommitConflictError(
+            f"batch {plan.batch_id} of {self.table} lost the commit race {self.max_commit_rounds} times in a row")
+
+    def _record(self, plan: BatchPlan, ranges: list[Range], staged: StagedBatch, run_id: str) -> BatchRecord:
+        planned = [r.to_dict() for r in plan.ranges]
+        final = [r.to_dict() for r in ranges]
+        return BatchRecord(
+            table=self.table, batch_id=plan.batch_id, interval_start=plan.interval_start,
+            interval_end=plan.interval_end, run_id=run_id, ranges=final, counts=staged.counts,
+            row_count=staged.row_count, committed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            attempt=staged.root.name, window_ms=staged.window_ms, rejected=staged.rejected,
+            rejected_count=staged.rejected_count, schema=staged.schema, schema_source=staged.schema_source,
+            planned_ranges=None if final == planned else planned)
+
+    # ----------------------------------------------------------------- audit
+
+    @abstractmethod
+    def write_audit(self, audit_id: str, report: dict) -> str:
+        """Keep an audit report beside the table; returns where."""
+
+    @abstractmethod
+    def complete_through(self) -> int | None:
+        """The `logbus.complete-through` watermark (ms): every hour before it was found
+        complete by an audit and announced."""
+
+    @abstractmethod
+    def set_complete_through(self, ms: int) -> None:
+        """Advance the watermark (never backwards)."""
+
+    def close(self) -> None:
+        """Release catalog connections."""
+
+
+def describe(ranges: list[Range]) -> str:
+    return ", ".join(f"{r.topic}-{r.partition} [{r.start}, {r.end})" for r in ranges)

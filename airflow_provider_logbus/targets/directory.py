@@ -1,0 +1,185 @@
+"""The Parquet-directory target: one directory per batch, published by one rename.
+
+::
+
+    <warehouse>/<table>/_staging/<batch_id>.<attempt>/     written by one load attempt
+        event_date=.../event_hour=.../part-*.parquet
+        _rejects/part-*.parquet                             values that did not parse
+        _logbus_counts.json                                 rows per (topic, 10-minute window)
+    <warehouse>/<table>/batch_id=<batch_id>/                the same directory, after one rename
+        _logbus_batch.json                                  ranges, counts, run id, row count
+    <warehouse>/<table>/_logbus_commit.lock                 serializes check-and-rename
+    <warehouse>/<table>/_logbus_complete_through.json       the audit's complete-through watermark
+    <warehouse>/_audit/<table>/                             audit reports
+
+`rename(2)` is atomic on a local or POSIX-mounted filesystem (and on HDFS), so a reader —
+plain `spark.read.parquet("<warehouse>/<table>")` or the next offset snapshot — sees all
+of a batch or none of it. The compare-and-swap of the commit holds a POSIX record lock
+(`fcntl.lockf`) on the table's lock file while it re-lists the committed batches and
+renames: the kernel (or the NFS lock manager) releases it when the holder dies, even by
+SIGKILL, so a killed commit never blocks the table.
+
+Pure Python (pathlib, os, fcntl); usable without Airflow.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from airflow_provider_logbus.staged import StagedBatch
+from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget, TableState, TargetError, committed_ends
+
+logger = logging.getLogger(__name__)
+
+BATCH_RECORD = "_logbus_batch.json"
+STAGING = "_staging"
+AUDIT_DIR = "_audit"
+LOCK_FILE = "_logbus_commit.lock"
+COMPLETE_THROUGH = "_logbus_complete_through.json"
+BATCH_PREFIX = "batch_id="
+
+
+def write_json_atomic(path: Path, obj, tmp_dir: Path | None = None) -> None:
+    """Write a JSON file so that readers see the old file or the new one, never half.
+    The temporary file lives in `tmp_dir` (default: beside the target), so a writer
+    killed mid-way leaves nothing inside a directory that is about to be published."""
+    tmp = (tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class DirectoryTarget(CommitTarget):
+    """A table under a local (or POSIX-mounted) warehouse directory."""
+
+    layout = "directory"
+
+    def __init__(self, warehouse: str | os.PathLike, table: str) -> None:
+        if not str(warehouse):
+            raise TargetError("the warehouse path is empty")
+        if not table or "/" in table or table.startswith(("_", ".")):
+            raise TargetError(f"invalid table name {table!r}: no '/', and not starting with '_' or '.'")
+        super().__init__(table)
+        self.root = Path(warehouse)
+        self.table_dir = self.root / table
+
+    def __repr__(self) -> str:
+        return f"DirectoryTarget({str(self.root)!r}, {self.table!r})"
+
+    def batch_dir(self, batch_id: str) -> Path:
+        return self.table_dir / f"{BATCH_PREFIX}{batch_id}"
+
+    def audit_dir(self) -> Path:
+        return self.root / AUDIT_DIR / self.table
+
+    # ----------------------------------------------------------------- reading
+
+    def _batch_ids(self) -> list[str]:
+        if not self.table_dir.is_dir():
+            return []
+        return sorted(child.name[len(BATCH_PREFIX):] for child in self.table_dir.iterdir()
+                      if child.name.startswith(BATCH_PREFIX) and (child / BATCH_RECORD).exists())
+
+    def batch(self, batch_id: str) -> BatchRecord | None:
+        path = self.batch_dir(batch_id) / BATCH_RECORD
+        try:
+            return BatchRecord.from_dict(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as exc:
+            raise TargetError(f"unreadable batch record {path}: {exc}") from None
+
+    def batches(self) -> list[BatchRecord]:
+        records = [r for r in (self.batch(b) for b in self._batch_ids()) if r is not None]
+        return sorted(records, key=lambda r: (r.interval_end, r.batch_id))
+
+    def state(self) -> TableState:
+        ids = self._batch_ids()
+        records = [r for r in (self.batch(b) for b in ids) if r is not None]
+        return TableState(ends=committed_ends(records), batch_ids=frozenset(ids), token=frozenset(ids),
+                          exists=bool(ids))
+
+    # ----------------------------------------------------------------- writing
+
+    def prepare_staging(self, batch_id: str, attempt: int | str) -> str:
+        staging = self.table_dir / STAGING / f"{batch_id}.{attempt}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        return str(staging)
+
+    def remove_attempts(self, batch_id: str, keep: str | None = None) -> None:
+        staging_root = self.table_dir / STAGING
+        if not staging_root.is_dir():
+            return
+        for child in staging_root.iterdir():
+            if child.name.rsplit(".", 1)[0] == batch_id and str(child) != keep and child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.table_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.table_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
+        staging = staged.root
+        write_json_atomic(staging / BATCH_RECORD, record.to_dict(), tmp_dir=staging.parent)
+        final = self.batch_dir(record.batch_id)
+        with self._locked():
+            if frozenset(self._batch_ids()) != state.token:
+                return False
+            try:
+                os.rename(staging, final)  # the commit point: data and offsets together
+            except OSError as exc:
+                raise TargetError(f"cannot publish {staging} as {final}: {exc}") from None
+        fsync_dir(final.parent)
+        return True
+
+    # ----------------------------------------------------------------- audit
+
+    def write_audit(self, audit_id: str, report: dict) -> str:
+        directory = self.audit_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{audit_id}.json"
+        write_json_atomic(path, report)
+        return str(path)
+
+    def complete_through(self) -> int | None:
+        try:
+            return int(json.loads((self.table_dir / COMPLETE_THROUGH).read_text())["complete_through_ms"])
+        except FileNotFoundError:
+            return None
+
+    def set_complete_through(self, ms: int) -> None:
+        with self._locked():
+            current = self.complete_through()
+            if current is None or ms > current:
+                write_json_atomic(self.table_dir / COMPLETE_THROUGH, {"complete_through_ms": ms})

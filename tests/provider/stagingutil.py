@@ -1,0 +1,92 @@
+"""Staged batches written with pyarrow exactly as the load job lays them out, and a child
+process that commits one — so the commit protocol can be raced and killed for real
+without starting Spark for every attempt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+ENTRY = 100  # bytes per message: offsets start, start+100, ...
+T0 = 1_704_067_200_000  # 2024-01-01T00:00Z
+
+
+def offsets(start: int, end: int) -> range:
+    return range(start, end, ENTRY)
+
+
+def write_staging(staging: str | os.PathLike, ranges: list[dict], layout: str = "directory") -> int:
+    """Rows for every message of `ranges` (timestamp = T0 + offset ms), counts file beside."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_logbus.staged import COUNTS_FILE, count_windows
+
+    staging = Path(staging)
+    rows = [(r["topic"], int(r["partition"]), o) for r in ranges for o in offsets(int(r["start"]), int(r["end"]))]
+    directory = staging / ("event_date=2024-01-01/event_hour=0" if layout == "directory" else "logbus_hour=473352")
+    directory.mkdir(parents=True, exist_ok=True)
+    if rows:
+        table = pa.table({
+            "topic": pa.array([r[0] for r in rows], pa.string()),
+            "partition": pa.array([r[1] for r in rows], pa.int32()),
+            "offset": pa.array([r[2] for r in rows], pa.int64()),
+            "timestamp": pa.array([T0 + r[2] for r in rows], pa.timestamp("ms", tz="UTC")).cast(
+                pa.timestamp("us", tz="UTC")),
+            "key": pa.array([None] * len(rows), pa.binary()),
+            "value": pa.array([b"{}"] * len(rows), pa.binary()),
+        })
+        pq.write_table(table, directory / f"part-{uuid.uuid4().hex}.parquet")
+    counts, n = count_windows(sorted(staging.rglob("*.parquet")))
+    (staging / COUNTS_FILE).write_text(json.dumps({"counts": counts, "row_count": n, "window_ms": 600_000,
+                                                   "rejected": [], "rejected_count": 0}))
+    return n
+
+
+def plan(batch_id: str, ranges: list[dict], table: str = "tbl") -> dict:
+    return {"batch_id": batch_id, "table": table, "topic": ranges[0]["topic"], "interval_start": batch_id,
+            "interval_end": batch_id, "ranges": ranges, "committed": False}
+
+
+def child_command(warehouse: str, plan_dict: dict, staging: str, result: str, *, barrier: str | None = None,
+                  kill_at: str | None = None) -> list[str]:
+    return [sys.executable, "-m", "tests.provider.stagingutil", json.dumps({
+        "warehouse": warehouse, "plan": plan_dict, "staging": staging, "result": result, "barrier": barrier,
+        "kill_at": kill_at})]
+
+
+def _child(args: dict) -> None:
+    """Commit one staged batch; wait for `barrier` to exist first (so that several
+    children commit at the same moment); SIGKILL itself at `kill_at`:
+    "before-rename" (record written into staging) or "after-rename" (published, not yet
+    reported)."""
+    import time
+
+    from airflow_provider_logbus.plan import BatchPlan
+    from airflow_provider_logbus.targets.directory import DirectoryTarget
+
+    if args["kill_at"]:
+        real_rename = os.rename
+
+        def rename(src, dst):
+            if args["kill_at"] == "before-rename":
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_rename(src, dst)
+            if args["kill_at"] == "after-rename":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        os.rename = rename
+    if args["barrier"]:
+        while not os.path.exists(args["barrier"]):
+            time.sleep(0.001)
+    plan_obj = BatchPlan.from_dict(args["plan"])
+    result = DirectoryTarget(args["warehouse"], plan_obj.table).commit(plan_obj, args["staging"], "run")
+    Path(args["result"]).write_text(json.dumps({**result.record.to_dict(), "published_now": result.published_now}))
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))

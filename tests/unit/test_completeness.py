@@ -1,0 +1,74 @@
+"""The audit's arithmetic and verdicts, on batch records built by hand."""
+
+from __future__ import annotations
+
+from airflow_provider_logbus.completeness import build_report, judge, newly_complete_hours, offset_gaps
+from airflow_provider_logbus.targets.base import BatchRecord
+
+H = 3_600_000
+T0 = 1_704_067_200_000  # 2024-01-01T00:00Z
+
+
+def record(batch_id: str, ranges: list[tuple[int, int, int]], counts: dict[int, int],
+           rejected: dict[int, int] | None = None) -> BatchRecord:
+    return BatchRecord(
+        table="tbl", batch_id=batch_id, interval_start="", interval_end=batch_id, run_id="r",
+        ranges=[{"topic": "t", "partition": p, "start": s, "end": e} for p, s, e in ranges],
+        counts=[{"topic": "t", "window_start": w, "count": n} for w, n in counts.items()],
+        row_count=sum(counts.values()),
+        rejected=[{"topic": "t", "window_start": w, "count": n} for w, n in (rejected or {}).items()],
+        rejected_count=sum((rejected or {}).values()))
+
+
+def report(batches, produced: dict[int, int], threshold=0.999):
+    return build_report("tbl", "t", T0, T0 + 2 * H, {("t", w): n for w, n in produced.items()}, batches, threshold)
+
+
+def test_produced_equals_loaded_plus_rejected_plus_missing_per_hour():
+    r = report([record("b1", [(0, 0, 100)], {T0: 90, T0 + H: 40}, rejected={T0: 5})], {T0: 100, T0 + H: 40})
+    first = r["hours"][0]
+    assert (first["produced"], first["loaded"], first["rejected"], first["missing"]) == (100, 90, 5, 5)
+    assert (r["produced"], r["loaded"], r["rejected"], r["missing"], r["duplicated"]) == (140, 130, 5, 5, 0)
+
+
+def test_a_batch_recorded_twice_fails_the_audit_naming_both_batches_and_the_range():
+    once = record("b1", [(0, 0, 100)], {T0: 10})
+    twice = record("b1-copy", [(0, 0, 100)], {T0: 10})
+    r = judge(report([once, twice], {T0: 10}), now_ms=T0, grace_ms=10 * H)
+    assert r["status"] == "failed" and r["duplicated"] == 10
+    assert "bytes [0, 100) loaded by both batch b1 and batch b1-copy" in r["reasons"][0]
+
+
+def test_overlapping_ranges_fail_the_audit_even_when_counts_balance():
+    a = record("a", [(0, 0, 100)], {T0: 5})
+    b = record("b", [(0, 50, 150)], {T0: 5})
+    r = judge(report([a, b], {T0: 10}), now_ms=T0, grace_ms=0)
+    assert r["duplicated"] == 0 and r["status"] == "failed"
+    assert r["overlaps"] == [{"partition": 0, "kind": "overlap", "start": 50, "end": 100, "after": "a", "before": "b"}]
+
+
+def test_gaps_are_measured_against_the_furthest_end_seen():
+    wide, inside, after = (record("w", [(0, 0, 300)], {}), record("i", [(0, 100, 200)], {}),
+                           record("x", [(0, 250, 400)], {}))
+    kinds = [(g["kind"], g["start"], g["end"]) for g in offset_gaps([wide, inside, after], "t")]
+    assert kinds == [("overlap", 100, 200), ("overlap", 250, 300)]
+
+
+def test_missing_rows_are_pending_before_the_grace_and_failed_after():
+    batches = [record("b1", [(0, 0, 100)], {T0: 90})]
+    assert judge(report(batches, {T0: 100}), now_ms=T0 + 2 * H, grace_ms=H)["status"] == "pending"
+    assert judge(report(batches, {T0: 100}), now_ms=T0 + 3 * H, grace_ms=H)["status"] == "failed"
+
+
+def test_complete_hours_are_announced_once_and_in_order():
+    batches = [record("b1", [(0, 0, 100)], {T0: 10, T0 + H: 3})]
+    r = judge(report(batches, {T0: 10, T0 + H: 5}), now_ms=T0 + 5 * H, grace_ms=0)
+    assert [h["status"] for h in r["hours"]] == ["complete", "incomplete"]
+    assert [h["hour_ms"] for h in newly_complete_hours(r, None)] == [T0]
+    assert newly_complete_hours(r, T0 + H) == []  # hour 1 is incomplete: nothing to announce
+
+
+def test_an_incomplete_hour_blocks_later_complete_hours():
+    batches = [record("b1", [(0, 0, 100)], {T0: 5, T0 + H: 5})]
+    r = judge(report(batches, {T0: 10, T0 + H: 5}), now_ms=T0 + 5 * H, grace_ms=0)
+    assert newly_complete_hours(r, None) == []
