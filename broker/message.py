@@ -5,16 +5,22 @@ An entry on the wire and on disk::
     int32 size | int8 magic | int8 attributes | uint32 crc | int64 timestamp
     | int32 key_length | key | value
 
-The CRC is CRC-32C of every byte after the crc field. The broker never builds Python
-objects per message: it validates a set with `scan`, which walks the buffer with
-`struct.unpack_from` and checks CRCs over memoryview slices. Clients decode with
-`iter_messages`, which yields one `Message` per (possibly decompressed) message.
+Magic 2 (what producers write) has a CRC-32C over magic, attributes and every byte
+after the crc field, so a flipped codec bit is caught like any other corruption;
+magic 1 (still read) covered only the bytes after the crc field. The broker never
+builds Python objects per message: it validates a set with `scan`, which walks the
+buffer with `struct.unpack_from` and checks CRCs over memoryview slices, and looks
+inside compressed entries (`validate_message_set`) so that nothing it acknowledges is
+undecodable. Clients decode with `iter_messages`, which yields one `Message` per
+(possibly decompressed) message and raises `CorruptEntry` — naming the entry's offset
+and size, so a reader can step past it — at the first entry it cannot decode.
 """
 
 from __future__ import annotations
 
 import enum
 import gzip
+import zlib
 import struct
 import time
 from dataclasses import dataclass
@@ -24,11 +30,13 @@ import crcmod.predefined
 
 from broker.errors import InvalidMessage, MessageTooLarge
 
-MAGIC = 1
+MAGIC = 2  # written: the CRC covers magic and attributes too
+MAGIC_V1 = 1  # still read: the CRC covers the bytes after the crc field only
+MAGICS = (MAGIC_V1, MAGIC)
 HEADER = struct.Struct(">ibbIqi")
 HEADER_SIZE = HEADER.size  # 22: the per-message overhead
 SIZE_FIELD = 4
-CRC_END = 10  # bytes before the first CRC-covered byte
+CRC_END = 10  # bytes before the first CRC-covered byte after the crc field
 MIN_ENTRY_SIZE = HEADER_SIZE - SIZE_FIELD  # value of `size` for an empty key and value
 CODEC_MASK = 0x07
 _SIZE = struct.Struct(">i")
@@ -53,6 +61,19 @@ def _fastest_crc32c() -> Callable[[bytes | memoryview], int]:
 
 
 checksum = _fastest_crc32c()
+
+
+# CRC-32C of the two bytes (magic 2, attributes), by attributes & 0xFF: a magic-2 CRC
+# continues from one of these, so checking it costs one call over one slice, as magic 1 did.
+V2_SEEDS = tuple(crc32c(bytes([MAGIC, a])) for a in range(256))
+
+
+def entry_crc(view: memoryview, pos: int, entry_end: int, magic: int, attributes: int) -> int:
+    """The CRC an entry at `pos` should carry, per its magic: magic 2 covers magic,
+    attributes and `[pos+10, entry_end)`; magic 1 only the latter."""
+    if magic == MAGIC:
+        return checksum(view[pos + CRC_END : entry_end], V2_SEEDS[attributes & 0xFF])
+    return checksum(view[pos + CRC_END : entry_end])
 
 
 class Codec(enum.IntEnum):
@@ -110,17 +131,55 @@ def compress(codec: Codec, data: bytes) -> bytes:
     return _optional_codec(codec)[0](data)
 
 
-def decompress(codec: Codec, data: bytes) -> bytes:
+DEFAULT_MAX_DECOMPRESSED = 64 << 20
+
+
+def decompress(codec: Codec, data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+    """Decompress a wrapper's value, refusing output over `max_bytes` (a gzip bomb of a
+    few KiB must not make the broker allocate gigabytes)."""
     if codec is Codec.NONE:
-        return data
+        return bytes(data)
     try:
         if codec is Codec.GZIP:
-            return gzip.decompress(data)
-        return _optional_codec(codec)[1](data)
+            out = _gunzip_bounded(data, max_bytes)
+        elif codec is Codec.ZSTD:
+            import zstandard  # type: ignore[import-not-found]
+
+            with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
+                out, chunk = bytearray(), b"x"
+                while chunk and len(out) <= max_bytes:
+                    chunk = reader.read(max_bytes + 1 - len(out))
+                    out += chunk
+                out = bytes(out)
+        else:
+            out = _optional_codec(codec)[1](bytes(data))
     except InvalidMessage:
         raise
+    except ImportError as exc:
+        raise InvalidMessage(f"compression codec {codec.name.lower()} needs the 'zstandard' package") from exc
     except Exception as exc:  # every codec library has its own error classes
         raise InvalidMessage(f"cannot decompress a {codec.name.lower()} entry: {exc}") from exc
+    if len(out) > max_bytes:
+        raise InvalidMessage(f"a {codec.name.lower()} entry decompresses to more than {max_bytes} bytes")
+    return out
+
+
+def _gunzip_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
+    """gzip.decompress with a bound on the output, member by member; zlib checks each
+    member's trailer CRC and length."""
+    out = bytearray()
+    rest = bytes(data)
+    if not rest:
+        raise InvalidMessage("cannot decompress a gzip entry: empty value")
+    while rest:
+        d = zlib.decompressobj(wbits=31)
+        out += d.decompress(rest, max_bytes + 1 - len(out))
+        if len(out) > max_bytes:
+            raise InvalidMessage(f"a gzip entry decompresses to more than {max_bytes} bytes")
+        if not d.eof:
+            raise InvalidMessage("cannot decompress a gzip entry: truncated gzip stream")
+        rest = d.unused_data
+    return bytes(out)
 
 
 def now_ms() -> int:
@@ -128,7 +187,7 @@ def now_ms() -> int:
 
 
 _ENTRY_HEAD = struct.Struct(">ibbI")  # size, magic, attributes, crc
-_ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first CRC-covered bytes
+_ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first bytes after the crc
 
 
 def append_entry(
@@ -144,7 +203,8 @@ def append_entry(
     if key:
         covered += key
     covered += value
-    out += _ENTRY_HEAD.pack(len(covered) + 6, MAGIC, attributes, checksum(covered))
+    crc = checksum(covered, V2_SEEDS[attributes & 0xFF])
+    out += _ENTRY_HEAD.pack(len(covered) + 6, MAGIC, attributes, crc)
     out += covered
 
 
@@ -184,6 +244,7 @@ class ScanResult:
     max_timestamp: int
     error: str | None  # why the scan stopped before the end, None at a clean end
     too_large: bool = False  # it stopped at a valid entry over `max_message_bytes`
+    compressed: int = 0  # entries in the valid prefix whose value is a compressed set
 
     @property
     def partial_tail(self) -> bool:
@@ -205,6 +266,8 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     unpack, crc_of = HEADER.unpack_from, checksum
     header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
     error, too_large = None, False
+    compressed = 0
+    v2, seeds = MAGIC, V2_SEEDS  # attributes are checked to be 0..4 before the CRC
     try:
         while pos < end:
             if end - pos < header_size:
@@ -218,10 +281,10 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             if entry_end > end:
                 error = f"partial entry at byte {pos}: needs {size + 4} bytes, {end - pos} left"
                 break
-            if magic != 1 or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
+            if not 1 <= magic <= v2 or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
                 error = _header_error(pos, magic, attributes, key_length)
                 break
-            if crc_of(view[pos + 10 : entry_end]) != crc:
+            if crc_of(view[pos + 10 : entry_end], seeds[attributes] if magic == v2 else 0) != crc:
                 error = f"CRC mismatch at byte {pos}"
                 break
             if max_message_bytes and size + 4 > max_message_bytes:
@@ -229,6 +292,8 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
                 too_large = True
                 break
             count += 1
+            if attributes:
+                compressed += 1
             if timestamp < min_ts:
                 min_ts = timestamp
             if timestamp > max_ts:
@@ -236,20 +301,24 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             pos = entry_end
     finally:
         view.release()
-    return ScanResult(pos, count, min_ts if count else -1, max_ts, error, too_large)
+    return ScanResult(pos, count, min_ts if count else -1, max_ts, error, too_large, compressed)
 
 
 def _header_error(pos: int, magic: int, attributes: int, key_length: int) -> str:
-    if magic != MAGIC:
+    if magic not in MAGICS:
         return f"unknown magic {magic} at byte {pos}"
     if not 0 <= attributes <= Codec.ZSTD:
         return f"unknown attributes {attributes:#x} at byte {pos}"
     return f"impossible key length {key_length} at byte {pos}"
 
 
-def validate_message_set(buf: bytes | memoryview, max_message_bytes: int) -> ScanResult:
+def validate_message_set(
+    buf: bytes | memoryview, max_message_bytes: int, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+) -> ScanResult:
     """The broker's check of a produced set: every byte must be valid entries, none
-    over `max_message_bytes` — one walk."""
+    over `max_message_bytes` — one walk — and every compressed entry must decompress
+    (to at most `max_decompressed_bytes`) into a valid set of uncompressed entries.
+    Uncompressed sets, the common case, cost nothing more than the walk."""
     if len(buf) == 0:
         raise InvalidMessage("empty message set")
     result = scan(buf, max_entry_bytes=1 << 31, max_message_bytes=max_message_bytes)
@@ -257,7 +326,39 @@ def validate_message_set(buf: bytes | memoryview, max_message_bytes: int) -> Sca
         raise MessageTooLarge(result.error)
     if result.error is not None:
         raise InvalidMessage(f"invalid message set: {result.error}")
+    if result.compressed:
+        _validate_compressed(buf, max_decompressed_bytes)
     return result
+
+
+def _validate_compressed(buf: bytes | memoryview, max_decompressed_bytes: int) -> None:
+    """Open every compressed entry of a scanned set and check its inner set."""
+    with memoryview(buf) as view:
+        pos, end = 0, len(view)
+        while pos < end:
+            size, _, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
+            entry_end = pos + SIZE_FIELD + size
+            codec = attributes & CODEC_MASK
+            if codec:
+                value = view[pos + HEADER_SIZE + max(key_length, 0) : entry_end]
+                inner = decompress(Codec(codec), value, max_decompressed_bytes)
+                problem = _inner_set_error(inner)
+                if problem:
+                    raise InvalidMessage(f"invalid message set: {Codec(codec).name.lower()} entry at byte {pos}: {problem}")
+            pos = entry_end
+
+
+def _inner_set_error(inner: bytes) -> str | None:
+    """Why a decompressed value is not a valid inner set (None if it is): it must be
+    whole, valid, uncompressed entries — no nesting, so a reader decompresses once."""
+    if not inner:
+        return "it holds an empty message set"
+    result = scan(inner)
+    if result.error is not None:
+        return f"its inner set is invalid: {result.error}"
+    if result.compressed:
+        return "its inner set holds a compressed entry (nesting is not allowed)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,35 +385,82 @@ def first_entry_size(buf: bytes | memoryview) -> int | None:
     return _SIZE.unpack_from(buf, 0)[0] + SIZE_FIELD
 
 
+class CorruptEntry(InvalidMessage):
+    """An entry a reader cannot decode: bad size, magic, attributes, CRC, or a
+    compressed value that does not hold a valid set. `offset` is the entry's;
+    `next_offset` is `offset + 4 + size` when the size field is plausible (the way
+    past it), else None."""
+
+    def __init__(self, offset: int, size: int, reason: str) -> None:
+        super().__init__(f"corrupt entry at offset {offset}: {reason}")
+        self.offset = offset
+        self.size = size
+        self.reason = reason
+
+    @property
+    def next_offset(self) -> int | None:
+        return self.offset + SIZE_FIELD + self.size if self.size >= MIN_ENTRY_SIZE else None
+
+
 def iter_messages(
-    buf: bytes | memoryview, base_offset: int, verify_crc: bool = True
+    buf: bytes | memoryview, base_offset: int, verify_crc: bool = True,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
 ) -> Iterator[Message]:
-    """Decode a fetched set. A partial last entry is silently dropped (DESIGN §3)."""
+    """Decode a fetched set. A partial last entry is silently dropped (DESIGN §3).
+    Raises `CorruptEntry` at the first entry that cannot be decoded, after yielding
+    every message before it; the messages of a compressed entry are yielded only once
+    the whole entry decoded."""
     view = memoryview(buf)
     pos, end = 0, len(view)
     while end - pos >= HEADER_SIZE:
         size, magic, attributes, crc, timestamp, key_length = HEADER.unpack_from(view, pos)
         entry_end = pos + SIZE_FIELD + size
-        if size < MIN_ENTRY_SIZE or magic != MAGIC:
-            raise InvalidMessage(f"corrupt entry at offset {base_offset + pos} (size {size}, magic {magic})")
+        offset = base_offset + pos
+        if size < MIN_ENTRY_SIZE:
+            raise CorruptEntry(offset, size, f"impossible size {size}")
+        if magic not in MAGICS:
+            raise CorruptEntry(offset, size, f"unknown magic {magic}")
         if entry_end > end:
             return
-        if verify_crc and checksum(view[pos + CRC_END : entry_end]) != crc:
-            raise InvalidMessage(f"CRC mismatch in entry at offset {base_offset + pos}")
+        if verify_crc and entry_crc(view, pos, entry_end, magic, attributes) != crc:
+            raise CorruptEntry(offset, size, "CRC mismatch")
+        if attributes & ~CODEC_MASK or attributes > Codec.ZSTD or not -1 <= key_length <= size - MIN_ENTRY_SIZE:
+            raise CorruptEntry(offset, size, f"impossible attributes {attributes:#x} or key length {key_length}")
         body = pos + HEADER_SIZE
         if key_length >= 0:
             key: bytes | None = bytes(view[body : body + key_length])
             body += key_length
         else:
             key = None
-        value = bytes(view[body:entry_end])
-        offset, next_offset = base_offset + pos, base_offset + entry_end
+        next_offset = base_offset + entry_end
         codec = Codec(attributes & CODEC_MASK)
         if codec is Codec.NONE:
-            yield Message(offset, next_offset, timestamp, key, value)
+            yield Message(offset, next_offset, timestamp, key, bytes(view[body:entry_end]))
         else:
-            inner = list(iter_messages(decompress(codec, value), 0, verify_crc))
+            try:
+                inner_set = decompress(codec, view[body:entry_end], max_decompressed_bytes)
+                problem = _inner_set_error(inner_set)
+                if problem is not None:
+                    raise InvalidMessage(problem)
+                inner = list(iter_messages(inner_set, 0, verify_crc))
+            except InvalidMessage as exc:
+                raise CorruptEntry(offset, size, f"{codec.name.lower()} value: {exc}") from None
             for i, message in enumerate(inner):
                 resume = next_offset if i == len(inner) - 1 else offset
                 yield Message(offset, resume, message.timestamp, message.key, message.value)
         pos = entry_end
+
+
+def decode_messages(
+    buf: bytes | memoryview, base_offset: int, verify_crc: bool = True,
+) -> tuple[list[Message], CorruptEntry | None]:
+    """The messages of a fetched set up to its first undecodable entry, and that entry
+    (None if there is none): a reader delivers what is good before deciding what to
+    do about the bad one."""
+    messages: list[Message] = []
+    try:
+        for message in iter_messages(buf, base_offset, verify_crc):
+            messages.append(message)
+    except CorruptEntry as corrupt:
+        return messages, corrupt
+    return messages, None

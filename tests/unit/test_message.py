@@ -1,8 +1,10 @@
+import gzip
+
 import pytest
 
 from broker.errors import InvalidMessage, MessageTooLarge
 from broker.message import (
-    HEADER_SIZE, Codec, encode_message_set, iter_messages, scan, validate_message_set,
+    HEADER_SIZE, Codec, CorruptEntry, decode_messages, encode_message_set, iter_messages, scan, validate_message_set,
 )
 
 
@@ -116,3 +118,110 @@ def test_everything_works_on_the_crcmod_fallback(monkeypatch):
     corrupt = bytearray(data)
     corrupt[-1] ^= 1
     assert scan(corrupt).error.startswith("CRC mismatch")
+
+
+# ------------------------------------------------------------------ magic 2: CRC covers magic and attributes
+
+
+def _entry_v1(value: bytes, timestamp: int = 1, attributes: int = 0) -> bytes:
+    """An entry as magic-1 writers made it: the CRC covers the bytes after the crc field only."""
+    import struct
+
+    from broker.message import crc32c
+
+    covered = struct.pack(">qi", timestamp, -1) + value
+    return struct.pack(">ibbI", len(covered) + 6, 1, attributes, crc32c(covered)) + covered
+
+
+def test_new_entries_are_magic_2():
+    data = encode_message_set(entries(1))
+    assert data[4] == 2
+
+
+def test_crc_covers_magic_and_attributes():
+    data = bytearray(encode_message_set(entries(1)))
+    data[5] ^= 0x01  # "none" becomes "gzip": the CRC must notice
+    assert scan(data).error.startswith("CRC mismatch")
+    with pytest.raises(CorruptEntry, match="CRC mismatch"):
+        list(iter_messages(bytes(data), 0))
+
+
+def test_magic_1_entries_are_still_read_and_accepted():
+    data = _entry_v1(b"old") + encode_message_set([(None, b"new", 2)])
+    assert validate_message_set(data, 1000).count == 2
+    assert [(m.value, m.timestamp) for m in iter_messages(data, 0)] == [(b"old", 1), (b"new", 2)]
+
+
+# ------------------------------------------------------------------ compressed entries are opened at produce time
+
+
+def _wrapper(value: bytes, codec: int = 1) -> bytes:
+    from broker.message import append_entry
+
+    out = bytearray()
+    append_entry(out, value, None, 1, codec)
+    return bytes(out)
+
+
+def test_validate_refuses_a_gzip_entry_that_is_not_gzip():
+    with pytest.raises(InvalidMessage, match="cannot decompress a gzip entry"):
+        validate_message_set(_wrapper(b"plain text, not gzip"), 1 << 20)
+
+
+def test_validate_refuses_gzip_of_garbage():
+    with pytest.raises(InvalidMessage, match="gzip entry at byte 0: its inner set is invalid"):
+        validate_message_set(_wrapper(gzip.compress(b"\x00\x00\x00\x30" + b"garbage" * 10)), 1 << 20)
+
+
+def test_validate_refuses_gzip_of_an_inner_set_with_a_bad_crc():
+    inner = bytearray(encode_message_set(entries(2)))
+    inner[-1] ^= 0xFF
+    with pytest.raises(InvalidMessage, match="inner set is invalid: CRC mismatch"):
+        validate_message_set(_wrapper(gzip.compress(bytes(inner))), 1 << 20)
+
+
+def test_validate_refuses_a_gzip_bomb():
+    bomb = _wrapper(gzip.compress(encode_message_set([(None, b"\0" * (4 << 20), 1)])))
+    assert len(bomb) < 10_000
+    with pytest.raises(InvalidMessage, match="decompresses to more than 1048576 bytes"):
+        validate_message_set(bomb, 1 << 20, max_decompressed_bytes=1 << 20)
+
+
+def test_validate_refuses_nested_compression():
+    inner = encode_message_set(entries(2), codec="gzip")
+    with pytest.raises(InvalidMessage, match="nesting is not allowed"):
+        validate_message_set(_wrapper(gzip.compress(inner)), 1 << 20)
+
+
+def test_validate_accepts_good_compressed_sets():
+    data = encode_message_set(entries(3), codec="gzip") + encode_message_set(entries(2))
+    assert validate_message_set(data, 1 << 20).compressed == 1
+
+
+# ------------------------------------------------------------------ readers step past what they cannot decode
+
+
+def test_decode_returns_the_good_messages_before_a_corrupt_entry():
+    good = encode_message_set(entries(2))
+    bad = bytearray(encode_message_set([(None, b"bad", 5)]))
+    bad[-1] ^= 0xFF
+    after = encode_message_set([(None, b"after", 6)])
+    data = good + bytes(bad) + after
+    messages, corrupt = decode_messages(data, 100)
+    assert [m.value for m in messages] == [b"A" * 10, b"B" * 10]
+    assert corrupt.offset == 100 + len(good)
+    assert corrupt.next_offset == 100 + len(good) + len(bad)
+    assert [m.value for m in iter_messages(data[corrupt.next_offset - 100 :], corrupt.next_offset)] == [b"after"]
+
+
+def test_a_wrapper_holding_garbage_is_a_corrupt_entry_with_a_way_past_it():
+    data = _wrapper(gzip.compress(b"garbage" * 10))
+    messages, corrupt = decode_messages(data, 0)
+    assert messages == []
+    assert "gzip value" in corrupt.reason
+    assert corrupt.next_offset == len(data)
+
+
+def test_an_impossible_size_gives_no_way_past():
+    messages, corrupt = decode_messages(b"\x00\x00\x00\x01" + b"\x02" * 30, 0)
+    assert corrupt is not None and corrupt.next_offset is None
