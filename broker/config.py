@@ -90,6 +90,10 @@ class BrokerConfig:
     )
     log_retention_check_interval_ms: int = _setting("log.retention.check.interval.ms", 300_000, int, *_positive)
     message_max_bytes: int = _setting("message.max.bytes", 1 * MiB, int, lambda v: v >= 64, "must be >= 64")
+    message_max_decompressed_bytes: int = _setting(
+        "message.max.decompressed.bytes", 64 * MiB, int, lambda v: v >= 1024, "must be >= 1024")
+    log_open_files_max: int = _setting("log.open.files.max", 0, int, *_non_negative)
+    log_dir_probe_interval_ms: int = _setting("log.dir.probe.interval.ms", 1000, int, *_positive)
     socket_request_max_bytes: int = _setting("socket.request.max.bytes", 100 * MiB, int, lambda v: v >= 1024, "must be >= 1024")
     connections_max_idle_ms: int = _setting("connections.max.idle.ms", 600_000, int, *_positive)
     request_read_timeout_ms: int = _setting("request.read.timeout.ms", 30_000, int, *_positive)

@@ -24,6 +24,7 @@ class ErrorCode(enum.IntEnum):
     BROKER_SHUTTING_DOWN = 10
     NOT_LEADER_FOR_PARTITION = 11
     TOPIC_ALREADY_EXISTS = 12
+    STORAGE_ERROR = 13
 
 
 class LogbusError(Exception):
@@ -80,6 +81,15 @@ class TopicAlreadyExists(LogbusError):
     code = ErrorCode.TOPIC_ALREADY_EXISTS
 
 
+class StorageError(LogbusError):
+    """The broker could not write to its log directory (full disk, I/O error, or the
+    directory is offline until a probe finds it writable). Nothing of the refused
+    request was appended, so a producer may retry it later without duplicates."""
+
+    code = ErrorCode.STORAGE_ERROR
+    retriable = True  # the producer's delivery retries it with backoff until its timeout
+
+
 class UnknownError(LogbusError):
     code = ErrorCode.UNKNOWN
 
@@ -89,7 +99,7 @@ _BY_CODE: dict[int, type[LogbusError]] = {
     for cls in (
         OffsetOutOfRange, InvalidMessage, UnknownPartition, MessageTooLarge, UnknownTopic,
         InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
-        NotLeaderForPartition, TopicAlreadyExists, UnknownError,
+        NotLeaderForPartition, TopicAlreadyExists, StorageError, UnknownError,
     )
 }
 

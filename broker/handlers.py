@@ -103,7 +103,7 @@ class RequestHandler:
         """Validate and append. An acknowledged append is in the page cache before its
         answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
         log = self.leader_log(topic, partition)
-        scanned = validate_message_set(messages, self.config.message_max_bytes)
+        scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
         if buffered:

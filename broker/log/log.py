@@ -6,6 +6,12 @@ worker so it never blocks the event loop). `_lock` guards the active segment's w
 `size` and timestamps, the unflushed counters, and replacing `_view`. Readers take no
 lock: `_view` is an immutable (segments, base offsets) pair replaced on roll and
 delete (copy-on-write), and `_flushed` is a single int.
+
+Failures: an append either happens entirely or leaves the segment, its size and the
+end offset as they were (see `Segment`); a write error becomes `StorageError` and, for
+errors about the directory (full, read-only, I/O), takes the whole `LogDir` offline so
+that later appends are refused without touching the disk until a probe finds it
+writable again.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import OffsetOutOfRange
+from broker.errors import InvalidRequest, OffsetOutOfRange, StorageError
+from broker.log.files import SHARED, FileCache
+from broker.log.logdir import LogDir
 from broker.log.segment import EMPTY, SUFFIX, FileRegion, Segment
 from broker.protocol import EARLIEST, LATEST
 
@@ -33,6 +41,10 @@ class LogConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000  # -1: keep forever
     retention_bytes: int = -1  # -1: no size limit
     max_entry_bytes: int = 100 << 20  # recovery treats a larger size field as garbage
+    # broker-wide, read by the LogManager (they travel here because the manager is built from a LogConfig factory)
+    open_files_max: int = 0  # segment files kept open at most; 0: half the open-files limit
+    dir_probe_interval_ms: int = 1000  # how often an offline log directory is probed
+    dir_min_free_bytes: int = 1 << 20  # free space a probe needs before the directory goes back online
 
 
 @dataclass(frozen=True)
@@ -42,17 +54,22 @@ class AppendResult:
 
 
 class Log:
-    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, recover: bool = False) -> None:
+    def __init__(
+        self, directory: Path, topic: str, partition: int, config: LogConfig, recover: bool = False,
+        files: FileCache = SHARED, log_dir: LogDir | None = None,
+    ) -> None:
         self.directory = directory
         self.topic = topic
         self.partition = partition
         self.config = config
+        self.log_dir = log_dir or LogDir(directory.parent, config.dir_probe_interval_ms, config.dir_min_free_bytes)
+        self._files = files
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one fsync pass at a time per partition
         directory.mkdir(parents=True, exist_ok=True)
-        segments = [Segment.open(p) for p in sorted(directory.glob("*" + SUFFIX))]
+        segments = [Segment.open(p, files) for p in sorted(directory.glob("*" + SUFFIX))]
         if not segments:
-            segments = [Segment.create(directory, 0)]
+            segments = [Segment.create(directory, 0, files)]
         self._set_segments(segments)
         if recover:
             self.recover()
@@ -101,16 +118,23 @@ class Log:
     ) -> AppendResult:
         """Append an already validated set with one write; returns its offsets. With
         `buffered`, the write may wait for `write_unwritten` (or the next flush or roll),
-        so one syscall covers many small sets."""
+        so one syscall covers many small sets.
+
+        Raises StorageError, with nothing appended, when the write (or the roll before
+        it) fails or the log directory is offline."""
+        self.log_dir.check_writable(self.name)
         with self._lock:
-            active = self.segments[-1]
-            if active.size and (
-                active.size + len(message_set) > self.config.segment_bytes
-                or (time.monotonic() - self._rolled_at) * 1000 >= self.config.roll_ms
-            ):
-                active = self._roll()
-            base = active.end_offset
-            active.append(message_set, buffered)
+            try:
+                active = self.segments[-1]
+                if active.size and (
+                    active.size + len(message_set) > self.config.segment_bytes
+                    or (time.monotonic() - self._rolled_at) * 1000 >= self.config.roll_ms
+                ):
+                    active = self._roll()
+                base = active.end_offset
+                active.append(message_set, buffered)
+            except OSError as exc:
+                raise self.log_dir.failed(exc, self.name, f"append of {len(message_set)} bytes") from None
             active.note_timestamps(min_timestamp, max_timestamp)
             if not self._unflushed_messages:
                 self._first_unflushed = time.monotonic()
@@ -122,7 +146,7 @@ class Log:
         old = self.segments[-1]
         old.write_unwritten()
         old.write_meta()
-        segment = Segment.create(self.directory, old.end_offset)
+        segment = Segment.create(self.directory, old.end_offset, self._files)
         self._set_segments([*self.segments, segment])
         self._rolled_at = time.monotonic()
         logger.info("%s: rolled to segment %s", self.name, segment.path.name)
@@ -131,9 +155,14 @@ class Log:
     # ------------------------------------------------------------------------- flush
 
     def write_unwritten(self) -> None:
-        """Hand buffered appends to the OS (page cache)."""
+        """Hand buffered appends to the OS (page cache). These are acks=0 appends: if the
+        write fails they are dropped (the segment is cut back) and the failure is logged
+        by the log directory, never raised into the connection that buffered them."""
         with self._lock:
-            self.segments[-1].write_unwritten()
+            try:
+                self.segments[-1].write_unwritten()
+            except OSError as exc:
+                self.log_dir.failed(exc, self.name, "write of buffered acks=0 appends")
 
     @property
     def unflushed_messages(self) -> int:
@@ -156,12 +185,18 @@ class Log:
         """
         with self._flush_lock:
             with self._lock:
-                self.segments[-1].write_unwritten()
+                try:
+                    self.segments[-1].write_unwritten()
+                except OSError as exc:
+                    raise self.log_dir.failed(exc, self.name, "write before flush") from None
                 target = self.end_offset
                 dirty = [s for s in self.segments if s.end_offset > self._flushed]
                 self._unflushed_messages = 0
-            for segment in dirty:
-                segment.fsync()
+            try:
+                for segment in dirty:
+                    segment.fsync()
+            except OSError as exc:  # the flushed offset stays: nothing past it is acknowledged
+                raise self.log_dir.failed(exc, self.name, "fsync") from None
             with self._lock:
                 if target > self._flushed:
                     self._flushed = target
@@ -174,7 +209,8 @@ class Log:
 
         The region may end inside a message; clients drop the partial tail. An offset
         outside `[start, end]` is OffsetOutOfRange; at (or past) the flushed end the
-        region is empty.
+        region is empty. An offset where no entry header starts is InvalidRequest: the
+        answer would begin mid-message (see `Segment.is_boundary` for how sure that is).
         """
         segments, bases = self._view
         flushed = self._flushed
@@ -186,7 +222,15 @@ class Log:
             return EMPTY
         segment = segments[bisect.bisect_right(bases, offset) - 1]
         end = min(segment.end_offset, flushed, offset + max_bytes)
-        return segment.region(offset - segment.base_offset, end - offset) if end > offset else EMPTY
+        if end <= offset:
+            return EMPTY
+        position = offset - segment.base_offset
+        if position and not segment.is_boundary(position):
+            raise InvalidRequest(
+                f"offset {offset} of partition {self.name} is not a message boundary (no entry header starts "
+                f"there); fetch at an offset a message or OFFSETS gave"
+            )
+        return segment.region(position, end - offset)
 
     def offsets_before(self, timestamp: int, max_offsets: int = 1) -> list[int]:
         """Offsets from which to read everything produced after `timestamp`, newest first:
@@ -253,10 +297,21 @@ class Log:
             logger.info("%s: retention deleted %s", self.name, segment.path.name)
         return removed
 
-    def close(self) -> None:
-        """Flush, record the active segment's timestamps, close the files."""
-        self.flush()
+    def close(self) -> bool:
+        """Flush, record the active segment's timestamps, close the files. False when
+        the flush or the sidecar could not be written (the next start must recover)."""
+        clean = True
+        try:
+            self.flush()
+        except StorageError as exc:
+            logger.error("%s: final flush failed: %s", self.name, exc)
+            clean = False
         with self._lock:
-            self.segments[-1].write_meta()
+            try:
+                self.segments[-1].write_meta()
+            except OSError as exc:
+                logger.error("%s: cannot write the segment sidecar at close: %s", self.name, exc)
+                clean = False
             for segment in self.segments:
                 segment.close()
+        return clean

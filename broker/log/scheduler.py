@@ -12,6 +12,7 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+from broker.errors import StorageError
 from broker.log.log import Log
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class PartitionFlusher:
                 before = self.log.flushed_offset
                 try:
                     flushed = await loop.run_in_executor(self._executor, self.log.flush)
-                except OSError as exc:
+                except (OSError, StorageError) as exc:  # the log directory logged it; waiters get StorageError
                     logger.error("flush of %s failed: %s", self.log.name, exc)
                     self._fail_waiters(exc)
                     return

@@ -1,9 +1,10 @@
+import errno
 import os
 import threading
 
 import pytest
 
-from broker.errors import OffsetOutOfRange
+from broker.errors import InvalidRequest, OffsetOutOfRange, StorageError
 from broker.log.log import Log, LogConfig
 from broker.log.manager import CLEAN_SHUTDOWN, LogManager
 from broker.message import encode_message_set, iter_messages, scan
@@ -272,3 +273,144 @@ def test_an_acknowledged_append_after_buffered_ones_keeps_their_order(make_log):
     log.append(first, 1, 1, 1, buffered=True)
     log.append(second, 1, 2, 2)  # unbuffered: written now, behind the buffered set
     assert log.segments[-1].path.read_bytes() == first + second
+
+
+# ------------------------------------------------------------------ failed writes
+
+
+def _failing_write(monkeypatch, fail_after: int, err: int = errno.ENOSPC):
+    """os.write that takes `fail_after` bytes (a short write), then fails like a full disk."""
+    real_write = os.write
+    state = {"left": fail_after}
+
+    def write(fd, data):
+        if state["left"] <= 0:
+            raise OSError(err, os.strerror(err))
+        n = real_write(fd, bytes(data[: state["left"]]))
+        state["left"] -= n
+        return n
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_failed_append_leaves_segment_and_end_unchanged(make_log, monkeypatch):
+    log = make_log()
+    append(log, [b"kept"])
+    end, path = log.end_offset, log.segments[-1].path
+    _failing_write(monkeypatch, fail_after=10)  # a torn entry would be 10 bytes
+    with pytest.raises(StorageError, match="No space left"):
+        append(log, [b"y" * 100])
+    assert log.end_offset == end
+    assert path.stat().st_size == end  # the partial write was cut off
+
+
+def test_full_disk_takes_the_log_dir_offline_until_a_probe_passes(make_log, monkeypatch):
+    log = make_log()
+    _failing_write(monkeypatch, fail_after=0)
+    with pytest.raises(StorageError):
+        append(log, [b"x"])
+    monkeypatch.undo()
+    assert not log.log_dir.online
+    with pytest.raises(StorageError, match="offline"):  # refused without a write attempt
+        append(log, [b"x"])
+    log.log_dir.min_free_bytes = 0
+    assert log.log_dir.probe()
+    log.log_dir._go_online()
+    result = append(log, [b"after"])
+    log.flush()
+    assert result.base_offset == 0
+    assert read_all(log) == [b"after"]
+
+
+def test_probe_thread_puts_the_dir_back_online(tmp_path, monkeypatch):
+    from broker.localcluster import wait_until
+
+    log = Log(tmp_path / "events-0", "events", 0, LogConfig(dir_probe_interval_ms=20, dir_min_free_bytes=0))
+    log.log_dir.go_offline("test")
+    wait_until(lambda: log.log_dir.online, 10, "the probe to put the directory online")
+    append(log, [b"x"])
+
+
+def test_failed_fsync_does_not_advance_the_flushed_offset(make_log, monkeypatch):
+    log = make_log()
+    append(log, [b"a"])
+
+    def fsync(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StorageError, match="fsync failed"):
+        log.flush()
+    assert log.flushed_offset == 0
+    assert not log.log_dir.online
+
+
+def test_failed_buffered_write_is_dropped_not_raised(make_log, monkeypatch):
+    log = make_log()
+    append(log, [b"a"])
+    end = log.end_offset
+    data = encode_message_set([(None, b"b", 1)])
+    log.append(data, 1, 1, 1, buffered=True)
+    _failing_write(monkeypatch, fail_after=5)
+    log.write_unwritten()  # acks=0 data: logged by the log dir, not raised
+    assert log.end_offset == end
+    assert log.segments[-1].path.stat().st_size == end
+
+
+def test_failed_cut_back_is_retried_before_the_next_write(make_log, monkeypatch):
+    log = make_log()
+    append(log, [b"a"])
+    end = log.end_offset
+    real_ftruncate = os.ftruncate
+    _failing_write(monkeypatch, fail_after=7)
+    monkeypatch.setattr(os, "ftruncate", lambda fd, n: (_ for _ in ()).throw(OSError(errno.EIO, "EIO")))
+    with pytest.raises(StorageError):
+        append(log, [b"b" * 50])
+    assert log.segments[-1].path.stat().st_size == end + 7  # the stray tail is still there
+    monkeypatch.setattr(os, "write", _real_write)
+    monkeypatch.setattr(os, "ftruncate", real_ftruncate)
+    log.log_dir._go_online()
+    result = append(log, [b"c"])
+    assert result.base_offset == end
+    log.flush()
+    assert read_all(log) == [b"a", b"c"]
+
+
+_real_write = os.write
+
+
+# ------------------------------------------------------------------ boundaries, files
+
+
+def test_fetch_inside_a_message_is_an_invalid_request(make_log):
+    log = make_log()
+    append(log, [b"x" * 100, b"y" * 100])
+    log.flush()
+    with pytest.raises(InvalidRequest, match="not a message boundary"):
+        log.read(7, 1000)
+    assert log.read(122, 1000).length == 122  # the second message's offset
+
+
+def test_open_segment_files_are_bounded(tmp_path):
+    manager = LogManager((tmp_path,), LogConfig(open_files_max=4, segment_bytes=1024))
+    logs = [manager.get_or_create("t", p) for p in range(12)]
+    for round_ in range(3):
+        for log in logs:
+            append(log, [b"%d" % round_ * 300])
+    for log in logs:
+        log.flush()
+        assert read_all(log) == [b"0" * 300, b"1" * 300, b"2" * 300]
+    assert len(manager.files) <= 4
+    manager.close()
+
+
+def test_loading_opens_no_segment_file(tmp_path):
+    manager = LogManager((tmp_path,), LogConfig())
+    for p in range(20):
+        append(manager.get_or_create("t", p), [b"x"])
+    manager.close()
+    again = LogManager((tmp_path,), LogConfig())
+    again.load()
+    assert again.files.opened == 0
+    assert len(list(again)) == 20
+    again.close()
