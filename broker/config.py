@@ -72,6 +72,7 @@ class BrokerConfig:
     zookeeper_connect: str = _setting("zookeeper.connect", "", str, bool, "is required (host:port[,host:port][/chroot])")
     zookeeper_session_timeout_ms: int = _setting("zookeeper.session.timeout.ms", 6000, int, *_positive)
     zookeeper_connection_timeout_ms: int = _setting("zookeeper.connection.timeout.ms", 10000, int, *_positive)
+    zookeeper_reconnect_backoff_max_ms: int = _setting("zookeeper.reconnect.backoff.max.ms", 1000, int, *_positive)
     num_partitions: int = _setting("num.partitions", 1, int, *_positive)
     auto_create_topics: bool = _setting("auto.create.topics", True, _bool)
     log_segment_bytes: int = _setting("log.segment.bytes", 1 * GiB, int, lambda v: v >= 1024, "must be >= 1024")
@@ -99,6 +100,8 @@ class BrokerConfig:
     request_read_timeout_ms: int = _setting("request.read.timeout.ms", 30_000, int, *_positive)
     fetch_max_wait_ms: int = _setting("fetch.max.wait.ms", 30_000, int, *_non_negative)
     max_in_flight_requests: int = _setting("max.in.flight.requests.per.connection", 100, int, *_positive)
+    socket_send_buffer_max_bytes: int = _setting("socket.send.buffer.max.bytes", 1 * MiB, int, lambda v: v >= 64 * KiB, "must be >= 65536")
+    queued_max_request_bytes: int = _setting("queued.max.request.bytes", 128 * MiB, int, lambda v: v >= 1 * MiB, "must be >= 1048576")
 
     @classmethod
     def keys(cls) -> dict[str, dataclasses.Field]:
