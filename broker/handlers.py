@@ -2,7 +2,10 @@
 or a `FileRegion` the connection sends with sendfile — or a coroutine producing them
 when it must wait (acks=-1, long-poll fetch, topic creation), or None (acks=0).
 
-Handlers raise `LogbusError`s; the connection turns them into error responses.
+Handlers raise `LogbusError`s; the connection turns them into error responses — or,
+for an acks=0 request, into a log line only: such a request is never answered, not
+even with an error, or a pipelining client would take that frame for the answer to
+its next request (`server.Connection._refused`).
 """
 
 from __future__ import annotations
@@ -236,7 +239,12 @@ class RequestHandler:
         for topic in req.topics or sorted(view.topics):
             assignment = view.topics.get(topic)
             if assignment is None:
-                topics.append(TopicMetadata(topic, ErrorCode.UNKNOWN_TOPIC, []))
+                try:
+                    check_topic_name(topic)
+                except LogbusError as exc:  # a name no topic can have is not merely unknown
+                    topics.append(TopicMetadata(topic, exc.code, []))
+                else:
+                    topics.append(TopicMetadata(topic, ErrorCode.UNKNOWN_TOPIC, []))
                 continue
             partitions = []
             for partition, replicas in sorted(assignment.items()):
