@@ -165,18 +165,40 @@ class BrokerRegistry:
                 time.sleep(0.5)
 
     def _on_state(self, state: str) -> None:
-        if state == KazooState.LOST and not self._stopping:
+        """kazoo's state listener: log every change; after a session loss, register again
+        the moment the new session is connected. This runs in kazoo's event thread,
+        which must not block on ZooKeeper calls, so the work goes to a thread.
+
+        The watches need nothing here: kazoo's ChildrenWatch and DataWatch re-read and
+        re-arm themselves on every CONNECTED, and our broker node's creation fires the
+        /brokers/ids watch of every broker, this one included."""
+        if self._stopping:
+            return
+        if state == KazooState.LOST:
             self._session_lost = True
-            logger.warning("ZooKeeper session lost; will register again on reconnect")
-        elif state == KazooState.CONNECTED and self._session_lost and not self._stopping:
+            logger.warning("ZooKeeper session lost (expired); broker %d is unregistered until it reconnects",
+                           self.broker.broker_id)
+        elif state == KazooState.SUSPENDED:
+            logger.warning("ZooKeeper connection suspended; retrying (registration kept if the session survives)")
+        elif state == KazooState.CONNECTED and self._session_lost:
             self._session_lost = False
-            self.zk.handler.spawn(self._register_again)
+            logger.info("ZooKeeper connected with a new session; registering broker %d again", self.broker.broker_id)
+            threading.Thread(target=self._register_again, name="logbus-reregister", daemon=True).start()
+        elif state == KazooState.CONNECTED:
+            logger.info("ZooKeeper connection restored; session and registration kept")
 
     def _register_again(self) -> None:
-        try:
-            self.register()
-        except Exception:
-            logger.exception("could not register broker %d again", self.broker.broker_id)
+        """Retry until registered: ZooKeeper may drop again while we try."""
+        delay = 0.1
+        while not self._stopping and not self._session_lost:
+            try:
+                self.register()
+                return
+            except Exception as exc:
+                logger.warning("could not register broker %d again (%s); retrying in %.1fs",
+                               self.broker.broker_id, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def _on_brokers(self, children: list[str]) -> None:
         brokers = {}
