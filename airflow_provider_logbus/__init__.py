@@ -3,6 +3,22 @@
 __version__ = "0.1.0"
 
 
+ICEBERG_UI_FIELD_BEHAVIOUR = {
+    "hidden-fields": ["schema", "port", "login", "password"],
+    "relabeling": {"host": "Catalog URI"},
+    "placeholders": {
+        "host": "postgresql+psycopg2://user:pw@db:5432/iceberg, sqlite:////path/catalog.db or https://rest-catalog",
+        "extra": '{"warehouse": "file:///data/warehouse"} (+ any pyiceberg catalog property)',
+    },
+}
+ICEBERG_CONN_FIELDS = {
+    "warehouse": {"label": "Warehouse location", "description": "file:///data/wh, s3://bucket/wh, ...",
+                  "schema": {"type": ["string", "null"]}},
+    "type": {"label": "Catalog type", "description": "sql (default) or rest",
+             "schema": {"type": ["string", "null"], "default": "sql"}},
+}
+
+
 def get_provider_info() -> dict:
     return {
         "package-name": "logbus",
@@ -11,7 +27,8 @@ def get_provider_info() -> dict:
         "versions": [__version__],
         "integrations": [{"integration-name": "logbus", "external-doc-url": "https://example.invalid/logbus",
                           "tags": ["software"]}],
-        "hooks": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.hooks.logbus"]}],
+        "hooks": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.hooks.logbus",
+                                                                     "airflow_provider_logbus.hooks.iceberg"]}],
         "operators": [{"integration-name": "logbus", "python-modules": [
             "airflow_provider_logbus.operators.snapshot", "airflow_provider_logbus.operators.spark_load",
             "airflow_provider_logbus.operators.commit", "airflow_provider_logbus.operators.audit"]}],
@@ -35,5 +52,11 @@ def get_provider_info() -> dict:
                             "schema": {"type": ["string", "null"]}},
                 "timeout": {"label": "Timeout (s)", "schema": {"type": ["number", "null"], "default": 15}},
             },
+        }, {
+            "hook-class-name": "airflow_provider_logbus.hooks.iceberg.IcebergCatalogHook",
+            "connection-type": "logbus_iceberg",
+            "hook-name": "Logbus Iceberg catalog",
+            "ui-field-behaviour": ICEBERG_UI_FIELD_BEHAVIOUR,
+            "conn-fields": ICEBERG_CONN_FIELDS,
         }],
     }

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_provider_logbus.plan import BatchPlan, Range, rebase
-from airflow_provider_logbus.staged import COUNT_WINDOW_MS, StagedBatch
+from airflow_provider_logbus.staged import COUNT_WINDOW_MS, StagedBatch, StagingError
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +140,16 @@ class CommitTarget(ABC):
 
     # ----------------------------------------------------------------- writing
 
+    def ensure_schema(self, value_schema: Any | None) -> None:
+        """Before a load: create the table from the declared value schema (a
+        `pyarrow.Schema`), or evolve it when the declaration gained optional fields; an
+        incompatible change raises `schema.SchemaError` naming the field. A target whose
+        files carry their own schema (the directory target) has nothing to do."""
+
+    def finish(self, record: BatchRecord) -> None:
+        """After the commit point (also on a retry that finds the batch committed):
+        complete what follows it, idempotently — e.g. publish the batch's rejects."""
+
     @abstractmethod
     def prepare_staging(self, batch_id: str, attempt: int | str) -> str:
         """A fresh, empty location for one load attempt's files."""
@@ -163,36 +173,53 @@ class CommitTarget(ABC):
                 record = self.batch(plan.batch_id)
                 if record is not None:
                     logger.info("batch %s of %s is already committed; nothing to do", plan.batch_id, self.table)
+                    self.finish(record)
                     self.remove_attempts(plan.batch_id)
                     return CommitResult(record, False)
-            if staged is None:
-                if not staging:
-                    raise TargetError(f"batch {plan.batch_id} of {self.table} has no staging: run the load task again")
-                staged = StagedBatch.read(staging)
             try:
-                rebased = rebase(ranges, state.ends)
-            except ValueError as exc:
-                raise CommitConflictError(
-                    f"batch {plan.batch_id} cannot follow table {self.table!r}: {exc}; clear the run's snapshot "
-                    "task so that it plans again from the table's committed ends") from None
-            if rebased != ranges:
-                logger.warning(
-                    "batch %s of %s: another run committed these offsets first (%s); re-planning onto %s and "
-                    "keeping only the rows past the table's committed end", plan.batch_id, self.table,
-                    describe(ranges), describe(rebased))
-                staged.trim(rebased)
-                ranges = rebased
-            record = self._record(plan, ranges, staged, run_id)
-            if self.publish(state, record, staged):
+                if staged is None:
+                    if not staging:
+                        raise TargetError(
+                            f"batch {plan.batch_id} of {self.table} has no staging: run the load task again")
+                    staged = StagedBatch.read(staging)
+                ranges, published = self._try_publish(plan, ranges, staged, state, run_id)
+            except (OSError, StagingError):
+                # another attempt of this batch committed and removed our staging meanwhile?
+                record = self.batch(plan.batch_id)
+                if record is None:
+                    raise
+                logger.info("batch %s of %s was committed by another attempt meanwhile", plan.batch_id, self.table)
+                return CommitResult(record, False)
+            if published is not None:
+                self.finish(published)
                 self.remove_attempts(plan.batch_id, keep=str(staged.root))
                 logger.info("committed batch %s of %s: %d rows, %d rejected%s", plan.batch_id, self.table,
-                            record.row_count, record.rejected_count,
-                            " (re-planned after a concurrent commit)" if record.planned_ranges else "")
-                return CommitResult(record, True)
+                            published.row_count, published.rejected_count,
+                            " (re-planned after a concurrent commit)" if published.planned_ranges else "")
+                return CommitResult(published, True)
             logger.info("batch %s of %s: another batch committed meanwhile; reading the table again",
                         plan.batch_id, self.table)
         raise CommitConflictError(
             f"batch {plan.batch_id} of {self.table} lost the commit race {self.max_commit_rounds} times in a row")
+
+    def _try_publish(self, plan: BatchPlan, ranges: list[Range], staged: StagedBatch, state: TableState,
+                     run_id: str) -> tuple[list[Range], BatchRecord | None]:
+        """One round: rebase onto `state`, trim, publish if `state` still holds. Returns
+        the ranges the staged data now holds, and the record when it was published."""
+        try:
+            rebased = rebase(ranges, state.ends)
+        except ValueError as exc:
+            raise CommitConflictError(
+                f"batch {plan.batch_id} cannot follow table {self.table!r}: {exc}; clear the run's snapshot "
+                "task so that it plans again from the table's committed ends") from None
+        if rebased != ranges:
+            logger.warning(
+                "batch %s of %s: another run committed these offsets first (%s); re-planning onto %s and "
+                "keeping only the rows past the table's committed end", plan.batch_id, self.table,
+                describe(ranges), describe(rebased))
+            staged.trim(rebased)
+        record = self._record(plan, rebased, staged, run_id)
+        return rebased, (record if self.publish(state, record, staged) else None)
 
     def _record(self, plan: BatchPlan, ranges: list[Range], staged: StagedBatch, run_id: str) -> BatchRecord:
         planned = [r.to_dict() for r in plan.ranges]
@@ -203,7 +230,7 @@ class CommitTarget(ABC):
             row_count=staged.row_count, committed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             attempt=staged.root.name, window_ms=staged.window_ms, rejected=staged.rejected,
             rejected_count=staged.rejected_count, schema=staged.schema, schema_source=staged.schema_source,
-            planned_ranges=None if final == planned else planned)
+            planned_ranges=None if final == planned else planned, extra={"staging": str(staged.root)})
 
     # ----------------------------------------------------------------- audit
 

@@ -1,4 +1,4 @@
-"""Hourly load of a logbus topic into a Parquet table, exactly once, with an audit.
+"""Hourly load of a logbus topic into a table, exactly once, with an audit.
 
     sensor ─► snapshot ─► load (Spark) ─► commit ─► audit
 
@@ -8,7 +8,10 @@ Configuration (environment, read when the DAG is parsed):
   LOGBUS_SENSOR_GRACE_MINUTES (5), LOGBUS_DEFERRABLE (false), LOGBUS_ON_DATA_LOSS (fail),
   LOGBUS_MAX_BYTES_PER_PARTITION (no cap), LOGBUS_AUDIT_THRESHOLD (0.999),
   LOGBUS_AUDIT_GRACE_MINUTES (60), LOGBUS_RETRY_DELAY_SECONDS (60), LOGBUS_VALUE_SCHEMA
-  (Spark DDL of the JSON values; inferred from a sample when unset).
+  (Spark DDL of the JSON values, or a .json schema file; inferred from a sample when unset,
+  required for Iceberg), LOGBUS_TARGET ("directory": Parquet directories under the
+  warehouse; "iceberg": an Iceberg table), LOGBUS_CATALOG_CONN_ID (logbus_iceberg_default;
+  without that connection, an embedded SQLite catalog under the warehouse).
 Per run, `params` override on_data_loss and max_bytes_per_partition.
 """
 
@@ -31,6 +34,8 @@ TABLE = os.environ.get("LOGBUS_TABLE", "web_activity")
 WAREHOUSE = os.environ.get("LOGBUS_WAREHOUSE", "/tmp/logbus-warehouse")
 GROUP = os.environ.get("LOGBUS_GROUP", "warehouse_loader")
 CONN_ID = os.environ.get("LOGBUS_CONN_ID", "logbus_default")
+TARGET = {"target": os.environ.get("LOGBUS_TARGET", "directory"),
+          "catalog_conn_id": os.environ.get("LOGBUS_CATALOG_CONN_ID", "logbus_iceberg_default")}
 
 with DAG(
     dag_id="logbus_hourly_load",
@@ -58,21 +63,21 @@ with DAG(
     snapshot = LogbusOffsetSnapshotOperator(
         task_id="snapshot", topic=TOPIC, table=TABLE, warehouse=WAREHOUSE, group=GROUP,
         on_data_loss="{{ params.on_data_loss }}", max_bytes_per_partition="{{ params.max_bytes_per_partition }}",
-        logbus_conn_id=CONN_ID,
+        logbus_conn_id=CONN_ID, **TARGET,
     )
     load = LogbusSparkLoadOperator(
         task_id="load", warehouse=WAREHOUSE, table=TABLE, snapshot_task_id="snapshot", value_format="json",
         schema=os.environ.get("LOGBUS_VALUE_SCHEMA") or None,
-        logbus_conn_id=CONN_ID, conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"},
+        logbus_conn_id=CONN_ID, conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"}, **TARGET,
     )
     commit = LogbusCommitOperator(
         task_id="commit", warehouse=WAREHOUSE, table=TABLE, group=GROUP, snapshot_task_id="snapshot",
-        load_task_id="load", logbus_conn_id=CONN_ID,
+        load_task_id="load", logbus_conn_id=CONN_ID, **TARGET,
     )
     audit = LogbusAuditOperator(
         task_id="audit", warehouse=WAREHOUSE, table=TABLE, topic=TOPIC,
         threshold=float(os.environ.get("LOGBUS_AUDIT_THRESHOLD", "0.999")),
         grace=timedelta(minutes=float(os.environ.get("LOGBUS_AUDIT_GRACE_MINUTES", "60"))),
-        logbus_conn_id=CONN_ID, retries=0,
+        logbus_conn_id=CONN_ID, retries=0, **TARGET,
     )
     wait >> snapshot >> load >> commit >> audit

@@ -38,7 +38,9 @@ def write_staging(staging: str | os.PathLike, ranges: list[dict], layout: str = 
             "timestamp": pa.array([T0 + r[2] for r in rows], pa.timestamp("ms", tz="UTC")).cast(
                 pa.timestamp("us", tz="UTC")),
             "key": pa.array([None] * len(rows), pa.binary()),
-            "value": pa.array([b"{}"] * len(rows), pa.binary()),
+            # directory layout: the raw value; iceberg layout: a declared value field `n`
+            **({"value": pa.array([b"{}"] * len(rows), pa.binary())} if layout == "directory"
+               else {"n": pa.array([r[2] for r in rows], pa.int64())}),
         })
         pq.write_table(table, directory / f"part-{uuid.uuid4().hex}.parquet")
     counts, n = count_windows(sorted(staging.rglob("*.parquet")))
@@ -53,38 +55,54 @@ def plan(batch_id: str, ranges: list[dict], table: str = "tbl") -> dict:
 
 
 def child_command(warehouse: str, plan_dict: dict, staging: str, result: str, *, barrier: str | None = None,
-                  kill_at: str | None = None) -> list[str]:
+                  kill_at: str | None = None, kind: str = "directory", catalog: dict | None = None) -> list[str]:
     return [sys.executable, "-m", "tests.provider.stagingutil", json.dumps({
         "warehouse": warehouse, "plan": plan_dict, "staging": staging, "result": result, "barrier": barrier,
-        "kill_at": kill_at})]
+        "kill_at": kill_at, "kind": kind, "catalog": catalog})]
+
+
+def _kill_around(owner, name: str, when: str) -> None:
+    """Replace `owner.name` so that the process SIGKILLs itself before or after it."""
+    real = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        if when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        out = real(*args, **kwargs)
+        if when == "after":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    setattr(owner, name, wrapper)
 
 
 def _child(args: dict) -> None:
     """Commit one staged batch; wait for `barrier` to exist first (so that several
-    children commit at the same moment); SIGKILL itself at `kill_at`:
-    "before-rename" (record written into staging) or "after-rename" (published, not yet
-    reported)."""
+    children commit at the same moment); SIGKILL itself at `kill_at`: "before-rename" /
+    "after-rename" (directory: record written / published, not yet reported),
+    "before-catalog-commit" / "after-catalog-commit" (Iceberg), "before-rejects"."""
     import time
 
     from airflow_provider_logbus.plan import BatchPlan
-    from airflow_provider_logbus.targets.directory import DirectoryTarget
+    from airflow_provider_logbus.targets import open_target
 
-    if args["kill_at"]:
-        real_rename = os.rename
+    kill_at = args["kill_at"] or ""
+    if kill_at.endswith("-rename"):
+        _kill_around(os, "rename", kill_at.split("-")[0])
+    elif kill_at.endswith("-catalog-commit"):
+        from pyiceberg.table import Table
 
-        def rename(src, dst):
-            if args["kill_at"] == "before-rename":
-                os.kill(os.getpid(), signal.SIGKILL)
-            real_rename(src, dst)
-            if args["kill_at"] == "after-rename":
-                os.kill(os.getpid(), signal.SIGKILL)
+        _kill_around(Table, "_do_commit", kill_at.split("-")[0])
+    elif kill_at == "before-rejects":
+        from airflow_provider_logbus.targets.iceberg import IcebergTarget
 
-        os.rename = rename
+        _kill_around(IcebergTarget, "finish", "before")
     if args["barrier"]:
         while not os.path.exists(args["barrier"]):
             time.sleep(0.001)
     plan_obj = BatchPlan.from_dict(args["plan"])
-    result = DirectoryTarget(args["warehouse"], plan_obj.table).commit(plan_obj, args["staging"], "run")
+    target = open_target(args["kind"], plan_obj.table, warehouse=args["warehouse"], catalog=args["catalog"])
+    result = target.commit(plan_obj, args["staging"], "run")
     Path(args["result"]).write_text(json.dumps({**result.record.to_dict(), "published_now": result.published_now}))
 
 

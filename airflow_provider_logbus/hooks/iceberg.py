@@ -1,0 +1,78 @@
+"""IcebergCatalogHook: the Iceberg catalog an Iceberg target commits through.
+
+Connection type `logbus_iceberg` (default id `logbus_iceberg_default`):
+
+* Catalog URI (host field, or extra `uri`): `sqlite:////var/lib/logbus/catalog.db`,
+  `postgresql+psycopg2://user:pw@db:5432/iceberg` (the production setup), or a REST
+  catalog's `https://...` with extra `{"type": "rest"}`;
+* extra `warehouse`: where table data goes (`file:///data/wh`, `s3://bucket/wh`);
+* any other extra is passed to pyiceberg's `load_catalog` as a catalog property
+  (`credential`, `token`, `s3.endpoint`, ...).
+
+Without the default connection, an embedded SQL catalog on a SQLite file under the
+operator's `warehouse` path is used (no server to run; the demo's setup).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook
+
+DEFAULT_CONN_ID = "logbus_iceberg_default"
+
+
+class IcebergCatalogHook(BaseHook):
+    conn_name_attr = "catalog_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = "logbus_iceberg"
+    hook_name = "Logbus Iceberg catalog"
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        from airflow_provider_logbus import ICEBERG_UI_FIELD_BEHAVIOUR
+
+        return ICEBERG_UI_FIELD_BEHAVIOUR
+
+    def __init__(self, catalog_conn_id: str = DEFAULT_CONN_ID) -> None:
+        super().__init__()
+        self.catalog_conn_id = catalog_conn_id
+
+    def catalog_properties(self, warehouse: str | None = None) -> dict[str, Any] | None:
+        """pyiceberg catalog properties from the connection; None (embedded SQLite
+        catalog under `warehouse`) when the default connection is not defined."""
+        try:
+            conn = self.get_connection(self.catalog_conn_id)
+        except AirflowNotFoundException:
+            if self.catalog_conn_id == DEFAULT_CONN_ID and warehouse:
+                self.log.info("no connection %r: using the embedded SQLite Iceberg catalog under %s",
+                              self.catalog_conn_id, warehouse)
+                return None
+            raise AirflowException(
+                f"Airflow connection {self.catalog_conn_id!r} is not defined: create a connection of type "
+                "'logbus_iceberg' with the catalog URI as host (e.g. postgresql+psycopg2://user@db/iceberg) and "
+                "extra {\"warehouse\": \"file:///data/wh\"}, or give the operator a warehouse path for the "
+                "embedded catalog") from None
+        if conn.conn_type and conn.conn_type != "logbus_iceberg":
+            raise AirflowException(f"Airflow connection {self.catalog_conn_id!r} has type {conn.conn_type!r}, "
+                                   "expected 'logbus_iceberg'")
+        props = dict(conn.extra_dejson or {})
+        uri = props.pop("uri", None) or conn.host
+        if not uri:
+            raise AirflowException(f"Airflow connection {self.catalog_conn_id!r} names no catalog: set its host "
+                                   "(or extra 'uri') to the catalog URI")
+        props.setdefault("type", "rest" if uri.startswith(("http://", "https://")) else "sql")
+        props["uri"] = uri
+        if "warehouse" not in props and warehouse:
+            props["warehouse"] = warehouse if "://" in warehouse else f"file://{warehouse}"
+        return props
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            from pyiceberg.catalog import load_catalog
+
+            props = self.catalog_properties()
+            catalog = load_catalog("logbus", **{k: str(v) for k, v in (props or {}).items()})
+            return True, f"{len(catalog.list_namespaces())} namespace(s)"
+        except Exception as exc:  # test_connection reports, never raises
+            return False, f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,368 @@
+"""The Apache Iceberg target: a batch is one snapshot, and its offsets travel inside it.
+
+A table `<namespace>.<table>` (namespace `logbus` unless the name has one) holds the
+logbus columns (topic, partition, offset, timestamp, key) and the declared value fields,
+partitioned by `hour(timestamp)` (hidden partitioning: a query for one hour plans that
+hour's files only). The Spark job writes one Parquet file per hour per task under the
+table's location (`data/_logbus_staging/<batch_id>.<attempt>/`); the commit adds them in
+one transaction whose snapshot summary holds
+
+    logbus.batch-id, logbus.ranges (JSON), logbus.counts (JSON), logbus.rejected (JSON),
+    logbus.run-id, logbus.interval-start/-end, logbus.planned-ranges (when re-planned)
+
+and which sets the table property `logbus.committed-offsets` (JSON, topic → partition →
+end), so the next snapshot reads one property instead of the whole history.
+
+The compare-and-swap is the catalog's own: the transaction asserts that `main` still
+points at the snapshot the commit read. pyiceberg retries a failed commit by rebasing it
+onto the newer snapshot, which would let two attempts of one batch both land; tables
+are created with `commit.retry.num-retries=0`, and a refused commit goes back to the
+protocol's loop, which reads the table again (`CommitTarget.commit`).
+
+Rejected values go to `<table>_rejects` (topic, partition, offset, timestamp, value,
+error), one snapshot per batch with the same `logbus.batch-id`, after the main commit
+and idempotently (a retry that finds the batch committed finishes its rejects).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_logbus.staged import StagedBatch
+from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget, TableState, TargetError, committed_ends
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "logbus"
+STAGING = "_logbus_staging"
+PREFIX = "logbus."
+COMMITTED_OFFSETS = "logbus.committed-offsets"
+COMPLETE_THROUGH = "logbus.complete-through"
+NO_REBASE = {"commit.retry.num-retries": "0"}
+
+
+def embedded_catalog(warehouse: str) -> dict[str, str]:
+    """A SQL catalog on a SQLite file under the warehouse: no server to run."""
+    root = Path(warehouse).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return {"type": "sql", "uri": f"sqlite:///{root / '_iceberg_catalog.db'}", "warehouse": f"file://{root}"}
+
+
+def logbus_columns():
+    import pyarrow as pa
+
+    return [pa.field("topic", pa.string()), pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
+            pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("key", pa.binary())]
+
+
+def rejects_schema():
+    import pyarrow as pa
+
+    return pa.schema([*logbus_columns(), pa.field("value", pa.binary()), pa.field("error", pa.string())])
+
+
+def small_types(schema):
+    """The table's schema as plain Arrow types (pyiceberg reads strings, binaries and
+    lists as their `large_` variants), without field ids, for comparing with a
+    declaration."""
+    import pyarrow as pa
+
+    def plain(t):
+        if pa.types.is_large_string(t):
+            return pa.string()
+        if pa.types.is_large_binary(t):
+            return pa.binary()
+        if pa.types.is_large_list(t) or pa.types.is_list(t):
+            return pa.list_(plain(t.value_type))
+        if pa.types.is_map(t):
+            return pa.map_(plain(t.key_type), plain(t.item_type))
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, plain(f.type), f.nullable) for f in t])
+        return t
+
+    return pa.schema([pa.field(f.name, plain(f.type), f.nullable) for f in schema])
+
+
+def local_path(location: str) -> str:
+    return location[len("file://"):] if location.startswith("file://") else location
+
+
+class IcebergTarget(CommitTarget):
+    layout = "iceberg"
+
+    def __init__(self, table: str, *, catalog_properties: dict[str, Any] | None = None,
+                 warehouse: str | None = None, catalog_name: str = "logbus") -> None:
+        from pyiceberg.catalog import load_catalog
+
+        namespace, _, name = table.rpartition(".")
+        if not name or not all(c.isalnum() or c in "_-" for c in name):
+            raise TargetError(f"invalid Iceberg table name {table!r}: use [namespace.]name of letters, digits, _ and -")
+        super().__init__(name)
+        self.namespace = namespace or DEFAULT_NAMESPACE
+        self.identifier = f"{self.namespace}.{name}"
+        self.rejects_identifier = f"{self.identifier}_rejects"
+        if not catalog_properties:
+            if not warehouse:
+                raise TargetError("the Iceberg target needs a catalog connection or a warehouse path for its "
+                                  "embedded SQLite catalog")
+            catalog_properties = embedded_catalog(warehouse)
+        self.warehouse = warehouse
+        self.catalog_properties = dict(catalog_properties)
+        self.catalog = load_catalog(catalog_name, **{k: str(v) for k, v in self.catalog_properties.items()})
+
+    def __repr__(self) -> str:
+        return f"IcebergTarget({self.identifier!r}, catalog={self.catalog_properties.get('uri')!r})"
+
+    # ----------------------------------------------------------------- the table
+
+    def _load(self, identifier: str | None = None):
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table(identifier or self.identifier)
+        except NoSuchTableError:
+            return None
+
+    def table_or_fail(self):
+        table = self._load()
+        if table is None:
+            raise TargetError(f"Iceberg table {self.identifier} does not exist yet: the load task creates it from "
+                              "the declared schema")
+        return table
+
+    def _create(self, identifier: str, schema, partitioned: bool) -> None:
+        from pyiceberg.exceptions import TableAlreadyExistsError
+        from pyiceberg.transforms import HourTransform
+
+        self.catalog.create_namespace_if_not_exists(self.namespace)
+        try:
+            with self.catalog.create_table_transaction(identifier, schema=schema, properties=NO_REBASE) as tx:
+                if partitioned:
+                    with tx.update_spec() as spec:
+                        spec.add_field("timestamp", HourTransform(), "timestamp_hour")
+            logger.info("created Iceberg table %s", identifier)
+        except TableAlreadyExistsError:
+            pass  # a concurrent first load created it
+
+    def ensure_schema(self, value_schema) -> None:
+        import pyarrow as pa
+
+        from airflow_provider_logbus.schema import check_evolution
+
+        if value_schema is None:
+            raise TargetError(f"the Iceberg table {self.identifier} needs a declared value schema (Spark DDL or a "
+                              "JSON schema file): a table's schema is not inferred from a sample")
+        declared = pa.schema([*logbus_columns(), *value_schema])
+        table = self._load()
+        if table is None:
+            self._create(self.identifier, declared, partitioned=True)
+            table = self.table_or_fail()
+        added = check_evolution(small_types(table.schema().as_arrow()), declared)
+        if added:
+            from pyiceberg.exceptions import CommitFailedException
+
+            for _ in range(10):
+                try:
+                    with table.update_schema() as update:
+                        update.union_by_name(pa.schema([declared.field(n) for n in added]))
+                    logger.info("Iceberg table %s gained optional field(s) %s", self.identifier, ", ".join(added))
+                    break
+                except CommitFailedException:
+                    table = self.table_or_fail()
+                    if not check_evolution(small_types(table.schema().as_arrow()), declared):
+                        break
+        if self._load(self.rejects_identifier) is None:
+            self._create(self.rejects_identifier, rejects_schema(), partitioned=False)
+
+    # ----------------------------------------------------------------- reading
+
+    @staticmethod
+    def _summary(snapshot) -> dict[str, str]:
+        return dict(snapshot.summary.additional_properties) if snapshot.summary else {}
+
+    def _batch_snapshots(self, table) -> list:
+        """Snapshots of the current lineage that carry a batch, oldest first."""
+        if table is None or table.current_snapshot() is None:
+            return []
+        from pyiceberg.table.snapshots import ancestors_of
+
+        chain = list(ancestors_of(table.current_snapshot(), table.metadata))
+        return [s for s in reversed(chain) if PREFIX + "batch-id" in self._summary(s)]
+
+    def _record_of(self, snapshot) -> BatchRecord:
+        s = self._summary(snapshot)
+        planned = s.get(PREFIX + "planned-ranges")
+        return BatchRecord(
+            table=self.table, batch_id=s[PREFIX + "batch-id"], interval_start=s.get(PREFIX + "interval-start", ""),
+            interval_end=s.get(PREFIX + "interval-end", ""), run_id=s.get(PREFIX + "run-id", ""),
+            ranges=json.loads(s.get(PREFIX + "ranges", "[]")), counts=json.loads(s.get(PREFIX + "counts", "[]")),
+            row_count=int(s.get(PREFIX + "row-count", 0)), committed_at=s.get(PREFIX + "committed-at", ""),
+            attempt=s.get(PREFIX + "attempt", ""), window_ms=int(s.get(PREFIX + "window-ms", 600_000)),
+            rejected=json.loads(s.get(PREFIX + "rejected", "[]")),
+            rejected_count=int(s.get(PREFIX + "rejected-count", 0)), schema=s.get(PREFIX + "schema"),
+            schema_source=s.get(PREFIX + "schema-source"), planned_ranges=json.loads(planned) if planned else None,
+            extra={"snapshot_id": snapshot.snapshot_id, "staging": s.get(PREFIX + "staging", "")})
+
+    def state(self) -> TableState:
+        table = self._load()
+        if table is None:
+            return TableState(ends={}, batch_ids=frozenset(), token=None, exists=False)
+        snapshots = self._batch_snapshots(table)
+        raw = table.properties.get(COMMITTED_OFFSETS)
+        if raw:
+            ends = {(t, int(p)): int(e) for t, parts in json.loads(raw).items() for p, e in parts.items()}
+        else:  # a table written before the property existed: fold the history once
+            ends = committed_ends([self._record_of(s) for s in snapshots])
+        current = table.current_snapshot()
+        return TableState(ends=ends, batch_ids=frozenset(self._summary(s)[PREFIX + "batch-id"] for s in snapshots),
+                          token=current.snapshot_id if current else None, exists=bool(snapshots))
+
+    def batch(self, batch_id: str) -> BatchRecord | None:
+        for snapshot in self._batch_snapshots(self._load()):
+            if self._summary(snapshot)[PREFIX + "batch-id"] == batch_id:
+                return self._record_of(snapshot)
+        return None
+
+    def batches(self) -> list[BatchRecord]:
+        records = [self._record_of(s) for s in self._batch_snapshots(self._load())]
+        return sorted(records, key=lambda r: (r.interval_end, r.batch_id))
+
+    # ----------------------------------------------------------------- writing
+
+    def _staging_root(self) -> Path:
+        location = local_path(self.table_or_fail().location())
+        return Path(location) / "data" / STAGING
+
+    def prepare_staging(self, batch_id: str, attempt: int | str) -> str:
+        staging = self._staging_root() / f"{batch_id}.{attempt}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        return str(staging)
+
+    def remove_attempts(self, batch_id: str, keep: str | None = None) -> None:
+        """Other attempts' files are never referenced by a snapshot: delete them. The
+        committed attempt's data files stay where they are (the snapshot points at
+        them); only its bookkeeping file goes."""
+        table = self._load()
+        if table is None:
+            return
+        root = self._staging_root()
+        if not root.is_dir():
+            return
+        for child in root.iterdir():
+            if child.name.rsplit(".", 1)[0] != batch_id or not child.is_dir():
+                continue
+            if str(child) == keep:
+                continue
+            record = self.batch(batch_id)
+            if record is not None and record.extra.get("staging") == str(child):
+                continue
+            shutil.rmtree(child, ignore_errors=True)
+
+    def _summary_of(self, record: BatchRecord, staged: StagedBatch) -> dict[str, str]:
+        summary = {
+            "batch-id": record.batch_id, "interval-start": record.interval_start,
+            "interval-end": record.interval_end, "run-id": record.run_id, "ranges": json.dumps(record.ranges),
+            "counts": json.dumps(record.counts), "row-count": str(record.row_count),
+            "rejected": json.dumps(record.rejected), "rejected-count": str(record.rejected_count),
+            "committed-at": record.committed_at, "attempt": record.attempt, "window-ms": str(record.window_ms),
+            "staging": str(staged.root),
+        }
+        if record.schema:
+            summary["schema"] = record.schema
+        if record.schema_source:
+            summary["schema-source"] = record.schema_source
+        if record.planned_ranges is not None:
+            summary["planned-ranges"] = json.dumps(record.planned_ranges)
+        return {PREFIX + k: v for k, v in summary.items()}
+
+    def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
+        from pyiceberg.exceptions import CommitFailedException
+
+        table = self.table_or_fail()
+        current = table.current_snapshot()
+        if (current.snapshot_id if current else None) != state.token:
+            return False
+        ends = dict(state.ends)
+        for r in record.range_list():
+            ends[r.key] = r.end
+        offsets: dict[str, dict[str, int]] = {}
+        for (topic, partition), end in sorted(ends.items()):
+            offsets.setdefault(topic, {})[str(partition)] = end
+        tx = table.transaction()
+        tx.add_files([str(p) for p in staged.data_files()], snapshot_properties=self._summary_of(record, staged))
+        tx.set_properties({COMMITTED_OFFSETS: json.dumps(offsets, sort_keys=True), **NO_REBASE})
+        try:
+            tx.commit_transaction()  # asserts main is still at state.token
+        except CommitFailedException as exc:
+            logger.info("Iceberg commit of batch %s refused (%s)", record.batch_id, exc)
+            return False
+        return True
+
+    def finish(self, record: BatchRecord) -> None:
+        """Publish the batch's rejects into `<table>_rejects`, once."""
+        staging = record.extra.get("staging")
+        rejects_table = self._load(self.rejects_identifier)
+        if not staging or rejects_table is None or not os.path.isdir(staging):
+            return
+        staged_rejects = StagedBatch(root=Path(staging), counts=[], row_count=0).reject_files()
+        for _ in range(10):
+            rejects_table = self._load(self.rejects_identifier)
+            done = any(self._summary(s).get(PREFIX + "batch-id") == record.batch_id
+                       for s in rejects_table.metadata.snapshots)
+            if done or not staged_rejects:
+                return
+            from pyiceberg.exceptions import CommitFailedException
+
+            tx = rejects_table.transaction()
+            tx.add_files([str(p) for p in staged_rejects],
+                         snapshot_properties={PREFIX + "batch-id": record.batch_id,
+                                              PREFIX + "rejected-count": str(record.rejected_count)})
+            try:
+                tx.commit_transaction()
+                return
+            except CommitFailedException:
+                continue
+
+    # ----------------------------------------------------------------- audit
+
+    def write_audit(self, audit_id: str, report: dict) -> str:
+        from airflow_provider_logbus.targets.directory import write_json_atomic
+
+        root = Path(self.warehouse) if self.warehouse else Path(local_path(self.table_or_fail().location()))
+        directory = root / "_audit" / self.identifier
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{audit_id}.json"
+        write_json_atomic(path, report)
+        return str(path)
+
+    def complete_through(self) -> int | None:
+        table = self._load()
+        value = table.properties.get(COMPLETE_THROUGH) if table is not None else None
+        return int(value) if value else None
+
+    def set_complete_through(self, ms: int) -> None:
+        from pyiceberg.exceptions import CommitFailedException
+
+        for _ in range(10):
+            table = self.table_or_fail()
+            current = table.properties.get(COMPLETE_THROUGH)
+            if current and int(current) >= ms:
+                return
+            try:
+                with table.transaction() as tx:
+                    tx.set_properties({COMPLETE_THROUGH: str(ms)})
+                return
+            except CommitFailedException:
+                continue
+
+    def close(self) -> None:
+        engine = getattr(self.catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()

@@ -1,0 +1,134 @@
+"""The Iceberg target's commit: one snapshot per batch with its offsets in the summary,
+the catalog's compare-and-swap under real concurrent processes and SIGKILL, on a SQLite
+catalog and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_logbus.plan import BatchPlan
+from airflow_provider_logbus.schema import SchemaError
+from airflow_provider_logbus.targets.iceberg import IcebergTarget, embedded_catalog
+
+from .stagingutil import child_command, offsets, plan, write_staging
+
+ROOT = Path(__file__).parents[2]
+VALUE = pa.schema([pa.field("n", pa.int64())])
+
+
+def ranges(*spans: tuple[int, int, int]) -> list[dict]:
+    return [{"topic": "t", "partition": p, "start": s, "end": e} for p, s, e in spans]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog(request, tmp_path) -> dict:
+    """Catalog properties: the embedded SQLite file, or a SQL catalog on PostgreSQL."""
+    if request.param == "sqlite":
+        return embedded_catalog(str(tmp_path / "wh"))
+    server = request.getfixturevalue("postgres")
+    uri = server.create_database(f"iceberg_{tmp_path.name[-20:].lower().replace('-', '_')}")
+    return {"type": "sql", "uri": uri, "warehouse": f"file://{tmp_path / 'wh'}"}
+
+
+def target_for(catalog: dict, tmp_path: Path) -> IcebergTarget:
+    target = IcebergTarget("tbl", catalog_properties=catalog, warehouse=str(tmp_path / "wh"))
+    target.ensure_schema(VALUE)
+    return target
+
+
+def staged(target: IcebergTarget, batch_id: str, attempt: int, spans: list[dict]) -> str:
+    staging = target.prepare_staging(batch_id, attempt)
+    write_staging(staging, spans, layout="iceberg")
+    return staging
+
+
+def table_offsets(target: IcebergTarget) -> list[tuple[int, int]]:
+    t = target.table_or_fail().scan(selected_fields=("partition", "offset")).to_arrow()
+    return sorted(zip(t["partition"].to_pylist(), t["offset"].to_pylist()))
+
+
+def batch_snapshots(target: IcebergTarget, batch_id: str) -> int:
+    return sum(s.summary.additional_properties.get("logbus.batch-id") == batch_id
+               for s in target.table_or_fail().metadata.snapshots)
+
+
+def run_children(tmp_path: Path, catalog: dict, children: list[tuple[dict, str]], kill_at: str | None = None,
+                 together: bool = True) -> list[subprocess.CompletedProcess | int]:
+    barrier = tmp_path / "go"
+    procs = [subprocess.Popen(child_command(str(tmp_path / "wh"), p, staging, str(tmp_path / f"r{i}.json"),
+                                            barrier=str(barrier) if together else None, kill_at=kill_at,
+                                            kind="iceberg", catalog=catalog), cwd=ROOT)
+             for i, (p, staging) in enumerate(children)]
+    barrier.touch()
+    return [p.wait(timeout=180) for p in procs]
+
+
+def test_a_batch_is_one_snapshot_carrying_its_offsets(catalog, tmp_path):
+    target = target_for(catalog, tmp_path)
+    spans = ranges((0, 0, 1000), (1, 0, 500))
+    result = target.commit(BatchPlan.from_dict(plan("b1", spans)), staged(target, "b1", 1, spans), "run-1")
+    assert result.published_now and result.record.row_count == 15
+    table = target.table_or_fail()
+    summary = table.current_snapshot().summary.additional_properties
+    assert summary["logbus.batch-id"] == "b1" and json.loads(summary["logbus.ranges"]) == spans
+    assert summary["logbus.run-id"] == "run-1" and json.loads(summary["logbus.counts"])[0]["count"] == 15
+    assert json.loads(table.properties["logbus.committed-offsets"]) == {"t": {"0": 1000, "1": 500}}
+    assert str(table.spec().fields[0].transform) == "hour"
+    assert table_offsets(target) == sorted([(0, o) for o in offsets(0, 1000)] + [(1, o) for o in offsets(0, 500)])
+    assert target.committed_end_offsets("t") == {0: 1000, 1: 500}
+
+
+def test_overlapping_batches_committed_at_once_load_every_message_once(catalog, tmp_path):
+    target = target_for(catalog, tmp_path)
+    spans = ranges((0, 0, 3000))
+    codes = run_children(tmp_path, catalog, [(plan(f"b{i}", spans), staged(target, f"b{i}", 1, spans))
+                                             for i in range(4)])
+    assert codes == [0, 0, 0, 0]
+    assert table_offsets(target) == [(0, o) for o in offsets(0, 3000)]
+    results = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in range(4)]
+    assert sum(r["row_count"] for r in results) == 30 and all(r["published_now"] for r in results)
+
+
+def test_two_attempts_of_one_batch_at_once_make_one_snapshot(catalog, tmp_path):
+    target = target_for(catalog, tmp_path)
+    spans = ranges((0, 0, 2000))
+    codes = run_children(tmp_path, catalog, [(plan("b1", spans), staged(target, "b1", 1, spans)),
+                                             (plan("b1", spans), staged(target, "b1", 2, spans))])
+    assert codes == [0, 0]
+    assert batch_snapshots(target, "b1") == 1
+    assert table_offsets(target) == [(0, o) for o in offsets(0, 2000)]
+
+
+@pytest.mark.parametrize("kill_at", ["before-catalog-commit", "after-catalog-commit", "before-rejects"])
+def test_a_commit_killed_at_each_step_is_finished_by_its_retry_exactly_once(tmp_path, kill_at):
+    catalog = embedded_catalog(str(tmp_path / "wh"))
+    target = target_for(catalog, tmp_path)
+    spans = ranges((0, 0, 1500))
+    staging = staged(target, "b1", 1, spans)
+    assert run_children(tmp_path, catalog, [(plan("b1", spans), staging)], kill_at=kill_at, together=False) == [-9]
+    retry = target.commit(BatchPlan.from_dict(plan("b1", spans)), staging, "retry")
+    assert batch_snapshots(target, "b1") == 1
+    assert table_offsets(target) == [(0, o) for o in offsets(0, 1500)]
+    assert retry.published_now == (kill_at == "before-catalog-commit")
+    referenced = {f.file_path for f in target.table_or_fail().scan().plan_files() for f in [f.file]}
+    assert all(Path(p.replace("file://", "")).exists() for p in referenced)
+
+
+def test_a_declared_optional_field_evolves_the_table_and_a_narrowing_is_refused(tmp_path):
+    target = target_for(embedded_catalog(str(tmp_path / "wh")), tmp_path)
+    target.ensure_schema(pa.schema([pa.field("n", pa.int64()), pa.field("page", pa.string())]))
+    assert "page" in target.table_or_fail().schema().column_names
+    with pytest.raises(SchemaError, match="n"):
+        target.ensure_schema(pa.schema([pa.field("n", pa.int32())]))
+    assert "page" in target.table_or_fail().schema().column_names
+
+
+def test_an_iceberg_table_without_a_declared_schema_is_refused(tmp_path):
+    target = IcebergTarget("tbl", warehouse=str(tmp_path / "wh"))
+    with pytest.raises(Exception, match="declared value schema"):
+        target.ensure_schema(None)
