@@ -10,6 +10,11 @@ entry (the next fetch starts at it), and advances the offset past what it return
   earliest or latest offset (`auto_offset_reset`), or raises with "error".
 - `NotLeaderForPartition` or a lost connection refreshes metadata and retries until
   `retry_timeout_ms`, then raises `PartitionUnavailable`.
+- An entry that cannot be decoded never stalls the consumer: the messages before it
+  are returned first; then the entry is fetched once more (corruption in transit goes
+  away) and, if still bad, `on_corrupt="raise"` (the default) raises
+  `CorruptMessageError` naming topic, partition, offset and the way past it, while
+  `on_corrupt="skip"` logs a warning, counts it in `skipped` and reads on after it.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import time
 from typing import Iterator
 
 from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
-from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable
+from broker.client.errors import CorruptMessageError, FetchSizeTooSmall, PartitionUnavailable
 from broker.errors import BrokerShuttingDown, NotLeaderForPartition, OffsetOutOfRange, UnknownTopic
-from broker.message import Message, first_entry_size, iter_messages
+from broker.message import CorruptEntry, Message, decode_messages, first_entry_size
 from broker.protocol import EARLIEST, LATEST, check_topic_name
 
 logger = logging.getLogger(__name__)
 
 RESETS = ("smallest", "largest", "error")
+ON_CORRUPT = ("raise", "skip")
 _RETRIABLE = (ConnectionError, OSError, NotLeaderForPartition, BrokerShuttingDown)
 
 
@@ -50,11 +56,17 @@ class SimpleConsumer:
         retry_timeout_ms: int = 10_000,
         retry_backoff_ms: int = 100,
         verify_crc: bool = True,
+        on_corrupt: str = "raise",
         client_id: str = "logbus-consumer",
         metadata: ClusterMetadata | None = None,
     ) -> None:
         if auto_offset_reset not in RESETS:
             raise ValueError(f"auto_offset_reset must be one of {', '.join(RESETS)}, not {auto_offset_reset!r}")
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {', '.join(ON_CORRUPT)}, not {on_corrupt!r}")
+        self.on_corrupt = on_corrupt
+        self.skipped = 0  # corrupt entries stepped over (on_corrupt="skip")
+        self._suspect: int | None = None  # offset of an entry found corrupt once (fetched again before acting)
         self.topic = check_topic_name(topic)
         self.partition = partition
         self.fetch_size = fetch_size
@@ -146,10 +158,13 @@ class SimpleConsumer:
                 continue
             self.high_watermark = response.high_watermark
             data = response.messages
-            messages = list(iter_messages(data, self.offset, self.verify_crc))
+            messages, corrupt = decode_messages(data, self.offset, self.verify_crc)
             if messages:
                 self.offset = messages[-1].next_offset
                 return messages
+            if corrupt is not None:
+                self._corrupt(corrupt)
+                continue
             needed = first_entry_size(data)
             if needed is None or needed <= len(data):
                 return []
@@ -160,6 +175,21 @@ class SimpleConsumer:
             size = min(max(size * 2, 1), self.max_fetch_size)
             logger.info("message at %s-%d@%d needs %d bytes; fetching %d", self.topic, self.partition,
                         self.offset, needed, size)
+
+    def _corrupt(self, corrupt: CorruptEntry) -> None:
+        """The entry at the current offset cannot be decoded: fetch it again once, then
+        raise or skip it (`on_corrupt`)."""
+        if self._suspect != corrupt.offset:
+            self._suspect = corrupt.offset
+            logger.info("%s-%d: %s; fetching it again", self.topic, self.partition, corrupt)
+            return
+        self._suspect = None
+        error = CorruptMessageError(self.topic, self.partition, corrupt.offset, corrupt.next_offset, corrupt.reason)
+        if self.on_corrupt == "raise" or corrupt.next_offset is None:
+            raise error
+        self.skipped += 1
+        logger.warning("skipping %s (%d skipped so far)", error, self.skipped)
+        self.offset = corrupt.next_offset
 
     def _reset(self) -> None:
         if self.auto_offset_reset == "error":

@@ -47,3 +47,20 @@ class FetchSizeTooSmall(ClientError):
 
 class ConsumerTimeout(ClientError):
     """A consumer-group stream received nothing within `consumer_timeout_ms`."""
+
+
+class CorruptMessageError(ClientError):
+    """An entry of a partition cannot be decoded (bad CRC, format, or compressed value)
+    — corrupt data on the broker, not in transit (it was fetched twice). The messages
+    before it were delivered. `next_offset` is the way past it (`offset + 4 + size`), or
+    None when even its size field is garbage; `consumer.seek(error.next_offset)` skips it."""
+
+    def __init__(self, topic: str, partition: int, offset: int, next_offset: int | None, reason: str) -> None:
+        way = (f"seek({next_offset}) to skip it" if next_offset is not None
+               else "its size field is unusable, so it cannot be skipped by size")
+        super().__init__(f"corrupt entry in {topic}-{partition} at offset {offset}: {reason}; {way}")
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.next_offset = next_offset
+        self.reason = reason

@@ -10,6 +10,12 @@ partition's fetch size up to `max_fetch_size`.
 
 `assign()` replaces the work at a rebalance; chunks carry the generation they were
 fetched in, and results of an older generation are thrown away.
+
+An entry that cannot be decoded never stalls a stream: the messages before it are
+delivered, the entry is fetched once more (corruption in transit goes away), and if it
+is still bad it is skipped (`offset + 4 + size`) with a warning naming the partition and
+offset, and counted in `skipped`. Only an entry whose size field is garbage — there is
+no way past it — ends the partition's stream with `CorruptMessageError`.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ import threading
 from dataclasses import dataclass
 
 from broker.client.cluster import ClusterMetadata, ConnectionPool
-from broker.client.errors import FetchSizeTooSmall
+from broker.client.errors import CorruptMessageError, FetchSizeTooSmall
 from broker.client.stream import Chunk, MessageStream
-from broker.errors import LogbusError, OffsetOutOfRange, error_for
-from broker.message import first_entry_size, iter_messages
+from broker.errors import InvalidRequest, LogbusError, OffsetOutOfRange, error_for
+from broker.message import CorruptEntry, decode_messages, first_entry_size
 from broker.protocol import EARLIEST, LATEST, ApiKey, FetchRequest, MultiFetchRequest, decode_multifetch, raise_for_error
 
 logger = logging.getLogger(__name__)
@@ -38,6 +44,7 @@ class PartitionFetch:
     stream: MessageStream
     offset: int | None
     fetch_size: int
+    suspect: int | None = None  # offset of an entry found corrupt once (fetched again before skipping)
 
 
 class Fetcher(threading.Thread):
@@ -59,6 +66,11 @@ class Fetcher(threading.Thread):
         self._generation = 0
         self._stopped = threading.Event()
         self.wake = threading.Event()
+        self.skipped: dict[tuple[str, int], int] = {}  # corrupt entries skipped, per partition
+
+    @property
+    def skipped_entries(self) -> int:
+        return sum(self.skipped.values())
 
     def assign(self, work: list[PartitionFetch], generation: int) -> None:
         with self._lock:
@@ -148,11 +160,13 @@ class Fetcher(threading.Thread):
             return
         if result.error_code != 0:
             error = error_for(result.error_code, result.message)
+            if isinstance(error, InvalidRequest):  # e.g. an offset that is not a message boundary
+                logger.error("fetch of %s-%d at %s refused: %s", f.topic, f.partition, f.offset, error)
+                self._end(f, generation, error)
+                return
             if isinstance(error, OffsetOutOfRange):
                 if self.auto_offset_reset == "error":
-                    f.stream.queue.put(Chunk(generation, f.topic, f.partition, [], error))
-                    with self._lock:
-                        self._work = [w for w in self._work if w is not f]
+                    self._end(f, generation, error)
                     return
                 logger.warning("offset %s of %s-%d is out of range; resetting to %s", f.offset, f.topic, f.partition,
                                self.auto_offset_reset)
@@ -162,10 +176,9 @@ class Fetcher(threading.Thread):
                 self.metadata.refresh(f.topic)
             return
         data = result.value.messages
-        try:
-            messages = list(iter_messages(data, f.offset))
-        except LogbusError as exc:  # a CRC error in transit: fetch again
-            logger.error("corrupt data from %s-%d at %d: %s; fetching again", f.topic, f.partition, f.offset, exc)
+        messages, corrupt = decode_messages(data, f.offset)
+        if not messages and corrupt is not None:
+            self._corrupt(f, corrupt, generation)
             return
         if messages:
             f.offset = messages[-1].next_offset
@@ -175,10 +188,32 @@ class Fetcher(threading.Thread):
         needed = first_entry_size(data)
         if needed is not None and needed > len(data):
             if f.fetch_size >= self.max_fetch_size:
-                f.stream.queue.put(Chunk(generation, f.topic, f.partition, [], FetchSizeTooSmall(
+                self._end(f, generation, FetchSizeTooSmall(
                     f"the message at {f.topic}-{f.partition} offset {f.offset} is {needed} bytes, more than "
-                    f"max_fetch_size={self.max_fetch_size}")))
-                with self._lock:
-                    self._work = [w for w in self._work if w is not f]
+                    f"max_fetch_size={self.max_fetch_size}"))
                 return
             f.fetch_size = min(f.fetch_size * 2, self.max_fetch_size)
+
+    def _corrupt(self, f: PartitionFetch, corrupt: CorruptEntry, generation: int) -> None:
+        """The entry at `f.offset` cannot be decoded: fetch it again once, then skip it."""
+        if f.suspect != corrupt.offset:
+            f.suspect = corrupt.offset
+            logger.info("%s-%d: %s; fetching it again", f.topic, f.partition, corrupt)
+            return
+        f.suspect = None
+        error = CorruptMessageError(f.topic, f.partition, corrupt.offset, corrupt.next_offset, corrupt.reason)
+        if corrupt.next_offset is None:
+            logger.error("%s; the stream of %s-%d ends here", error, f.topic, f.partition)
+            self._end(f, generation, error)
+            return
+        key = (f.topic, f.partition)
+        self.skipped[key] = self.skipped.get(key, 0) + 1
+        logger.warning("skipping corrupt entry in %s-%d at offset %d (%s); next offset %d; %d skipped in this partition",
+                       f.topic, f.partition, corrupt.offset, corrupt.reason, corrupt.next_offset, self.skipped[key])
+        f.offset = corrupt.next_offset
+
+    def _end(self, f: PartitionFetch, generation: int, error: BaseException) -> None:
+        """Stop fetching a partition; its stream raises `error` after what it already holds."""
+        f.stream.queue.put(Chunk(generation, f.topic, f.partition, [], error))
+        with self._lock:
+            self._work = [w for w in self._work if w is not f]
