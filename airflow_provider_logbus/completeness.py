@@ -110,6 +110,33 @@ def newly_complete_hours(report: dict, complete_through_ms: int | None) -> list[
     return out
 
 
+def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], int],
+                            batches: list[BatchRecord], threshold: float, now_ms: int, grace_ms: int,
+                            until_ms: int, run_id: str, attempts: int = 20) -> list[dict]:
+    """Claim the hours that became complete, up to `until_ms`, from the table's watermark
+    (or from the first hour the table holds). The audit of any interval looks at every
+    hour since the watermark, so runs that finish out of order (a backfill) still
+    announce each hour once and in order; the claim is a compare-and-swap on the
+    table's announcement, so of two concurrent audits only one announces an hour."""
+    windows = [int(c["window_start"]) for b in batches for c in b.counts if c["topic"] == topic]
+    for _ in range(attempts):
+        current = target.announcement()
+        start = int(current["complete_through_ms"]) if current else (min(windows) if windows else None)
+        if start is None or start >= until_ms:
+            return []
+        start -= start % HOUR_MS
+        report = judge(build_report(target.table, topic, start, until_ms, produced, batches, threshold),
+                       now_ms, grace_ms)
+        hours = newly_complete_hours(report, start)
+        if not hours:
+            return []
+        new = {"complete_through_ms": hours[-1]["hour_ms"] + HOUR_MS, "run_id": run_id,
+               "hours": [h["hour"] for h in hours]}
+        if target.announce(current, new):
+            return hours
+    return []
+
+
 def data_losses(batches: list[BatchRecord], topic: str) -> list[dict]:
     """Byte ranges retention deleted before they were loaded (on_data_loss="skip")."""
     return [

@@ -221,8 +221,14 @@ class LogbusHook(BaseHook):
               warehouse: str | None = None, target: CommitTarget | None = None,
               monitoring_topic: str = "_logbus_audit") -> dict:
         from airflow_provider_logbus.completeness import build_report
-        from airflow_provider_logbus.monitoring import read_produced_counts
 
         target = target or DirectoryTarget(warehouse or "", table)
-        produced = read_produced_counts(self.get_conn(), monitoring_topic)
-        return build_report(table, topic, start_ms, end_ms, produced, target.batches(), threshold)
+        produced, batches = self.audit_inputs(target, monitoring_topic)
+        return build_report(table, topic, start_ms, end_ms, produced, batches, threshold)
+
+    def audit_inputs(self, target: CommitTarget, monitoring_topic: str = "_logbus_audit"):
+        """(messages produced per (topic, window) from the monitoring events, the
+        table's committed batches): what the audit compares."""
+        from airflow_provider_logbus.monitoring import read_produced_counts
+
+        return read_produced_counts(self.get_conn(), monitoring_topic), target.batches()

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOperator
 
-from airflow_provider_logbus.completeness import format_report, judge, newly_complete_hours
+from airflow_provider_logbus.completeness import announce_complete_hours, build_report, format_report, judge
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.plan import batch_id_for
@@ -34,9 +34,10 @@ class LogbusAuditOperator(BaseOperator):
     interval end (before that it only warns: late data may still come).
 
     Every hour found complete (at or above the threshold, no duplicate, past its grace),
-    contiguous from the table's `logbus.complete-through` watermark, is announced once:
-    an event of `complete_hours_asset(table)` with the hour as partition key (extra:
-    hour, rows, rejected, completeness), and the watermark advances past it.
+    contiguous from the table's `logbus.complete-through` watermark up to the interval's
+    end, is announced once: an event of `complete_hours_asset(table)` with the hour as
+    partition key (extra: hour, rows, rejected, completeness), and the watermark advances
+    past it (a compare-and-swap: two audits never announce the same hour).
     """
 
     template_fields: Sequence[str] = ("warehouse", "table", "topic", "threshold", "target")
@@ -55,46 +56,49 @@ class LogbusAuditOperator(BaseOperator):
 
     def execute(self, context) -> dict:
         start, end = context["data_interval_start"], context["data_interval_end"]
+        start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+        threshold, grace_ms = float(self.threshold), int(self.grace.total_seconds() * 1000)
         hook = LogbusHook(self.logbus_conn_id)
         target = resolve_target(self.target, self.table, warehouse=self.warehouse,
                                 catalog_conn_id=self.catalog_conn_id)
         try:
-            report = hook.audit(target=target, table=self.table, topic=self.topic,
-                                start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000),
-                                threshold=float(self.threshold), monitoring_topic=self.monitoring_topic)
+            produced, batches = hook.audit_inputs(target, self.monitoring_topic)
             now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
-            judge(report, now_ms, int(self.grace.total_seconds() * 1000))
+            report = judge(build_report(self.table, self.topic, start_ms, end_ms, produced, batches, threshold),
+                           now_ms, grace_ms)
             report["run_id"] = context["run_id"]
             path = target.write_audit(batch_id_for(start, end), report)
             self.log.info("audit report (%s) in %s\n%s", report["status"], path, format_report(report))
-            self._announce(context, target, report)
+            duplicated = report["duplicated"] or report["overlaps"]
+            if report["status"] == "failed" and (duplicated or self.fail_under_threshold):
+                raise LogbusCompletenessError(
+                    f"audit of table {self.table!r} against topic {self.topic!r} for {report['start']}.."
+                    f"{report['end']} failed: {'; '.join(report['reasons'])}; report: {path}")
+            if report["status"] != "ok":
+                self.log.warning("completeness %.4f%% (%s)", report["completeness"] * 100, report["status"])
+            # the last step: an announcement is claimed only by an audit that succeeds
+            hours = announce_complete_hours(target, self.topic, produced, batches, threshold, now_ms, grace_ms,
+                                            end_ms, context["run_id"])
         finally:
             target.close()
             hook.close()
-        duplicated = report["duplicated"] or report["overlaps"]
-        if report["status"] == "failed" and (duplicated or self.fail_under_threshold):
-            raise LogbusCompletenessError(
-                f"audit of table {self.table!r} against topic {self.topic!r} for {report['start']}..{report['end']} "
-                f"failed: {'; '.join(report['reasons'])}; report: {path}")
-        if report["status"] != "ok":
-            self.log.warning("completeness %.4f%% (%s)", report["completeness"] * 100, report["status"])
+        report["announced_hours"] = [h["hour"] for h in hours]
+        self._emit(context, hours)
         return report
 
-    def _announce(self, context, target, report: dict) -> None:
-        hours = newly_complete_hours(report, target.complete_through())
-        report["announced_hours"] = [h["hour"] for h in hours]
+    def _emit(self, context, hours: list[dict]) -> None:
+        """One event of the complete-hours Asset per announced hour (its partition key)."""
         if not hours:
             return
+        self.log.info("announcing complete hour(s) %s", ", ".join(h["hour"] for h in hours))
         outlet_events = context.get("outlet_events")
-        if outlet_events is not None:
-            for asset in self.outlets:
-                if isinstance(asset, Asset) and asset.uri.startswith("logbus-complete://"):
-                    accessor = outlet_events[asset]
-                    accessor.extra = {"table": self.table, "topic": self.topic, "hours": {
-                        h["hour"]: {"hour": h["hour"], "rows": h["loaded"], "rejected": h["rejected"],
-                                    "completeness": h["completeness"]} for h in hours}}
-                    if hasattr(accessor, "add_partitions"):  # Airflow >= 3.2: one event per hour
-                        accessor.add_partitions([h["hour"] for h in hours])
-        target.set_complete_through(hours[-1]["hour_ms"] + 3_600_000)
-        self.log.info("announced complete hour(s) %s; complete-through now %s",
-                      ", ".join(report["announced_hours"]), hours[-1]["hour_ms"] + 3_600_000)
+        if outlet_events is None:
+            return
+        for asset in self.outlets:
+            if isinstance(asset, Asset) and asset.uri.startswith("logbus-complete://"):
+                accessor = outlet_events[asset]
+                accessor.extra = {"table": self.table, "topic": self.topic, "hours": {
+                    h["hour"]: {"hour": h["hour"], "rows": h["loaded"], "rejected": h["rejected"],
+                                "completeness": h["completeness"]} for h in hours}}
+                if hasattr(accessor, "add_partitions"):  # Airflow >= 3.2: one event per hour
+                    accessor.add_partitions([h["hour"] for h in hours])

@@ -239,13 +239,19 @@ class CommitTarget(ABC):
         """Keep an audit report beside the table; returns where."""
 
     @abstractmethod
-    def complete_through(self) -> int | None:
-        """The `logbus.complete-through` watermark (ms): every hour before it was found
-        complete by an audit and announced."""
+    def announcement(self) -> dict | None:
+        """The last announcement of complete hours: {"complete_through_ms": every hour
+        before it was found complete and announced, "run_id", "hours"}; None before any."""
 
     @abstractmethod
-    def set_complete_through(self, ms: int) -> None:
-        """Advance the watermark (never backwards)."""
+    def announce(self, expected: dict | None, new: dict) -> bool:
+        """Replace the announcement `expected` by `new` — a compare-and-swap, so that of
+        two audits finding the same hours complete only one announces them."""
+
+    def complete_through(self) -> int | None:
+        """The `logbus.complete-through` watermark in ms, or None."""
+        current = self.announcement()
+        return int(current["complete_through_ms"]) if current else None
 
     def close(self) -> None:
         """Release catalog connections."""

@@ -172,14 +172,15 @@ class DirectoryTarget(CommitTarget):
         write_json_atomic(path, report)
         return str(path)
 
-    def complete_through(self) -> int | None:
+    def announcement(self) -> dict | None:
         try:
-            return int(json.loads((self.table_dir / COMPLETE_THROUGH).read_text())["complete_through_ms"])
+            return json.loads((self.table_dir / COMPLETE_THROUGH).read_text())
         except FileNotFoundError:
             return None
 
-    def set_complete_through(self, ms: int) -> None:
+    def announce(self, expected: dict | None, new: dict) -> bool:
         with self._locked():
-            current = self.complete_through()
-            if current is None or ms > current:
-                write_json_atomic(self.table_dir / COMPLETE_THROUGH, {"complete_through_ms": ms})
+            if self.announcement() != expected:
+                return False
+            write_json_atomic(self.table_dir / COMPLETE_THROUGH, new)
+            return True

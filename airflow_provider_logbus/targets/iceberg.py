@@ -43,6 +43,7 @@ STAGING = "_logbus_staging"
 PREFIX = "logbus."
 COMMITTED_OFFSETS = "logbus.committed-offsets"
 COMPLETE_THROUGH = "logbus.complete-through"
+ANNOUNCED = "logbus.announced"
 NO_REBASE = {"commit.retry.num-retries": "0"}
 
 
@@ -342,25 +343,28 @@ class IcebergTarget(CommitTarget):
         write_json_atomic(path, report)
         return str(path)
 
-    def complete_through(self) -> int | None:
+    def announcement(self) -> dict | None:
         table = self._load()
-        value = table.properties.get(COMPLETE_THROUGH) if table is not None else None
-        return int(value) if value else None
+        raw = table.properties.get(ANNOUNCED) if table is not None else None
+        return json.loads(raw) if raw else None
 
-    def set_complete_through(self, ms: int) -> None:
+    def announce(self, expected: dict | None, new: dict) -> bool:
+        """Both properties in one commit. The SQL catalog commits by swapping the metadata
+        location only if it is still the one read, so a concurrent announcement (or any
+        other commit) in between makes this one fail, and the caller reads again."""
         from pyiceberg.exceptions import CommitFailedException
 
-        for _ in range(10):
-            table = self.table_or_fail()
-            current = table.properties.get(COMPLETE_THROUGH)
-            if current and int(current) >= ms:
-                return
-            try:
-                with table.transaction() as tx:
-                    tx.set_properties({COMPLETE_THROUGH: str(ms)})
-                return
-            except CommitFailedException:
-                continue
+        table = self.table_or_fail()
+        raw = table.properties.get(ANNOUNCED)
+        if (json.loads(raw) if raw else None) != expected:
+            return False
+        try:
+            with table.transaction() as tx:
+                tx.set_properties({ANNOUNCED: json.dumps(new, sort_keys=True),
+                                   COMPLETE_THROUGH: str(new["complete_through_ms"])})
+        except CommitFailedException:
+            return False
+        return True
 
     def close(self) -> None:
         engine = getattr(self.catalog, "engine", None)

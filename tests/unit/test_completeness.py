@@ -72,3 +72,31 @@ def test_an_incomplete_hour_blocks_later_complete_hours():
     batches = [record("b1", [(0, 0, 100)], {T0: 5, T0 + H: 5})]
     r = judge(report(batches, {T0: 10, T0 + H: 5}), now_ms=T0 + 5 * H, grace_ms=0)
     assert newly_complete_hours(r, None) == []
+
+
+def test_hours_are_announced_once_whatever_order_the_audits_run_in(tmp_path):
+    from airflow_provider_logbus.completeness import announce_complete_hours
+    from airflow_provider_logbus.targets.directory import DirectoryTarget
+
+    target = DirectoryTarget(tmp_path, "tbl")
+    batches = [record("b1", [(0, 0, 100)], {T0: 10, T0 + H: 10, T0 + 2 * H: 10})]
+    produced = {("t", T0): 10, ("t", T0 + H): 10, ("t", T0 + 2 * H): 10}
+
+    def audit(until_ms: int, run_id: str) -> list[str]:
+        hours = announce_complete_hours(target, "t", produced, batches, 0.999, T0 + 10 * H, 0, until_ms, run_id)
+        return [h["hour"] for h in hours]
+
+    assert audit(T0 + 2 * H, "run-for-hour-1") == ["2024-01-01T00:00Z", "2024-01-01T01:00Z"]
+    assert audit(T0 + H, "run-for-hour-0") == []  # already announced by the later run
+    assert audit(T0 + 3 * H, "run-for-hour-2") == ["2024-01-01T02:00Z"]
+    assert target.complete_through() == T0 + 3 * H
+
+
+def test_a_stale_announcement_loses_the_compare_and_swap(tmp_path):
+    from airflow_provider_logbus.targets.directory import DirectoryTarget
+
+    target = DirectoryTarget(tmp_path, "tbl")
+    first = {"complete_through_ms": T0 + H, "run_id": "a", "hours": ["h0"]}
+    assert target.announce(None, first)
+    assert not target.announce(None, {"complete_through_ms": T0 + H, "run_id": "b", "hours": ["h0"]})
+    assert target.announcement() == first
