@@ -137,7 +137,7 @@ def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verif
     import pyarrow as pa
 
     from broker.errors import InvalidMessage
-    from broker.message import checksum, iter_messages
+    from broker.message import entry_crc, iter_messages
 
     n_max = len(buf) // 22 + 1
     positions = np.empty(n_max, dtype=np.int64)
@@ -153,7 +153,7 @@ def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verif
             compressed = True
             break
         entry_end = pos + 4 + size
-        if verify_crc and checksum(view[pos + 10: entry_end]) != crc:
+        if verify_crc and entry_crc(view, pos, entry_end, magic, attributes) != crc:
             raise InvalidMessage(f"CRC mismatch in {topic}-{partition} at offset {base + pos}")
         positions[i], timestamps[i], key_lengths[i], sizes[i] = pos, timestamp, key_length, size
         i += 1
