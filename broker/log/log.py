@@ -225,12 +225,17 @@ class Log:
         if end <= offset:
             return EMPTY
         position = offset - segment.base_offset
-        if position and not segment.is_boundary(position):
-            raise InvalidRequest(
-                f"offset {offset} of partition {self.name} is not a message boundary (no entry header starts "
-                f"there); fetch at an offset a message or OFFSETS gave"
-            )
-        return segment.region(position, end - offset)
+        try:
+            if position and not segment.is_boundary(position):
+                raise InvalidRequest(
+                    f"offset {offset} of partition {self.name} is not a message boundary (no entry header starts "
+                    f"there); fetch at an offset a message or OFFSETS gave"
+                )
+            return segment.region(position, end - offset)
+        except FileNotFoundError:  # retention deleted the segment after this read took its snapshot
+            raise OffsetOutOfRange(f"offset {offset} of partition {self.name} was just deleted by retention") from None
+        except OSError as exc:  # e.g. EMFILE: a failure of this read, not of the log
+            raise StorageError(f"cannot read partition {self.name} at offset {offset}: {exc.strerror or exc}") from None
 
     def offsets_before(self, timestamp: int, max_offsets: int = 1) -> list[int]:
         """Offsets from which to read everything produced after `timestamp`, newest first:

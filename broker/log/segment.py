@@ -161,11 +161,8 @@ class Segment:
         The broker keeps no index, so this is a check of the header's fields that a
         reader needs to walk on — size within the segment, known magic, key length
         within the entry — not a proof; readers' CRC checks catch the rest."""
-        try:
-            file = self.file
-            head = os.pread(file.fileno(), HEADER.size, position)
-        except OSError:
-            return False
+        file = self.file
+        head = os.pread(file.fileno(), HEADER.size, position)
         if len(head) < HEADER.size:
             return False
         size, magic, _, _, _, key_length = HEADER.unpack(head)
