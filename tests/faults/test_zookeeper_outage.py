@@ -1,0 +1,123 @@
+"""ZooKeeper going away and coming back: a broker must be registered again as soon as
+ZooKeeper is back, whether its session survived or expired. Each test runs its own
+ZooKeeper server (the session-wide one is shared with other tests and must not stop).
+Figures are printed (-s); the only time limits are generous polling deadlines."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker.client.connection import BrokerConnection
+from broker.localcluster import LocalCluster, ZooKeeperServer, wait_until
+from broker.message import encode_message_set, iter_messages
+from broker.registry import broker_path
+
+SESSION_MS = 2000
+OUTAGE_S = 12.0  # kazoo's default back-off has grown to 12.8 s by then
+
+
+@pytest.fixture
+def own_zookeeper(tmp_path):
+    server = ZooKeeperServer(tmp_path / "zookeeper").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def broker(own_zookeeper, tmp_path, request):
+    cluster = LocalCluster(own_zookeeper.connect_string, tmp_path, settings={"log.flush.interval.ms": 20})
+    broker = cluster.start_broker(0, {"zookeeper.session.timeout.ms": SESSION_MS})
+    yield broker
+    cluster.stop()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(f"\n---- broker log ----\n{broker.log_tail(80)}")
+
+
+def watch_registration(connect: str, seconds: float) -> tuple[float, float]:
+    """Poll the broker's node for `seconds`: (time until it was first present, total
+    time it was absent). A node restored by a restarted ZooKeeper for a session nobody
+    renews disappears after the session timeout, so watch past that."""
+    zk = KazooClient(connect)
+    zk.start(30)
+    try:
+        start = time.monotonic()
+        first_present = None
+        absent = 0.0
+        last = start
+        while time.monotonic() - start < seconds:
+            now = time.monotonic()
+            present = zk.exists(broker_path(0)) is not None
+            if present and first_present is None:
+                first_present = now - start
+            if not present:
+                absent += now - last
+            last = now
+            time.sleep(0.05)
+        assert zk.exists(broker_path(0)) is not None, "the broker is not registered"
+        return first_present or 0.0, absent
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def still_serves(broker) -> None:
+    with BrokerConnection(*broker.address, timeout=60).connect() as conn:
+        conn.create_topic(f"after-{time.monotonic_ns()}", 1)
+        topic = conn.metadata().topics[-1].topic
+        result = conn.produce(topic, 0, encode_message_set([(None, b"alive", 1)]), acks=-1)
+        data = conn.fetch(topic, 0, result.base_offset).messages
+        assert [m.value for m in iter_messages(data, result.base_offset)] == [b"alive"]
+
+
+def test_zookeeper_restart_keeps_the_broker_registered(own_zookeeper, broker):
+    own_zookeeper.stop()
+    own_zookeeper.start()
+    _, absent = watch_registration(own_zookeeper.connect_string, 2 * SESSION_MS / 1000 + 2)
+    print(f"\nZooKeeper restart: broker unregistered for {absent:.2f}s after ZooKeeper was back; "
+          f"crashes {0 if broker.alive else 1}")
+    assert broker.alive
+    still_serves(broker)
+
+
+def test_zookeeper_outage_longer_than_the_session_timeout(own_zookeeper, broker):
+    """kazoo's growing back-off used to leave the broker unregistered for 1-34 s."""
+    own_zookeeper.stop()
+    time.sleep(OUTAGE_S)
+    own_zookeeper.start()
+    _, absent = watch_registration(own_zookeeper.connect_string, 2 * SESSION_MS / 1000 + 2)
+    print(f"\nZooKeeper down {OUTAGE_S:.0f}s (session timeout {SESSION_MS / 1000:.0f}s): broker "
+          f"unregistered for {absent:.2f}s after ZooKeeper was back; crashes {0 if broker.alive else 1}")
+    assert broker.alive
+    log = broker.log_tail(200)
+    assert "ZooKeeper connection suspended" in log, "every state change is logged"
+    assert "ZooKeeper connection restored" in log or "registering broker 0 again" in log
+    still_serves(broker)
+
+
+def test_session_expiry_re_registers_at_once(own_zookeeper, broker):
+    """Freeze the broker past its session timeout: ZooKeeper expires the session and
+    deletes the node; on waking, the broker must create it again at once."""
+    zk = KazooClient(own_zookeeper.connect_string)
+    zk.start(30)
+    try:
+        first_session = zk.get(broker_path(0))[1].ephemeralOwner
+        broker.pause()
+        try:
+            wait_until(lambda: zk.exists(broker_path(0)) is None, 30, "the session to expire")
+        finally:
+            broker.resume()
+        resumed = time.monotonic()
+        stat = wait_until(lambda: zk.exists(broker_path(0)), 30, "the broker to register again")
+        delay = time.monotonic() - resumed
+    finally:
+        zk.stop()
+        zk.close()
+    print(f"\nsession expiry: registered again {delay:.2f}s after the broker woke; crashes {0 if broker.alive else 1}")
+    assert stat.ephemeralOwner != first_session
+    log = broker.log_tail(200)
+    assert "ZooKeeper session lost" in log and "registering broker 0 again" in log
+    still_serves(broker)
