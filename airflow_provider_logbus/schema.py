@@ -298,8 +298,8 @@ class _DdlParser:
             fields = self.fields(top=False)
             self.expect(">", "',' or '>'")
             return pa.struct(fields)
-        raise SchemaError(f"schema DDL: unknown type {token.text!r} at position {token.pos} (known: "
-                          f"{', '.join(sorted(set(_PRIMITIVES) | {'decimal(p,s)', 'array<T>', 'map<string,T>', 'struct<...>'}))}): "
+        known = ", ".join(sorted(set(_PRIMITIVES) | {"decimal(p,s)", "array<T>", "map<string,T>", "struct<...>"}))
+        raise SchemaError(f"schema DDL: unknown type {token.text!r} at position {token.pos} (known: {known}): "
                           f"{self._context(token.pos)}")
 
     def number(self) -> int:

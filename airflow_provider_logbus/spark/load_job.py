@@ -1,27 +1,80 @@
 """The load job: read a batch's ranges with the `logbus` data source, decode, write
-Parquet into a fresh staging directory and the counts per (topic, 10-minute window)
-beside it. Run with spark-submit (LogbusSparkLoadOperator does), or call `run_load`
-with an existing SparkSession.
+Parquet into a fresh staging directory, the values that do not decode into
+`_rejects/`, and the counts per (topic, 10-minute window) beside them. Run with
+spark-submit (LogbusSparkLoadOperator does), or call `run_load` with an existing
+SparkSession.
 
     spark-submit load_job.py --ranges @ranges.json --zookeeper h:p/chroot \
-        --staging /wh/table/_staging/<batch>.<attempt> --format json [--schema "a string, b long"]
+        --staging /wh/table/_staging/<batch>.<attempt> --format json \
+        [--schema "a string, b long NOT NULL" | --schema /path/schema.json] \
+        [--layout directory|iceberg] [--max-reject-rate 0.01]
+
+Staging layouts::
+
+    directory (default)                          iceberg
+    <staging>/event_date=D/event_hour=H/part-*   <staging>/logbus_hour=N/part-*   N = hours since epoch
+    <staging>/_rejects/part-*.parquet            <staging>/_rejects/part-*.parquet
+    <staging>/_logbus_counts.json                <staging>/_logbus_counts.json
+
+The iceberg layout writes TIMESTAMP_MICROS (Iceberg cannot read INT96), no
+event_date/event_hour columns, and the value fields with the declared schema's types
+(required fields as REQUIRED columns). `_rejects/` holds topic, partition, offset,
+timestamp, key, value (the raw bytes) and error (what was wrong) for every value that
+was empty, not JSON, not a JSON object, did not fit the schema, or lacked a required
+field. The counts file::
+
+    {"counts": [{"topic", "window_start", "count"}], "row_count": N,
+     "rejected": [{"topic", "window_start", "count"}], "rejected_count": R,
+     "schema": "<DDL used>", "schema_source": "declared" | "inferred" | null (raw),
+     "layout": "directory" | "iceberg", "window_ms": 600000, "ranges": [...], "format": "json"}
+
+When more than `--max-reject-rate` of a topic's values are rejected the job exits 1
+without writing the counts file (the attempt can never be committed); the rejects stay
+in staging for inspection.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import decimal
 import json
 import logging
 import os
 import shutil
 import sys
+from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 
 logger = logging.getLogger("logbus.load_job")
 
 META_COLUMNS = ("topic", "partition", "offset", "timestamp", "key")
-COUNTS_FILE = "_logbus_counts.json"  # same as warehouse.COUNTS_FILE (no provider import needed here)
+REJECT_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "error")
+COUNTS_FILE = "_logbus_counts.json"  # same as staged.COUNTS_FILE (no provider import needed here)
+REJECTS_DIR = "_rejects"  # same as staged.REJECTS_DIR
 WINDOW_MS = 600_000
+HOUR_MICROS = 3_600_000_000
+LAYOUTS = ("directory", "iceberg")
+PARTITION_COLUMNS = {"directory": ("event_date", "event_hour"), "iceberg": ("logbus_hour",)}
+CORRUPT = "_logbus_corrupt_record"
+ERROR = "_logbus_error"
+PARSED = "_logbus_parsed"
+FIRST_ERRORS = 3
+
+
+class RejectRateError(RuntimeError):
+    """More of a topic's values were rejected than `max_reject_rate` allows."""
+
+
+@dataclass
+class JsonSchema:
+    """The schema values are decoded with, and where it came from."""
+
+    struct: object  # pyspark StructType
+    ddl: str
+    source: str  # "declared" or "inferred"
+    arrow: object = None  # pyarrow.Schema of a declared schema (nested required fields)
 
 
 def read_ranges(spark, ranges: list[dict], zookeeper: str | None = None, brokers: str | None = None,
@@ -38,34 +91,197 @@ def read_ranges(spark, ranges: list[dict], zookeeper: str | None = None, brokers
 
 
 def infer_json_schema(spark, df, sample: int = 1000):
-    rows = [r.value.decode("utf-8", "replace") for r in df.select("value").limit(sample).collect() if r.value]
-    if not rows:
-        from pyspark.sql.types import StructType
-
-        return StructType([])
-    return spark.read.json(spark.sparkContext.parallelize(rows)).schema
-
-
-def decode(spark, df, value_format: str = "json", schema: str | None = None):
-    """Add the decoded value columns, event_date and event_hour (UTC)."""
-    from pyspark.sql import functions as F
+    """Spark's inference over the first `sample` non-empty values; malformed ones are
+    left out (Spark would add a `_corrupt_record` column for them)."""
     from pyspark.sql.types import StructType
 
-    if value_format == "raw":
-        out = df
-    elif value_format == "json":
-        struct = StructType.fromDDL(schema) if schema else infer_json_schema(spark, df)
-        fields = [f.name for f in struct.fields]
-        clashes = [f for f in fields if f in META_COLUMNS or f in ("event_date", "event_hour")]
-        if clashes:
-            logger.warning("JSON fields %s clash with logbus columns; they are kept as value_<name>", clashes)
-        data = F.from_json(F.col("value").cast("string"), struct)
-        out = df.select(*META_COLUMNS, *[
-            data.getField(f).alias(f"value_{f}" if f in clashes else f) for f in fields
-        ])
-    else:
-        raise ValueError(f"unknown value format {value_format!r}: use 'raw' or 'json'")
-    return out.withColumn("event_date", F.to_date("timestamp")).withColumn("event_hour", F.hour("timestamp"))
+    rows = [r.value.decode("utf-8", "replace") for r in df.select("value").limit(sample).collect() if r.value]
+    if not rows:
+        return StructType([])
+    inferred = spark.read.json(spark.sparkContext.parallelize(rows)).schema
+    return StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+
+
+def json_schema(spark, df, schema: str | None, sample: int = 1000) -> JsonSchema:
+    """The declared schema (DDL or a .json file, via `airflow_provider_logbus.schema`), or
+    one inferred from a sample — logged, never silent."""
+    from pyspark.sql.types import StructType
+
+    from airflow_provider_logbus.schema import SchemaError, ValueSchema, load_schema
+
+    if schema:
+        declared = load_schema(schema)
+        ddl = declared.to_ddl()
+        logger.info("decoding JSON values with the declared schema (%s): %s", declared.source, ddl)
+        return JsonSchema(StructType.fromDDL(ddl), ddl, "declared", declared.to_arrow())
+    struct = infer_json_schema(spark, df, sample)
+    try:
+        ddl = ValueSchema.from_ddl(struct.toDDL()).to_ddl() if struct.fields else ""
+    except SchemaError:
+        ddl = struct.toDDL()
+    logger.warning("no schema declared: inferred from a sample of up to %d values, which the next batch may infer "
+                   "differently; declare it (--schema) to keep the table's types fixed. Inferred schema: %s",
+                   sample, ddl or "(no fields)")
+    return JsonSchema(struct, ddl, "inferred")
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _sql_name(t) -> str:
+    return t.simpleString()
+
+
+def _non_null_default(t):
+    """A non-null literal of Spark type `t`: `coalesce(col, it)` tells the Parquet writer a
+    column is REQUIRED (the rows where `col` is null are rejected before)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(t, T.StructType):
+        return F.struct(*[F.lit(None).cast(f.dataType).alias(f.name) for f in t.fields])
+    if isinstance(t, T.ArrayType):
+        return F.array().cast(t)
+    if isinstance(t, T.MapType):
+        return F.create_map().cast(t)
+    if isinstance(t, T.StringType):
+        return F.lit("")
+    if isinstance(t, T.BinaryType):
+        return F.lit(bytearray())
+    if isinstance(t, T.BooleanType):
+        return F.lit(False)
+    if isinstance(t, T.TimestampType):
+        return F.lit(datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc))
+    if isinstance(t, T.TimestampNTZType):
+        return F.lit(datetime.datetime(1970, 1, 1)).cast(t)
+    if isinstance(t, T.DateType):
+        return F.lit(datetime.date(1970, 1, 1))
+    if isinstance(t, T.DecimalType):
+        return F.lit(decimal.Decimal(0)).cast(t)
+    return F.lit(0).cast(t)
+
+
+def _required_paths(arrow_type, path: str) -> list[str]:
+    """The required fields below a field of `arrow_type` (for messages)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(arrow_type):
+        return [p for f in arrow_type for p in ([f"{path}.{f.name}"] if not f.nullable else [])
+                + _required_paths(f.type, f"{path}.{f.name}")]
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return _required_paths(arrow_type.value_type, f"{path}[]")
+    if pa.types.is_map(arrow_type):
+        return _required_paths(arrow_type.item_type, f"{path}{{}}")
+    return []
+
+
+def _nested_nulls(col, arrow_type, path: str) -> list[tuple[str, object]]:
+    """(path, condition) for the required fields below `col` that are null while their
+    parent is not, through structs, array elements (`a[]`) and map values (`m{}`)."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def any_null(x, t, p):
+        conditions = [c for _, c in _nested_nulls(x, t, p)]
+        return x.isNotNull() & reduce(lambda a, b: a | b, conditions)
+
+    out = []
+    if pa.types.is_struct(arrow_type):
+        for f in arrow_type:
+            child = col.getField(f.name)
+            if not f.nullable:
+                out.append((f"{path}.{f.name}", child.isNull()))
+            out += [(p, child.isNotNull() & c) for p, c in _nested_nulls(child, f.type, f"{path}.{f.name}")]
+    elif pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        element = arrow_type.value_type
+        if _required_paths(element, f"{path}[]"):
+            label = ", ".join(_required_paths(element, f"{path}[]"))
+            out.append((label, F.exists(col, lambda x: any_null(x, element, f"{path}[]"))))
+    elif pa.types.is_map(arrow_type):
+        item = arrow_type.item_type
+        if _required_paths(item, f"{path}{{}}"):
+            label = ", ".join(_required_paths(item, f"{path}{{}}"))
+            out.append((label, F.exists(F.map_values(col), lambda x: any_null(x, item, f"{path}{{}}"))))
+    return out
+
+
+def _variant_path(name: str) -> str | None:
+    if "'" in name or "\\" in name:
+        return None
+    return f"$['{name}']"
+
+
+def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
+    """Parse `value` with `schema`: every row gets the value fields (renamed `value_<name>`
+    when they clash with a logbus or partition column) and `_logbus_error`, null for a
+    good value, else what was wrong. Returns (frame, [(field, output column)])."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    struct: StructType = schema.struct
+    fields = [f.name for f in struct.fields]
+    taken = set(META_COLUMNS) | set(REJECT_COLUMNS) | set(extra_columns)
+    clashes = [f for f in fields if f in taken]
+    if clashes:
+        logger.warning("JSON fields %s clash with logbus columns; they are kept as value_<name>", clashes)
+    outputs = [(f, f"value_{f}" if f in clashes else f) for f in fields]
+
+    text = F.col("value").cast("string")
+    parsed = F.col(PARSED)
+    variant = F.try_parse_json(text)
+    first = F.regexp_extract(text, r"^\s*(.)", 1)
+    kind = (F.when(first == "[", "an array").when(first == '"', "a string").when(first == "n", "null")
+            .when(first.isin("t", "f"), "a boolean").otherwise("a number"))
+    mismatches = []
+    for field in struct.fields:
+        path = _variant_path(field.name)
+        if path is None:
+            continue
+        sub = F.try_variant_get(variant, path, "variant")
+        mismatches.append(F.when(sub.isNotNull() & ~F.is_variant_null(sub) & parsed.getField(field.name).isNull(),
+                                 F.concat(F.lit(f"{field.name}: expected {_sql_name(field.dataType)}, got "),
+                                          F.lower(F.schema_of_variant(sub)))))
+    detail = F.concat_ws("; ", *mismatches) if mismatches else F.lit("")
+    mismatch = F.concat(F.lit("does not fit the schema: "),
+                        F.when(detail != "", detail).otherwise(
+                            F.concat(F.lit("value is "), F.lower(F.schema_of_variant(variant)))))
+    corrupt = (F.when(variant.isNull(), F.lit("not valid JSON"))
+               .when(first != "{", F.concat(F.lit("not a JSON object: "), kind))
+               .otherwise(mismatch))
+
+    required: list[tuple[str, object]] = []
+    if schema.arrow is not None:
+        for f in schema.arrow:
+            column = parsed.getField(f.name)
+            if not f.nullable:
+                required.append((f.name, column.isNull()))
+            required += [(p, column.isNotNull() & c) for p, c in _nested_nulls(column, f.type, f.name)]
+    missing = F.concat(F.lit("required field missing or null: "),
+                       F.concat_ws(", ", *[F.when(c, F.lit(p)) for p, c in required])) if required else None
+
+    error = (F.when(F.col("value").isNull() | (F.length("value") == 0), F.lit("empty value"))
+             .when(parsed.isNull(), F.lit("empty value"))  # only whitespace
+             .when(parsed.getField(CORRUPT).isNotNull(), corrupt))
+    if required:
+        error = error.when(reduce(lambda a, b: a | b, [c for _, c in required]), missing)
+
+    with_corrupt = StructType([*struct.fields, StructField(CORRUPT, StringType())])
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    frame = df.select(*META_COLUMNS, "value", F.from_json(text, with_corrupt, options).alias(PARSED))
+    frame = frame.select(*META_COLUMNS, F.when(error.isNotNull(), F.col("value")).alias("value"),
+                         *[parsed.getField(f).alias(out) for f, out in outputs], error.alias(ERROR))
+    return frame, outputs
+
+
+def add_partition_columns(df, layout: str):
+    from pyspark.sql import functions as F
+
+    if layout == "directory":
+        return df.withColumn("event_date", F.to_date("timestamp")).withColumn("event_hour", F.hour("timestamp"))
+    return df.withColumn("logbus_hour", F.floor(F.unix_micros("timestamp") / HOUR_MICROS).cast("int"))
+
+
+# ------------------------------------------------------------------ counting
 
 
 def window_counts(spark, path: str, window_ms: int = WINDOW_MS) -> tuple[list[dict], int]:
@@ -80,29 +296,124 @@ def window_counts(spark, path: str, window_ms: int = WINDOW_MS) -> tuple[list[di
     return counts, sum(c["count"] for c in counts)
 
 
+def _has_files(path: Path) -> bool:
+    return path.is_dir() and any(p for p in path.rglob("*.parquet") if REJECTS_DIR not in p.relative_to(path).parts)
+
+
+def per_topic(counts: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        out[c["topic"]] = out.get(c["topic"], 0) + c["count"]
+    return out
+
+
+def check_reject_rate(spark, counts: list[dict], rejected: list[dict], max_reject_rate: float,
+                      rejects_path: Path) -> None:
+    """Raise `RejectRateError` when a topic's rejected / (accepted + rejected) is over the limit."""
+    from pyspark.sql import functions as F
+
+    accepted, bad = per_topic(counts), per_topic(rejected)
+    problems = []
+    for topic in sorted(bad):
+        total = bad[topic] + accepted.get(topic, 0)
+        rate = bad[topic] / total
+        if rate <= max_reject_rate:
+            continue
+        first = (spark.read.parquet(str(rejects_path)).filter(F.col("topic") == topic)
+                 .orderBy("partition", "offset").select("partition", "offset", "error").limit(FIRST_ERRORS).collect())
+        errors = "; ".join(f"partition {r.partition} offset {r.offset}: {r.error}" for r in first)
+        problems.append(f"{bad[topic]} of {total} values of {topic} rejected ({rate:.2%}) — over max_reject_rate "
+                        f"{max_reject_rate:.2%}; first errors: {errors}; rejects are in {rejects_path}")
+    if problems:
+        raise RejectRateError("\n".join(problems))
+
+
+# ------------------------------------------------------------------ the job
+
+
 def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = None, brokers: str | None = None,
              value_format: str = "json", schema: str | None = None, fetch_bytes: int = 8 << 20,
-             split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS) -> dict:
-    """Load `ranges` into Parquet under `staging` (which must not hold another attempt);
-    returns and writes the counts file."""
+             split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS, layout: str = "directory",
+             max_reject_rate: float = 1.0) -> dict:
+    """Load `ranges` into Parquet under `staging` (which must not hold another attempt)
+    in `layout`; rejected values go to `<staging>/_rejects/`. Returns and writes the
+    counts file; raises `RejectRateError` (and writes no counts file) when a topic's
+    reject rate is over `max_reject_rate`."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
+    if value_format not in ("raw", "json"):
+        raise ValueError(f"unknown value format {value_format!r}: use 'raw' or 'json'")
+    if not 0.0 <= max_reject_rate <= 1.0:
+        raise ValueError(f"max_reject_rate {max_reject_rate} must be a fraction between 0 and 1")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    timestamp_key = "spark.sql.parquet.outputTimestampType"
+    previous_timestamp_type = spark.conf.get(timestamp_key, None)
+    if layout == "iceberg":
+        spark.conf.set(timestamp_key, "TIMESTAMP_MICROS")  # Iceberg cannot read INT96
     staging_path = Path(staging)
+    rejects_path = staging_path / REJECTS_DIR
     if staging_path.exists():
         shutil.rmtree(staging_path)
-    df = decode(spark, read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes), value_format, schema)
-    df.write.partitionBy("event_date", "event_hour").mode("errorifexists").parquet(str(staging_path))
+    source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes)
+    cached = None
+    try:
+        if value_format == "raw":
+            add_partition_columns(source, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
+                "errorifexists").parquet(str(staging_path))
+            decoded = JsonSchema(None, None, None)
+        else:
+            decoded = json_schema(spark, source, schema)
+            frame, outputs = decode_json(source, decoded, PARTITION_COLUMNS[layout])
+            # the source is read once: accepted and rejected rows are written from this copy
+            cached = frame.persist(StorageLevel.MEMORY_AND_DISK)
+            required = [out for (f, out) in outputs if decoded.arrow is not None
+                        and not decoded.arrow.field(f).nullable]
+            types = {out: decoded.struct[f].dataType for f, out in outputs}
+            accepted = cached.filter(F.col(ERROR).isNull()).select(*META_COLUMNS, *[
+                F.coalesce(F.col(out), _non_null_default(types[out])).alias(out) if out in required else F.col(out)
+                for _, out in outputs])
+            add_partition_columns(accepted, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
+                "errorifexists").parquet(str(staging_path))
+            rejected = cached.filter(F.col(ERROR).isNotNull()).select(
+                *META_COLUMNS, "value", F.col(ERROR).alias("error")).coalesce(1)
+            rejected.write.mode("errorifexists").parquet(str(rejects_path))
+    finally:
+        if cached is not None:
+            cached.unpersist()
+        if layout == "iceberg":
+            if previous_timestamp_type is None:
+                spark.conf.unset(timestamp_key)
+            else:
+                spark.conf.set(timestamp_key, previous_timestamp_type)
     staging_path.mkdir(parents=True, exist_ok=True)  # an empty batch writes no files
-    if any(staging_path.rglob("*.parquet")):
-        counts, row_count = window_counts(spark, str(staging_path), window_ms)
-    else:
-        counts, row_count = [], 0
-    result = {"counts": counts, "row_count": row_count, "window_ms": window_ms,
-              "ranges": ranges, "format": value_format}
+    counts, row_count = window_counts(spark, str(staging_path), window_ms) if _has_files(staging_path) else ([], 0)
+    rejected_counts, rejected_count = ([], 0)
+    if rejects_path.is_dir() and any(rejects_path.glob("*.parquet")):
+        rejected_counts, rejected_count = window_counts(spark, str(rejects_path), window_ms)
+    if rejected_count == 0 and rejects_path.exists():
+        shutil.rmtree(rejects_path)
+    result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": ranges,
+              "format": value_format, "layout": layout, "rejected": rejected_counts,
+              "rejected_count": rejected_count, "schema": decoded.ddl, "schema_source": decoded.source}
+    if rejected_count:
+        logger.warning("%d values rejected into %s (%s)", rejected_count, rejects_path,
+                       ", ".join(f"{t}: {n}" for t, n in sorted(per_topic(rejected_counts).items())))
+        check_reject_rate(spark, counts, rejected_counts, max_reject_rate, rejects_path)
     tmp = staging_path / f".{COUNTS_FILE}.tmp"
     tmp.write_text(json.dumps(result, indent=1, sort_keys=True))
     os.replace(tmp, staging_path / COUNTS_FILE)
-    logger.info("loaded %d rows into %s", row_count, staging)
+    logger.info("loaded %d rows (%d rejected) into %s, layout %s", row_count, rejected_count, staging, layout)
     return result
+
+
+def reject_rate(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction between 0 and 1 (0.01 = 1%)")
+    return value
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -112,7 +423,13 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--brokers")
     parser.add_argument("--staging", required=True)
     parser.add_argument("--format", default="json", choices=["raw", "json"])
-    parser.add_argument("--schema", help="Spark DDL of the JSON values; inferred from a sample when absent")
+    parser.add_argument("--schema", help="the JSON values' schema: Spark DDL, or a .json file (JSON Schema or an "
+                                         "Avro record); inferred from a sample (and logged) when absent")
+    parser.add_argument("--layout", default="directory", choices=list(LAYOUTS),
+                        help="directory: event_date=/event_hour= partitions; iceberg: logbus_hour= partitions, "
+                             "TIMESTAMP_MICROS")
+    parser.add_argument("--max-reject-rate", type=reject_rate, default=1.0,
+                        help="fail when more than this fraction of a topic's values is rejected (default 1.0: never)")
     parser.add_argument("--fetch-bytes", type=int, default=8 << 20)
     parser.add_argument("--split-bytes", type=int, default=256 << 20)
     parser.add_argument("--window-ms", type=int, default=WINDOW_MS)
@@ -126,10 +443,15 @@ def main(argv: list[str] | None = None) -> int:
     ranges = json.loads(text)
     from pyspark.sql import SparkSession
 
+    from airflow_provider_logbus.schema import SchemaError
+
     spark = SparkSession.builder.appName(f"logbus-load {Path(args.staging).name}").getOrCreate()
     try:
         run_load(spark, ranges, args.staging, args.zookeeper, args.brokers, args.format, args.schema,
-                 args.fetch_bytes, args.split_bytes, args.window_ms)
+                 args.fetch_bytes, args.split_bytes, args.window_ms, args.layout, args.max_reject_rate)
+    except (RejectRateError, SchemaError) as exc:
+        logger.error("load failed: %s", exc)
+        return 1
     finally:
         spark.stop()
     return 0

@@ -1,0 +1,187 @@
+"""Declared schemas, dead letters and the staging layouts of the load job, run in-process
+on the shared SparkSession against real brokers (values produced raw, so malformed
+ones can be sent)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from broker.client.producer import Producer
+from broker.localcluster import wait_until
+from broker.message import iter_messages
+
+from airflow_provider_logbus.cluster import LogbusCluster
+from airflow_provider_logbus.schema import load_schema
+from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, RejectRateError, run_load
+
+pytestmark = pytest.mark.slow
+
+HOUR = 3_600_000
+BASE = int(datetime(2024, 1, 1, 10, 0, tzinfo=timezone.utc).timestamp() * 1000)
+SCHEMA = "server string, n long, ts_ms long NOT NULL"
+
+GOOD = [json.dumps({"server": f"web-{i}", "n": i, "ts_ms": BASE + i}).encode() for i in range(12)]
+BAD = {  # value -> what the error must say
+    b"this is not json": "not valid JSON",
+    b'[{"server": "web-x", "n": 1, "ts_ms": 1}]': "not a JSON object: an array",
+    b'{"server": "web-x", "n": "twelve", "ts_ms": 1}': "does not fit the schema: n: expected bigint, got string",
+    b'{"server": "web-x", "n": 13}': "required field missing or null: ts_ms",
+    b'{"server": "web-x", "n": 14, "ts_ms": null}': "required field missing or null: ts_ms",
+    b"": "empty value",
+}
+
+
+def send_raw(zookeeper: str, topic: str, values: list[bytes], first_ts: int = BASE, spacing_ms: int = 60_000) -> dict:
+    """Send `values` in order, alternating partitions, stamped `spacing_ms` apart; wait
+    until all are visible and return {(partition, offset): value}."""
+    with Producer(zookeeper=zookeeper, acks=1, audit=False) as producer:
+        for i, value in enumerate(values):
+            producer.send(topic, value, timestamp=first_ts + i * spacing_ms, partition=i % 2)
+    return wait_until(lambda: _visible(zookeeper, topic, len(values)), 30, f"{len(values)} messages in {topic}")
+
+
+def _visible(zookeeper: str, topic: str, count: int) -> dict | None:
+    found = {}
+    with LogbusCluster(zookeeper) as cluster:
+        for p, o in cluster.partition_offsets(topic).items():
+            for base, buf in cluster.read_range(topic, p, o.earliest, o.latest):
+                found.update({(p, m.offset): bytes(m.value) for m in iter_messages(buf, base)})
+    return found if len(found) == count else None
+
+
+def ranges_of(zookeeper: str, topic: str) -> list[dict]:
+    with LogbusCluster(zookeeper) as cluster:
+        return [{"topic": topic, "partition": p, "start": o.earliest, "end": o.latest}
+                for p, o in sorted(cluster.partition_offsets(topic).items())]
+
+
+def rows(path, columns=None) -> list[dict]:
+    return ds.dataset(str(path), format="parquet", partitioning="hive").to_table(columns=columns).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def mixed(module_cluster):
+    """Topic `mixed`: good values interleaved with every kind of bad one."""
+    values = []
+    bad = list(BAD)
+    for i, good in enumerate(GOOD):
+        values.append(good)
+        if i < len(bad):
+            values.append(bad[i])
+    return module_cluster.zookeeper, send_raw(module_cluster.zookeeper, "mixed", values)
+
+
+def load(spark, zookeeper, topic, staging, **kwargs) -> dict:
+    return run_load(spark, ranges_of(zookeeper, topic), str(staging), zookeeper=zookeeper, **kwargs)
+
+
+def test_malformed_values_land_in_rejects_with_their_offsets_and_reason(spark, mixed, tmp_path):
+    zookeeper, messages = mixed
+    at_the_limit = len(BAD) / len(messages)  # a rate equal to the limit loads
+    result = load(spark, zookeeper, "mixed", tmp_path / "s", value_format="json", schema=SCHEMA,
+                  max_reject_rate=at_the_limit)
+
+    rejects = rows(tmp_path / "s" / REJECTS_DIR)
+    assert {(r["partition"], r["offset"]): r["value"] for r in rejects} == {
+        k: v for k, v in messages.items() if v in BAD}
+    for r in rejects:
+        assert BAD[r["value"]] in r["error"], r
+        assert r["topic"] == "mixed" and r["timestamp"] is not None
+    data = rows(tmp_path / "s", ["partition", "offset", "server", "n", "ts_ms"])
+    assert {(r["partition"], r["offset"]) for r in data} == {k for k, v in messages.items() if v in GOOD}
+    assert sorted(r["n"] for r in data) == list(range(len(GOOD)))
+
+    on_disk = json.loads((tmp_path / "s" / COUNTS_FILE).read_text())
+    assert on_disk == result
+    assert result["row_count"] == len(GOOD) and result["rejected_count"] == len(BAD)
+    assert sum(c["count"] for c in result["counts"] + result["rejected"]) == len(messages)
+    assert {c["window_start"] % 600_000 for c in result["rejected"]} == {0}
+    assert result["schema_source"] == "declared"
+    assert load_schema(result["schema"]).to_arrow() == load_schema(SCHEMA).to_arrow()
+
+
+def test_reject_rate_over_the_limit_fails_the_load_and_names_the_first_errors(spark, mixed, tmp_path):
+    rate = len(BAD) / (len(BAD) + len(GOOD))  # 6 of 18
+    with pytest.raises(RejectRateError) as failure:
+        load(spark, mixed[0], "mixed", tmp_path / "s", value_format="json", schema=SCHEMA,
+             max_reject_rate=rate - 0.01)
+    message = str(failure.value)
+    assert f"{len(BAD)} of {len(BAD) + len(GOOD)} values of mixed rejected (33.33%)" in message
+    assert "over max_reject_rate 32.33%; first errors: partition 1 offset 0: not valid JSON; partition 1" in message
+    assert f"rejects are in {tmp_path / 's' / REJECTS_DIR}" in message
+    assert not (tmp_path / "s" / COUNTS_FILE).exists()  # this attempt can never be committed
+    assert (tmp_path / "s" / REJECTS_DIR).is_dir()
+
+
+def test_inferred_schema_is_logged_and_recorded(spark, mixed, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="logbus.load_job"):
+        result = load(spark, mixed[0], "mixed", tmp_path / "s", value_format="json")
+    assert result["schema_source"] == "inferred"
+    # the sample holds n = "twelve": Spark widens n to string, which is why schemas are declared
+    assert load_schema(result["schema"]).to_arrow() == pa.schema(
+        [("n", pa.string()), ("server", pa.string()), ("ts_ms", pa.int64())])
+    assert f"Inferred schema: {result['schema']}" in caplog.text
+    # a sampled schema has no required fields, but what is not a JSON object is still rejected
+    errors = {r["error"] for r in rows(tmp_path / "s" / REJECTS_DIR)}
+    assert errors == {"not valid JSON", "not a JSON object: an array", "empty value"}
+
+
+def test_an_added_optional_field_loads_with_a_declared_schema_file(spark, module_cluster, tmp_path):
+    old = [json.dumps({"server": "a", "n": i, "ts_ms": BASE}).encode() for i in range(4)]
+    new = [json.dumps({"server": "a", "n": i, "ts_ms": BASE, "region": f"eu-{i}"}).encode() for i in range(4, 8)]
+    messages = send_raw(module_cluster.zookeeper, "evolving", old + new)
+    schema_file = tmp_path / "event.json"
+    schema_file.write_text(json.dumps({
+        "type": "object", "required": ["ts_ms"],
+        "properties": {"server": {"type": "string"}, "n": {"type": "integer"}, "ts_ms": {"type": "integer"},
+                       "region": {"type": "string"}}}))
+    result = load(spark, module_cluster.zookeeper, "evolving", tmp_path / "s", value_format="json",
+                  schema=str(schema_file))
+    assert result["rejected_count"] == 0 and result["row_count"] == len(messages)
+    regions = {r["n"]: r["region"] for r in rows(tmp_path / "s", ["n", "region"])}
+    assert regions == {**{i: None for i in range(4)}, **{i: f"eu-{i}" for i in range(4, 8)}}
+
+
+TYPED = ("server string NOT NULL, n long, ratio double, ok boolean, day date, at timestamp, price decimal(9,2), "
+         "tags array<string>, attrs map<string, int>, geo struct<lat: double, lon: double>, small int")
+
+
+def test_iceberg_layout_writes_one_directory_per_hour_with_iceberg_types(spark, module_cluster, tmp_path):
+    values = [json.dumps({"server": f"web-{i}", "n": i, "ratio": i / 3, "ok": i % 2 == 0, "day": "2024-01-01",
+                          "at": "2024-01-01T10:00:00Z", "price": 12.5, "tags": ["a"], "attrs": {"k": i},
+                          "geo": {"lat": 1.0, "lon": 2.0}, "small": i}).encode() for i in range(9)]
+    values.append(b"{broken")
+    messages = send_raw(module_cluster.zookeeper, "typed", values, spacing_ms=25 * 60_000)  # over 4 hours
+    result = load(spark, module_cluster.zookeeper, "typed", tmp_path / "s", value_format="json", schema=TYPED,
+                  layout="iceberg")
+    assert result["layout"] == "iceberg" and result["row_count"] == 9 and result["rejected_count"] == 1
+
+    hours = {(BASE + i * 25 * 60_000) // HOUR for i in range(9)}
+    assert {p.name for p in (tmp_path / "s").iterdir() if p.is_dir()} == {
+        f"logbus_hour={h}" for h in hours} | {REJECTS_DIR}
+    declared = load_schema(TYPED).to_arrow()
+    expected = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                          ("timestamp", pa.timestamp("us", tz="UTC")), ("key", pa.binary()), *declared])
+    files = sorted((tmp_path / "s").glob("logbus_hour=*/*.parquet"))
+    for path in files:
+        schema = pq.read_schema(path)
+        assert schema.names == expected.names  # no event_date/event_hour/logbus_hour in the file
+        for field in expected:
+            assert schema.field(field.name).type == field.type, field.name
+        assert not schema.field("server").nullable  # declared NOT NULL: a REQUIRED column
+        assert pq.ParquetFile(path).schema.column(3).physical_type == "INT64"  # TIMESTAMP_MICROS, not INT96
+    for path in files:
+        hour = int(path.parent.name.split("=")[1])
+        stamps = pq.read_table(path, columns=["timestamp"])["timestamp"].to_pylist()
+        assert {int(t.timestamp() * 1000) // HOUR for t in stamps} == {hour}
+    rejects = pq.read_table(next((tmp_path / "s" / REJECTS_DIR).glob("*.parquet")))
+    assert rejects.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+    assert rejects.column("value").to_pylist() == [b"{broken"]
+    assert sum(len(pq.read_table(p)) for p in files) == len(messages) - 1
