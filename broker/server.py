@@ -2,7 +2,8 @@
 clean stop.
 
 A `Connection` receives straight into its own buffer (`asyncio.BufferedProtocol`): a
-fixed scratch buffer for ordinary frames, or, for a frame larger than that, a buffer of
+scratch buffer for ordinary frames (16 KiB, growing to 256 KiB on a busy connection),
+or, for a frame larger than that, a buffer of
 exactly the frame's size whose bytes are first reserved from the broker-wide budget
 (`broker.flowcontrol`). The size of a frame is checked before its body is read, so an
 absurd size costs nothing and is refused at once. Every complete frame is dispatched as
@@ -50,6 +51,7 @@ _SIZE = struct.Struct(">i")
 _CORRELATION = struct.Struct(">hhi")
 MIN_REQUEST_SIZE = 10  # api_key, api_version, correlation_id, empty client_id
 SCRATCH_BYTES = 256 * 1024  # frames up to this size are read into the connection's scratch buffer
+INITIAL_SCRATCH_BYTES = 16 * 1024  # an idle connection costs this; busy ones grow to SCRATCH_BYTES
 _ACKS_APIS = (ApiKey.PRODUCE, ApiKey.MULTIPRODUCE)  # requests whose first body byte is acks
 
 
@@ -82,7 +84,7 @@ class Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.refusals = RefusalLog(logger, self.peer)
-        self._buf = bytearray(SCRATCH_BYTES)
+        self._buf = bytearray(INITIAL_SCRATCH_BYTES)
         self._start = self._end = 0
         self._big: memoryview | None = None
         self._big_filled = 0
@@ -155,7 +157,9 @@ class Connection(asyncio.BufferedProtocol):
         if start:
             buf[: end - start] = buf[start:end]
             self._start, self._end = 0, end - start
-        if self._end == len(buf):
+        if self._end >= len(buf) // 2 and len(buf) < SCRATCH_BYTES:
+            buf.extend(bytes(min(len(buf), SCRATCH_BYTES - len(buf))))  # busy: read more at a time
+        elif self._end == len(buf):
             buf.extend(bytes(SCRATCH_BYTES))
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -203,7 +207,7 @@ class Connection(asyncio.BufferedProtocol):
                     self._refuse_frame(size, limit)
                     start, end = self._start, self._end
                     return
-                if size + 4 > len(buf):
+                if size + 4 > SCRATCH_BYTES:
                     self._start = start
                     view.release()
                     started = self._begin_big(size)
