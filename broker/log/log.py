@@ -122,7 +122,8 @@ class Log:
 
         Raises StorageError, with nothing appended, when the write (or the roll before
         it) fails or the log directory is offline."""
-        self.log_dir.check_writable(self.name)
+        if not self.log_dir.online:
+            self.log_dir.check_writable(self.name)
         with self._lock:
             try:
                 active = self.segments[-1]

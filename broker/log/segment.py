@@ -48,7 +48,7 @@ WRITE_BEHIND_LIMIT = 1 << 20
 
 
 class Segment:
-    """An append-only file. The owning `Log`'s lock guards `_written`, `_unwritten`,
+    """An append-only file. The owning `Log`'s lock guards `size`, `_written`, `_unwritten`,
     `_torn` and the timestamps; the file is opened with O_APPEND so readers' seeks never
     move the write position.
 
@@ -70,6 +70,7 @@ class Segment:
         self.path = path
         self.base_offset = base_offset
         self._written = size
+        self.size = size  # `_written` plus the buffered bytes; a plain attribute for the append path
         self.min_timestamp = -1
         self.max_timestamp = -1
         self._unwritten = bytearray()
@@ -100,10 +101,6 @@ class Segment:
         return file
 
     @property
-    def size(self) -> int:
-        return self._written + len(self._unwritten)
-
-    @property
     def end_offset(self) -> int:
         return self.base_offset + self.size
 
@@ -118,8 +115,10 @@ class Segment:
         unbuffered set after buffered ones fails together with them)."""
         if not buffered and not self._unwritten:
             self._write(data)
+            self.size = self._written
             return
         self._unwritten += data
+        self.size += len(data)
         if not buffered or len(self._unwritten) >= WRITE_BEHIND_LIMIT:
             self.write_unwritten()
 
@@ -128,7 +127,10 @@ class Segment:
         data) and the file cut back to what was written before."""
         if self._unwritten:
             data, self._unwritten = self._unwritten, bytearray()
-            self._write(data)
+            try:
+                self._write(data)
+            finally:
+                self.size = self._written
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         """Write all of `data` or, on an error, none of it."""
@@ -210,7 +212,7 @@ class Segment:
         cut = self.size - position
         if cut:
             os.truncate(self.path, position)
-            self._written = position
+            self._written = self.size = position
         self.min_timestamp, self.max_timestamp = smallest, largest
         return cut
 
