@@ -44,17 +44,26 @@ def python_environment() -> dict[str, str]:
 class LogbusSparkLoadOperator(BaseOperator):
     """Loads the ranges from `snapshot_task_id`'s XCom into
     `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
-    Skips the work when the snapshot says the batch is already committed."""
+    Skips the work when the snapshot says the batch is already committed.
 
-    template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target")
+    `schema`: Spark DDL or the path of a .json schema file (JSON Schema or an Avro record),
+    read here and passed to the job as DDL; without it the job infers one from a sample
+    and records it. `layout`: "directory" or "iceberg"; by default the target's.
+    `max_reject_rate`: fail the load when more than this fraction of a topic's values is
+    rejected (1.0, the default: never; the rejects are counted in the batch either way)."""
+
+    template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target",
+                                      "max_reject_rate")
     template_fields_renderers = {"conf": "json"}
 
     def __init__(self, *, table: str, warehouse: str | None = None, snapshot_task_id: str = "snapshot",
                  value_format: str = "json", schema: str | None = None, conn_id: str = "spark_default",
                  logbus_conn_id: str = LogbusHook.default_conn_name, conf: dict[str, Any] | None = None,
                  fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, target: str = "directory",
-                 catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, **kwargs: Any) -> None:
+                 catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, layout: str | None = None,
+                 max_reject_rate: float | str = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.layout, self.max_reject_rate = layout, max_reject_rate
         self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
         self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
@@ -62,8 +71,10 @@ class LogbusSparkLoadOperator(BaseOperator):
         self.fetch_bytes, self.split_bytes = fetch_bytes, split_bytes
         self._hook: SparkSubmitHook | None = None
 
-    def application_args(self, plan: dict, staging: Path) -> list[str]:
+    def application_args(self, plan: dict, staging: Path, layout: str | None = None) -> list[str]:
         import json
+
+        from airflow_provider_logbus.schema import load_schema
 
         address = LogbusHook(self.logbus_conn_id).cluster_address()
         args = ["--ranges", json.dumps(plan["ranges"]), "--staging", str(staging), "--format", self.value_format,
@@ -73,7 +84,9 @@ class LogbusSparkLoadOperator(BaseOperator):
         else:
             args += ["--brokers", address["brokers"]]
         if self.schema:
-            args += ["--schema", self.schema]
+            args += ["--schema", load_schema(self.schema).to_ddl()]  # a bad schema fails here, before Spark
+        args += ["--layout", layout or self.layout or "directory",
+                 "--max-reject-rate", str(float(self.max_reject_rate))]
         return args
 
     def execute(self, context) -> dict:
@@ -86,6 +99,7 @@ class LogbusSparkLoadOperator(BaseOperator):
         target = resolve_target(self.target, self.table, warehouse=self.warehouse, catalog_conn_id=self.catalog_conn_id)
         try:
             staging = target.prepare_staging(plan["batch_id"], context["ti"].try_number)
+            layout = self.layout or target.layout
         finally:
             target.close()
         env = python_environment()
@@ -93,7 +107,7 @@ class LogbusSparkLoadOperator(BaseOperator):
                 "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}
         self._hook = LogbusSparkSubmitHook(
             conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan['batch_id']}",
-            application_args=self.application_args(plan, staging), env_vars=env)
+            application_args=self.application_args(plan, staging, layout), env_vars=env)
         self._hook.submit(LOAD_JOB)
         return {"batch_id": plan["batch_id"], "staging": str(staging), "committed": False}
 

@@ -19,7 +19,7 @@ from broker.message import iter_messages
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.schema import load_schema
-from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, RejectRateError, run_load
+from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, arguments, main, run_load
 
 pytestmark = pytest.mark.slow
 
@@ -107,17 +107,42 @@ def test_malformed_values_land_in_rejects_with_their_offsets_and_reason(spark, m
     assert load_schema(result["schema"]).to_arrow() == load_schema(SCHEMA).to_arrow()
 
 
-def test_reject_rate_over_the_limit_fails_the_load_and_names_the_first_errors(spark, mixed, tmp_path):
-    rate = len(BAD) / (len(BAD) + len(GOOD))  # 6 of 18
-    with pytest.raises(RejectRateError) as failure:
-        load(spark, mixed[0], "mixed", tmp_path / "s", value_format="json", schema=SCHEMA,
-             max_reject_rate=rate - 0.01)
-    message = str(failure.value)
-    assert f"{len(BAD)} of {len(BAD) + len(GOOD)} values of mixed rejected (33.33%)" in message
-    assert "over max_reject_rate 32.33%; first errors: partition 1 offset 0: not valid JSON; partition 1" in message
-    assert f"rejects are in {tmp_path / 's' / REJECTS_DIR}" in message
+def test_reject_rate_over_the_limit_fails_the_job_and_names_the_first_errors(spark, mixed, tmp_path, caplog,
+                                                                             monkeypatch):
+    zookeeper, messages = mixed
+    monkeypatch.setattr(spark, "stop", lambda: None)  # main() gets the shared session and stops it at the end
+    limit = len(BAD) / len(messages) - 0.01  # 6 of 18 rejected: 33.33% > 32.33%
+    with caplog.at_level(logging.ERROR, logger="logbus.load_job"):
+        exit_code = main(["--ranges", json.dumps(ranges_of(zookeeper, "mixed")), "--zookeeper", zookeeper,
+                          "--staging", str(tmp_path / "s"), "--schema", SCHEMA, "--max-reject-rate", str(limit)])
+    assert exit_code == 1
+    assert (f"{len(BAD)} of {len(messages)} values of mixed rejected (33.33%) — over max_reject_rate 32.33%; "
+            "first errors: partition 1 offset 0: not valid JSON; partition 1") in caplog.text
+    assert f"rejects are in {tmp_path / 's' / REJECTS_DIR}" in caplog.text
     assert not (tmp_path / "s" / COUNTS_FILE).exists()  # this attempt can never be committed
-    assert (tmp_path / "s" / REJECTS_DIR).is_dir()
+    assert len(rows(tmp_path / "s" / REJECTS_DIR)) == len(BAD)
+
+
+def test_reject_rate_must_be_a_fraction():
+    with pytest.raises(SystemExit):
+        arguments().parse_args(["--ranges", "[]", "--staging", "/tmp/x", "--max-reject-rate", "5"])
+    assert arguments().parse_args(["--ranges", "[]", "--staging", "/tmp/x"]).max_reject_rate == 1.0
+
+
+def test_the_operator_passes_layout_reject_rate_and_a_schema_file_as_ddl(tmp_path, monkeypatch):
+    from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_LOGBUS_DEFAULT",
+                       json.dumps({"conn_type": "logbus", "extra": {"zookeeper": "127.0.0.1:2181/x"}}))
+    schema_file = tmp_path / "event.json"
+    schema_file.write_text(json.dumps({"type": "record", "name": "e", "fields": [{"name": "n", "type": "long"}]}))
+    operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path), schema=str(schema_file),
+                                       max_reject_rate="0.05")
+    args = operator.application_args({"ranges": []}, tmp_path / "staging", "iceberg")
+    options = dict(zip(args[::2], args[1::2]))
+    assert options["--schema"] == "`n` bigint NOT NULL"
+    assert options["--layout"] == "iceberg" and options["--max-reject-rate"] == "0.05"
+    assert "max_reject_rate" in LogbusSparkLoadOperator.template_fields
 
 
 def test_inferred_schema_is_logged_and_recorded(spark, mixed, tmp_path, caplog):
