@@ -5,7 +5,9 @@ Each case is a fresh connection that receives one or a few frames — valid ones
 every api, then mutated: flipped bytes, extreme integers in any field, truncations,
 wrong size prefixes, junk appended, frames glued together, split into random writes —
 and then a half-close. The broker may answer anything or close; it must never crash,
-never disturb the control connection (whose produce and fetch are checked after every
+answer only with whole frames, in request order, never to an acks=0 request (the
+expected answers are worked out by framing the sent bytes as the broker must), never
+disturb the control connection (whose produce and fetch are checked after every
 `--check-every` cases) and never corrupt a log (every partition is read back whole,
 CRCs checked, at the end). A failure prints the seed and case number that reproduce it.
 
@@ -135,9 +137,57 @@ def make_case(seed: int, number: int) -> Case:
     return Case(bytes(data), writes, apis)
 
 
-def run_case(address: tuple[str, int], case: Case, timeout: float = 10.0) -> int:
+def answerable(data: bytes, limit: int) -> list[tuple[int, bool]]:
+    """Frame the bytes as the broker must: (correlation_id, may be answered) for every
+    complete frame it dispatches, stopping where it must close the connection. acks=0
+    PRODUCE/MULTIPRODUCE requests may never be answered."""
+    out: list[tuple[int, bool]] = []
+    pos = 0
+    while len(data) - pos >= 4:
+        (size,) = struct.unpack_from(">i", data, pos)
+        if size > limit and len(data) - pos >= 12:  # RequestTooLarge, then closed
+            out.append((struct.unpack_from(">i", data, pos + 8)[0], True))
+            break
+        if size < 10 or size > limit or len(data) - pos - 4 < size:
+            break
+        frame = data[pos + 4 : pos + 4 + size]
+        pos += 4 + size
+        api_key, api_version, correlation_id, client_len = struct.unpack_from(">hhih", frame)
+        body = 10 + max(client_len, 0)
+        if client_len < -1 or body > size:
+            break  # unreadable header: closed
+        if api_key in (ApiKey.PRODUCE, ApiKey.MULTIPRODUCE) and api_version == 0:
+            if body >= size:
+                break  # acks unreadable: closed
+            out.append((correlation_id, frame[body] != 0))
+        else:
+            out.append((correlation_id, True))
+    return out
+
+
+def check_answers(case: Case, answer: bytes, limit: int) -> None:
+    """Answers are whole frames, in request order, and never to an acks=0 request."""
+    expected = iter(answerable(case.data, limit))
+    pos = 0
+    while pos < len(answer):
+        if len(answer) - pos < 10:
+            raise AssertionError(f"a partial answer frame of {len(answer) - pos} bytes")
+        size, correlation_id = struct.unpack_from(">ii", answer, pos)
+        if size < 6 or len(answer) - pos - 4 < size:
+            raise AssertionError(f"an answer frame of impossible size {size}")
+        pos += 4 + size
+        for expected_id, may_answer in expected:
+            if expected_id == correlation_id and may_answer:
+                break
+        else:
+            raise AssertionError(f"answer to correlation id {correlation_id} out of order, unasked for, or to acks=0")
+
+
+def run_case(address: tuple[str, int], case: Case, timeout: float = 10.0, limit: int | None = None) -> int:
     """Send the case, half-close, read until the broker closes. Returns bytes answered;
-    raises TimeoutError if the broker neither answers nor closes within `timeout`."""
+    raises TimeoutError if the broker neither answers nor closes within `timeout`, and
+    AssertionError if the answers break the contract (`check_answers`, given `limit`,
+    the broker's socket.request.max.bytes)."""
     with socket.create_connection(address, timeout=timeout) as sock:
         try:
             if case.writes:
@@ -150,20 +200,23 @@ def run_case(address: tuple[str, int], case: Case, timeout: float = 10.0) -> int
             sock.shutdown(socket.SHUT_WR)
         except OSError:  # broken pipe, reset, not connected: the broker closed first, which is allowed
             return 0
-        received = 0
+        received = bytearray()
         deadline = time.monotonic() + timeout
         while True:
             try:
                 chunk = sock.recv(65536)
             except ConnectionResetError:
-                return received
+                break  # a reset may lose answers in flight: check what came
             except socket.timeout:
                 chunk = None
             if not chunk:
                 if chunk is None or time.monotonic() > deadline:
                     raise TimeoutError("the broker neither answered nor closed")
-                return received
-            received += len(chunk)
+                break
+            received += chunk
+    if limit is not None:
+        check_answers(case, bytes(received), limit)
+    return len(received)
 
 
 class Control:
@@ -238,8 +291,8 @@ def fuzz(broker, seed: int, cases: int, check_every: int = 1) -> Report:
             case = make_case(seed, number)
             label = f"seed {seed} case {number} ({'+'.join(case.apis)}, {len(case.data)} bytes)"
             try:
-                answered = run_case(broker.address, case)
-            except TimeoutError as exc:
+                answered = run_case(broker.address, case, limit=int(BROKER_SETTINGS["socket.request.max.bytes"]))
+            except (TimeoutError, AssertionError) as exc:
                 raise AssertionError(f"{label}: {exc}") from None
             except OSError as exc:  # refused connection: is the broker still there?
                 if not broker.alive:
