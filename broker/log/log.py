@@ -188,8 +188,8 @@ class Log:
             with self._lock:
                 try:
                     self.segments[-1].write_unwritten()
-                except OSError as exc:
-                    raise self.log_dir.failed(exc, self.name, "write before flush") from None
+                except OSError as exc:  # only acks=0 appends are buffered here: dropped, and the fsync goes on
+                    self.log_dir.failed(exc, self.name, "write of buffered acks=0 appends")
                 target = self.end_offset
                 dirty = [s for s in self.segments if s.end_offset > self._flushed]
                 self._unflushed_messages = 0
