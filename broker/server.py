@@ -169,12 +169,14 @@ class Connection(asyncio.BufferedProtocol):
             if self._big_filled < len(self._big):
                 return
             frame, self._big = self._big, None
+            reserved, self._big_reserved = self._big_reserved, 0
             self.frame_started = None
+            queued = len(self._pending)
             try:
                 self._dispatch(frame)
             finally:
                 del frame
-                self._release_big()
+                self._release_after(reserved, self._pending[-1] if len(self._pending) > queued else None)
         else:
             self._end += nbytes
         self._process()
@@ -207,7 +209,7 @@ class Connection(asyncio.BufferedProtocol):
                     self._refuse_frame(size, limit)
                     start, end = self._start, self._end
                     return
-                if size + 4 > SCRATCH_BYTES:
+                if size + 4 > SCRATCH_BYTES and end - start - 4 < size:
                     self._start = start
                     view.release()
                     started = self._begin_big(size)
@@ -255,10 +257,6 @@ class Connection(asyncio.BufferedProtocol):
         big[:have] = memoryview(self._buf)[body : self._end]
         self._big, self._big_filled = big, have
         self._start = self._end = 0
-        if have == size:  # cannot happen (size > scratch), kept for clarity
-            frame, self._big = big, None
-            self._dispatch(frame)
-            self._release_big()
         return True
 
     def _pool_granted(self) -> None:
@@ -269,6 +267,14 @@ class Connection(asyncio.BufferedProtocol):
         if self._waiting_for_pool and self.transport is not None and not self.transport.is_closing():
             self._waiting_for_pool = False
             self._process()
+
+    def _release_after(self, size: int, pending: object) -> None:
+        """Give a large frame's budget back once nothing holds its bytes: at once, or
+        when the request that waits (topic creation, flush) is answered or cancelled."""
+        if isinstance(pending, asyncio.Task) and not pending.done():
+            pending.add_done_callback(lambda _task: self.pool.release(size))
+        else:
+            self.pool.release(size)
 
     def _release_big(self) -> None:
         if self._big_reserved:

@@ -166,3 +166,30 @@ def test_client_pipelining_without_reading_is_pushed_back(broker):
     greedy.close()
     assert broker.alive
     assert peak < 200, f"broker RSS reached {peak:.0f} MB"
+
+
+def test_large_frames_beyond_the_budget_wait_their_turn_and_all_complete(cluster):
+    """Four 900 KiB produce requests at once against a 1 MiB broker-wide budget: read
+    one after another, each intact."""
+    broker = cluster.start_broker(0, {"queued.max.request.bytes": MiB, "message.max.bytes": 2 * MiB,
+                                      "socket.request.max.bytes": 4 * MiB})
+    with BrokerConnection(*broker.address).connect() as admin:
+        admin.create_topic("large", 4)
+    values = [bytes([65 + i]) * (900 * 1024) for i in range(4)]
+    results: list = [None] * 4
+
+    def produce(i: int) -> None:
+        with BrokerConnection(*broker.address, timeout=60).connect() as conn:
+            results[i] = conn.produce("large", i, encode_message_set([(None, values[i], 1)]), acks=-1)
+
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert all(results), "every large request is answered"
+    with BrokerConnection(*broker.address).connect() as conn:
+        for i in range(4):
+            data = conn.fetch("large", i, 0, 2 * MiB).messages
+            assert [m.value for m in iter_messages(data, 0)] == [values[i]]
+    print(f"\n4 x 900 KiB requests through a 1 MiB budget: all answered; RSS {rss_mb(broker):.0f} MB")

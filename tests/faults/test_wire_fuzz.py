@@ -19,7 +19,7 @@ from broker.protocol import (
 )
 
 FUZZ_SEED = 20261122
-FUZZ_CASES = 600
+FUZZ_CASES = 1000
 
 
 @pytest.fixture
