@@ -210,3 +210,11 @@ def test_iceberg_layout_writes_one_directory_per_hour_with_iceberg_types(spark, 
     assert rejects.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
     assert rejects.column("value").to_pylist() == [b"{broken"]
     assert sum(len(pq.read_table(p)) for p in files) == len(messages) - 1
+
+
+def test_an_empty_batch_writes_zero_counts_and_no_rejects(spark, module_cluster, tmp_path):
+    result = run_load(spark, [], str(tmp_path / "s"), zookeeper=module_cluster.zookeeper, value_format="json",
+                      schema=SCHEMA, layout="iceberg")
+    assert (result["row_count"], result["rejected_count"], result["counts"], result["rejected"]) == (0, 0, [], [])
+    assert (tmp_path / "s" / COUNTS_FILE).exists() and not (tmp_path / "s" / REJECTS_DIR).exists()
+    assert not list((tmp_path / "s").rglob("*.parquet"))
