@@ -72,7 +72,7 @@ class JsonSchema:
     """The schema values are decoded with, and where it came from."""
 
     struct: object  # pyspark StructType
-    ddl: str
+    ddl: str | None  # None: nothing to infer from (no values)
     source: str  # "declared" or "inferred"
     arrow: object = None  # pyarrow.Schema of a declared schema (nested required fields)
 
@@ -116,7 +116,7 @@ def json_schema(spark, df, schema: str | None, sample: int = 1000) -> JsonSchema
         return JsonSchema(StructType.fromDDL(ddl), ddl, "declared", declared.to_arrow())
     struct = infer_json_schema(spark, df, sample)
     try:
-        ddl = ValueSchema.from_ddl(struct.toDDL()).to_ddl() if struct.fields else ""
+        ddl = ValueSchema.from_ddl(struct.toDDL()).to_ddl() if struct.fields else None
     except SchemaError:
         ddl = struct.toDDL()
     logger.warning("no schema declared: inferred from a sample of up to %d values, which the next batch may infer "
@@ -363,9 +363,10 @@ def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = No
         if value_format == "raw":
             add_partition_columns(source, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
                 "errorifexists").parquet(str(staging_path))
-            decoded = JsonSchema(None, None, None)
+            schema_ddl = schema_source = None
         else:
             decoded = json_schema(spark, source, schema)
+            schema_ddl, schema_source = decoded.ddl, decoded.source
             frame, outputs = decode_json(source, decoded, PARTITION_COLUMNS[layout])
             # the source is read once: accepted and rejected rows are written from this copy
             cached = frame.persist(StorageLevel.MEMORY_AND_DISK)
@@ -378,7 +379,7 @@ def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = No
             add_partition_columns(accepted, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
                 "errorifexists").parquet(str(staging_path))
             rejected = cached.filter(F.col(ERROR).isNotNull()).select(
-                *META_COLUMNS, "value", F.col(ERROR).alias("error")).coalesce(1)
+                *META_COLUMNS, "value", F.col(ERROR).alias("error")).repartition(1)  # few rows: one file
             rejected.write.mode("errorifexists").parquet(str(rejects_path))
     finally:
         if cached is not None:
@@ -397,7 +398,7 @@ def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = No
         shutil.rmtree(rejects_path)
     result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": ranges,
               "format": value_format, "layout": layout, "rejected": rejected_counts,
-              "rejected_count": rejected_count, "schema": decoded.ddl, "schema_source": decoded.source}
+              "rejected_count": rejected_count, "schema": schema_ddl, "schema_source": schema_source}
     if rejected_count:
         logger.warning("%d values rejected into %s (%s)", rejected_count, rejects_path,
                        ", ".join(f"{t}: {n}" for t, n in sorted(per_topic(rejected_counts).items())))
