@@ -1,13 +1,14 @@
-"""`make demo`: from nothing to an audited Parquet table.
+"""`make demo`: from nothing to an audited Apache Iceberg table.
 
 Starts ZooKeeper and two brokers (broker.localcluster), simulates three web servers
 producing a few hours of JSON activity (timestamps over the past hours, monitoring
 events on), runs the example hourly DAG for each of those hours with `airflow dags test`
-(temporary AIRFLOW_HOME, SQLite, `airflow db migrate`), runs the daily audit DAG's
-operator over the same hours, prints produced / loaded / completeness per hour and
-where the Parquet lives, and stops everything, also on failure.
+(temporary AIRFLOW_HOME, SQLite, `airflow db migrate`) into an Iceberg table on an
+embedded SQLite catalog (or Parquet directories with `--target directory`), audits the
+same hours, prints produced / loaded / completeness per hour and the table's snapshots
+with their batch ids and offset ranges, and stops everything, also on failure.
 
-    .venv/bin/python demo/run_demo.py [--hours 3] [--rate 2000] [--keep DIR]
+    .venv/bin/python demo/run_demo.py [--hours 3] [--rate 2000] [--target iceberg] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ sys.path.insert(0, str(ROOT))
 from broker.localcluster import LocalCluster, ZooKeeperServer, wait_until  # noqa: E402
 
 HOUR_MS = 3_600_000
+# the simulator's events, declared (an Iceberg table is created from a declared schema)
+SCHEMA = ("server string, ts_ms bigint, user_id bigint, session string, action string, page string, "
+          "status int, latency_ms double")
 
 
-def airflow_env(home: Path, zookeeper: str, warehouse: Path, topic: str, table: str) -> dict[str, str]:
+def airflow_env(home: Path, zookeeper: str, warehouse: Path, topic: str, table: str, target: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "AIRFLOW_HOME": str(home),
@@ -43,6 +47,7 @@ def airflow_env(home: Path, zookeeper: str, warehouse: Path, topic: str, table: 
         "AIRFLOW_CONN_LOGBUS_DEFAULT": json.dumps({"conn_type": "logbus", "extra": {"zookeeper": zookeeper}}),
         "LOGBUS_TOPIC": topic, "LOGBUS_TABLE": table, "LOGBUS_WAREHOUSE": str(warehouse),
         "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0", "LOGBUS_RETRY_DELAY_SECONDS": "1",
+        "LOGBUS_TARGET": target, "LOGBUS_VALUE_SCHEMA": SCHEMA,
         "PYSPARK_PYTHON": sys.executable,
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -61,11 +66,41 @@ def airflow(env: dict[str, str], *args: str, log: Path) -> None:
         raise RuntimeError(f"`airflow {' '.join(args)}` failed with {code}; log {log}:\n{tail}")
 
 
+def describe_table(target, warehouse: Path) -> str:
+    """Where the table lives and its batches: one snapshot (Iceberg) or directory each."""
+    lines = []
+    if target.layout == "iceberg":
+        table = target.table_or_fail()
+        lines.append(f"Iceberg table {target.identifier} at {table.location()} "
+                     f"(catalog {target.catalog_properties['uri']})")
+        lines.append(f"  committed offsets (table property): {table.properties.get('logbus.committed-offsets')}")
+        lines.append(f"  complete through: {table.properties.get('logbus.complete-through')}")
+        for snapshot in table.snapshots():
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
+            if "logbus.batch-id" not in summary:
+                continue
+            ranges = json.loads(summary["logbus.ranges"])
+            lines.append(f"  snapshot {snapshot.snapshot_id}: batch {summary['logbus.batch-id']}, "
+                         f"{summary['logbus.row-count']} rows, {summary.get('logbus.rejected-count', '0')} rejected, "
+                         "ranges " + ", ".join(f"p{r['partition']}[{r['start']},{r['end']})" for r in ranges))
+        lines.append("  read it: pyiceberg `catalog.load_table(...).scan().to_arrow()`, or "
+                     "airflow_provider_logbus.spark.iceberg.read_iceberg(spark, table)")
+    else:
+        lines.append(f"Parquet table: {warehouse / target.table}  (spark.read.parquet('{warehouse / target.table}'))")
+        for record in target.batches():
+            lines.append(f"  batch {record.batch_id}: {record.row_count} rows, ranges "
+                         + ", ".join(f"p{r['partition']}[{r['start']},{r['end']})" for r in record.ranges))
+    audits = sorted((warehouse / "_audit").rglob("*.json"))
+    lines.append(f"audit reports written by the DAG: {len(audits)} under {warehouse / '_audit'}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="logbus end-to-end demo")
     parser.add_argument("--hours", type=int, default=3)
     parser.add_argument("--rate", type=int, default=2000, help="events per server per hour")
     parser.add_argument("--servers", type=int, default=3)
+    parser.add_argument("--target", choices=["iceberg", "directory"], default="iceberg")
     parser.add_argument("--keep", help="work directory (default: a new temp dir, kept so the Parquet can be inspected)")
     args = parser.parse_args()
 
@@ -90,7 +125,7 @@ def main() -> int:
         now = int(time.time() * 1000)
         first = now - now % HOUR_MS - args.hours * HOUR_MS
         last_end = now - now % HOUR_MS
-        env = airflow_env(home, connect, warehouse, topic, table)
+        env = airflow_env(home, connect, warehouse, topic, table, args.target)
         print("airflow db migrate ...")
         airflow(env, "db", "migrate", log=log)
         produced = 0
@@ -111,22 +146,20 @@ def main() -> int:
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW", "LOGBUS"))})
         from airflow_provider_logbus.completeness import format_report
         from airflow_provider_logbus.hooks.logbus import LogbusHook
+        from airflow_provider_logbus.targets import open_target
 
+        target = open_target(args.target, table, warehouse=str(warehouse))
         hook = LogbusHook(zookeeper=connect)
-        report = hook.audit(warehouse=str(warehouse), table=table, topic=topic, start_ms=first, end_ms=now + 60_000,
+        report = hook.audit(target=target, table=table, topic=topic, start_ms=first, end_ms=now + 60_000,
                             threshold=0.999)
         hook.close()
         print()
         print(format_report(report))
-        audits = sorted((warehouse / "_audit" / table).glob("*.json"))
-        print(f"\nParquet table: {warehouse / table}  (spark.read.parquet('{warehouse / table}'))")
-        for batch in sorted((warehouse / table).glob("batch_id=*")):
-            record = json.loads((batch / "_logbus_batch.json").read_text())
-            print(f"  {batch.name}: {record['row_count']} rows, ranges "
-                  + ", ".join(f"p{r['partition']}[{r['start']},{r['end']})" for r in record["ranges"]))
-        print(f"audit reports written by the DAG: {len(audits)} in {warehouse / '_audit' / table}")
+        print()
+        print(describe_table(target, warehouse))
+        target.close()
         print(f"Airflow log: {log}")
-        ok = report["missing"] == 0 and report["duplicated"] == 0 and report["produced"] > 0
+        ok = report["missing"] == 0 and report["duplicated"] == 0 and report["produced"] > 0 and not report["overlaps"]
         print("\nRESULT:", "every produced message is in the table exactly once" if ok else "INCOMPLETE")
         return 0 if ok else 1
     finally:

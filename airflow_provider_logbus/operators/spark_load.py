@@ -44,7 +44,9 @@ def python_environment() -> dict[str, str]:
 class LogbusSparkLoadOperator(BaseOperator):
     """Loads the ranges from `snapshot_task_id`'s XCom into
     `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
-    Skips the work when the snapshot says the batch is already committed.
+    Skips the work when the snapshot says the batch is already committed. Before Spark
+    starts, the target creates its table from the declared `schema` or evolves it
+    (Iceberg; an incompatible change fails the task naming the field).
 
     `schema`: Spark DDL or the path of a .json schema file (JSON Schema or an Avro record),
     read here and passed to the job as DDL; without it the job infers one from a sample
@@ -96,8 +98,13 @@ class LogbusSparkLoadOperator(BaseOperator):
         if plan.get("committed"):
             self.log.info("batch %s is already committed; nothing to load", plan["batch_id"])
             return {"batch_id": plan["batch_id"], "staging": None, "committed": True}
+        from airflow_provider_logbus.schema import load_schema
+
         target = resolve_target(self.target, self.table, warehouse=self.warehouse, catalog_conn_id=self.catalog_conn_id)
         try:
+            # create or evolve the table from the declared schema; an incompatible change
+            # stops here, before Spark starts and before anything is written
+            target.ensure_schema(load_schema(self.schema).to_arrow() if self.schema else None)
             staging = target.prepare_staging(plan["batch_id"], context["ti"].try_number)
             layout = self.layout or target.layout
         finally:

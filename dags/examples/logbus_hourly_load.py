@@ -11,7 +11,9 @@ Configuration (environment, read when the DAG is parsed):
   (Spark DDL of the JSON values, or a .json schema file; inferred from a sample when unset,
   required for Iceberg), LOGBUS_TARGET ("directory": Parquet directories under the
   warehouse; "iceberg": an Iceberg table), LOGBUS_CATALOG_CONN_ID (logbus_iceberg_default;
-  without that connection, an embedded SQLite catalog under the warehouse).
+  without that connection, an embedded SQLite catalog under the warehouse),
+  LOGBUS_MAX_REJECT_RATE (1.0: values that do not parse go to the rejects and never fail
+  the load; e.g. 0.01 fails it above 1%).
 Per run, `params` override on_data_loss and max_bytes_per_partition.
 """
 
@@ -68,6 +70,7 @@ with DAG(
     load = LogbusSparkLoadOperator(
         task_id="load", warehouse=WAREHOUSE, table=TABLE, snapshot_task_id="snapshot", value_format="json",
         schema=os.environ.get("LOGBUS_VALUE_SCHEMA") or None,
+        max_reject_rate=float(os.environ.get("LOGBUS_MAX_REJECT_RATE", "1.0")),
         logbus_conn_id=CONN_ID, conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"}, **TARGET,
     )
     commit = LogbusCommitOperator(

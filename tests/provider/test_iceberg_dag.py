@@ -1,0 +1,140 @@
+"""The example hourly DAG into an Iceberg table (embedded SQLite catalog): real
+ZooKeeper and brokers, Airflow `dag.test()`, Spark through spark-submit.
+
+One scenario for the module: interval 1 with its first spark-submit killed after Spark
+started writing into the table's staging; interval 2 with a few values that do not parse;
+then interval 2 run again. Each test checks one behaviour of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from broker.client.producer import Producer
+from broker.localcluster import wait_until
+
+from airflow_provider_logbus.cluster import LogbusCluster
+from airflow_provider_logbus.targets.iceberg import IcebergTarget
+
+from .conftest import load_dag, use_logbus_connection
+from .helpers import all_offsets, produce
+from .test_hourly_dag import KillFirstLoad, task_states
+
+pytestmark = pytest.mark.slow
+HOUR = 3_600_000
+TOPIC = TABLE = "clicks"
+SCHEMA = "server string, n long NOT NULL, ts_ms long"
+BAD_VALUES = [b"not json", b"[1, 2]", b'{"server": "web-9", "n": "seven", "ts_ms": 1}', b'{"server": "web-9"}']
+
+
+def utc(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
+
+def table_offsets(target: IcebergTarget, identifier: str | None = None) -> list[tuple[int, int]]:
+    table = target.catalog.load_table(identifier or target.identifier)
+    t = table.scan(selected_fields=("partition", "offset")).to_arrow()
+    return sorted(zip(t["partition"].to_pylist(), t["offset"].to_pylist()))
+
+
+@pytest.fixture(scope="module")
+def scenario(module_cluster, airflow_db, tmp_path_factory):
+    zk = module_cluster.zookeeper
+    use_logbus_connection(zk)
+    warehouse = tmp_path_factory.mktemp("iceberg-warehouse")
+    env = {"LOGBUS_TOPIC": TOPIC, "LOGBUS_TABLE": TABLE, "LOGBUS_WAREHOUSE": str(warehouse),
+           "LOGBUS_GROUP": "loader", "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0",
+           "LOGBUS_RETRY_DELAY_SECONDS": "0", "LOGBUS_VALUE_SCHEMA": SCHEMA, "LOGBUS_TARGET": "iceberg",
+           "LOGBUS_MAX_REJECT_RATE": "0.5"}
+    dag = load_dag("logbus_hourly_load.py", env)
+    now = int(time.time() * 1000)
+    h0 = now - now % HOUR - 3 * HOUR
+    ends = [h0 + HOUR, h0 + 2 * HOUR]
+
+    def tail_past(end: int) -> None:
+        with LogbusCluster(zk) as c:
+            wait_until(lambda: all(c.has_data_after(TOPIC, p, end) for p in c.partitions(TOPIC)), 30, "tail data")
+
+    out = {"warehouse": warehouse, "ends": ends, "zk": zk}
+    produce(zk, TOPIC, [h0 + i * (HOUR // 100) for i in range(100)] + [ends[0] + 1000 * i for i in range(1, 9)])
+    tail_past(ends[0])
+    out["offsets_1"] = all_offsets(zk, TOPIC)
+    target = IcebergTarget(TABLE, warehouse=str(warehouse))
+    staging_root = warehouse / "logbus" / TABLE / "data" / "_logbus_staging"
+    killer = KillFirstLoad(staging_root / f"{utc(h0):%Y%m%dT%H%M%S}_{utc(ends[0]):%Y%m%dT%H%M%S}.1")
+    killer.start()
+    try:
+        out["dr1"] = dag.test(logical_date=utc(ends[0]))
+    finally:
+        killer.stop.set()
+    out["killed"], out["states_1"] = killer.killed, task_states(out["dr1"])
+    out["rows_after_1"] = table_offsets(target)
+
+    produce(zk, TOPIC, [ends[0] + 60_000 + i * (HOUR // 80) for i in range(80)])
+    bad = Producer(zookeeper=zk, acks=1, audit=True)
+    try:
+        for i, value in enumerate(BAD_VALUES):
+            bad.send(TOPIC, value, key=str(i), timestamp=ends[0] + 120_000 + i)
+    finally:
+        assert not bad.close().failed
+    produce(zk, TOPIC, [ends[1] + 1000 * i for i in range(1, 9)])
+    tail_past(ends[1])
+    out["offsets_2"] = all_offsets(zk, TOPIC)
+    out["dr2"] = dag.test(logical_date=utc(ends[1]))
+    out["states_2"] = task_states(out["dr2"])
+    out["rows_after_2"] = table_offsets(target)
+    out["rejects"] = table_offsets(target, target.rejects_identifier)
+    out["batches"] = target.batches()
+    out["dr2_again"] = dag.test(logical_date=utc(ends[1]))
+    out["rows_after_rerun"] = table_offsets(target)
+    out["snapshots_after_rerun"] = len(target.table_or_fail().metadata.snapshots)
+    out["table"] = target.table_or_fail()
+    out["complete_through"] = target.complete_through()
+    out["reports"] = [json.loads(p.read_text()) for p in sorted((warehouse / "_audit").rglob("*.json"))]
+    target.close()
+    return out
+
+
+def test_both_runs_succeed_and_the_killed_load_was_retried(scenario):
+    assert scenario["killed"], "the first spark-submit was never seen"
+    assert str(scenario["dr1"].state) == "success", scenario["states_1"]
+    assert scenario["states_1"]["load"] == ("success", 2)
+    assert str(scenario["dr2"].state) == "success", scenario["states_2"]
+
+
+def test_every_message_is_in_the_table_or_its_rejects_exactly_once(scenario):
+    rows, rejects = scenario["rows_after_2"], scenario["rejects"]
+    assert len(rows) == len(set(rows)) and len(rejects) == len(set(rejects)) == len(BAD_VALUES)
+    assert set(rows) | set(rejects) == scenario["offsets_2"] and not set(rows) & set(rejects)
+    assert set(scenario["rows_after_1"]) == scenario["offsets_1"]
+
+
+def test_each_batch_is_one_snapshot_and_the_second_starts_where_the_first_ended(scenario):
+    first, second = scenario["batches"]
+    assert first.end_offsets(TOPIC) == {r.partition: r.start for r in second.range_list()}
+    assert first.row_count + second.row_count == len(scenario["rows_after_2"])
+    assert second.rejected_count == len(BAD_VALUES)
+    assert json.loads(scenario["table"].properties["logbus.committed-offsets"])[TOPIC] == {
+        str(p): e for p, e in second.end_offsets(TOPIC).items()}
+
+
+def test_a_rerun_of_a_committed_interval_adds_no_row_and_no_snapshot(scenario):
+    assert str(scenario["dr2_again"].state) == "success"
+    assert scenario["rows_after_rerun"] == scenario["rows_after_2"]
+    batch_snapshots = [s for s in scenario["table"].metadata.snapshots
+                       if "logbus.batch-id" in s.summary.additional_properties]
+    assert len(batch_snapshots) == 2
+
+
+def test_the_audit_accounts_for_rejected_values_and_announces_complete_hours(scenario):
+    first, second = (r for r in scenario["reports"] if "produced" in r)  # interval 2's: the re-run's report
+    for report in (first, second):
+        assert report["status"] == "ok" and report["missing"] == 0 and report["duplicated"] == 0
+        assert report["produced"] == report["loaded"] + report["rejected"]
+    assert second["rejected"] == len(BAD_VALUES)
+    assert len(first["announced_hours"]) == 1 and second["announced_hours"] == []  # announced by its first run
+    assert scenario["complete_through"] == scenario["ends"][1]
