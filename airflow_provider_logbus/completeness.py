@@ -99,14 +99,17 @@ def judge(report: dict, now_ms: int, grace_ms: int) -> dict:
 def newly_complete_hours(report: dict, complete_through_ms: int | None) -> list[dict]:
     """The hours to announce: complete ones, contiguous from the watermark (or from the
     report's first hour when there is none). An incomplete or pending hour stops the run,
-    so an hour is announced once, and never before every hour before it is complete."""
+    so an hour is announced once, and never before every hour before it is complete.
+    Complete hours without any message are passed over, not announced (a table loaded
+    after a long pause would otherwise announce every empty hour in between)."""
     out = []
     for h in report["hours"]:
         if complete_through_ms is not None and h["hour_ms"] < complete_through_ms:
             continue
         if h["status"] != "complete":
             break
-        out.append(h)
+        if h["produced"] or h["loaded"] or h["rejected"]:
+            out.append(h)
     return out
 
 

@@ -100,3 +100,10 @@ def test_a_stale_announcement_loses_the_compare_and_swap(tmp_path):
     assert target.announce(None, first)
     assert not target.announce(None, {"complete_through_ms": T0 + H, "run_id": "b", "hours": ["h0"]})
     assert target.announcement() == first
+
+
+def test_empty_hours_are_passed_over_not_announced():
+    batches = [record("b1", [(0, 0, 100)], {T0: 10, T0 + 2 * H: 10})]
+    r = judge(build_report("tbl", "t", T0, T0 + 3 * H, {("t", T0): 10, ("t", T0 + 2 * H): 10}, batches, 0.999),
+              now_ms=T0 + 9 * H, grace_ms=0)
+    assert [h["hour_ms"] for h in newly_complete_hours(r, None)] == [T0, T0 + 2 * H]
