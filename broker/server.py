@@ -86,6 +86,7 @@ class Connection(asyncio.BufferedProtocol):
         self.refusals = RefusalLog(logger, self.peer)
         self._buf = bytearray(INITIAL_SCRATCH_BYTES)
         self._start = self._end = 0
+        self._filled = False  # the last read filled all the room it was given
         self._big: memoryview | None = None
         self._big_filled = 0
         self._big_reserved = 0
@@ -144,23 +145,26 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._big is not None:
             return self._big[self._big_filled :]
-        if self._start or self._end == len(self._buf):
+        if self._start or self._end == len(self._buf) or self._filled:
             self._compact()
         return memoryview(self._buf)[self._end :]
 
     def _compact(self) -> None:
         """Move the unparsed tail to the front, so every read may fill most of the
-        buffer: fewer, larger reads mean fewer log writes for acks=0 appends. The tail
-        is less than one frame unless reading goes on while paused (a sendfile resumes
-        the transport); grow then, rarely."""
+        buffer: fewer, larger reads mean fewer log writes for acks=0 appends. Grow,
+        up to SCRATCH_BYTES, when the last read filled all the room it was given (a
+        busy connection) or a frame needs more room. The tail is less than one frame
+        unless reading goes on while paused (a sendfile resumes the transport); grow
+        then too, rarely."""
         buf, start, end = self._buf, self._start, self._end
         if start:
             buf[: end - start] = buf[start:end]
             self._start, self._end = 0, end - start
-        if self._end >= len(buf) // 2 and len(buf) < SCRATCH_BYTES:
-            buf.extend(bytes(min(len(buf), SCRATCH_BYTES - len(buf))))  # busy: read more at a time
+        if (self._filled or self._end == len(buf)) and len(buf) < SCRATCH_BYTES:
+            buf.extend(bytes(min(len(buf), SCRATCH_BYTES - len(buf))))
         elif self._end == len(buf):
             buf.extend(bytes(SCRATCH_BYTES))
+        self._filled = False
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_active = time.monotonic()
@@ -178,6 +182,7 @@ class Connection(asyncio.BufferedProtocol):
                 del frame
                 self._release_after(reserved, self._pending[-1] if len(self._pending) > queued else None)
         else:
+            self._filled = self._end + nbytes == len(self._buf)
             self._end += nbytes
         self._process()
 
