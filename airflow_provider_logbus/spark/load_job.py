@@ -50,7 +50,6 @@ from pathlib import Path
 logger = logging.getLogger("logbus.load_job")
 
 META_COLUMNS = ("topic", "partition", "offset", "timestamp", "key")
-REJECT_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value", "error")
 COUNTS_FILE = "_logbus_counts.json"  # same as staged.COUNTS_FILE (no provider import needed here)
 REJECTS_DIR = "_rejects"  # same as staged.REJECTS_DIR
 WINDOW_MS = 600_000
@@ -59,6 +58,7 @@ LAYOUTS = ("directory", "iceberg")
 PARTITION_COLUMNS = {"directory": ("event_date", "event_hour"), "iceberg": ("logbus_hour",)}
 CORRUPT = "_logbus_corrupt_record"
 ERROR = "_logbus_error"
+RAW = "_logbus_raw_value"
 PARSED = "_logbus_parsed"
 FIRST_ERRORS = 3
 
@@ -213,14 +213,15 @@ def _variant_path(name: str) -> str | None:
 
 def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
     """Parse `value` with `schema`: every row gets the value fields (renamed `value_<name>`
-    when they clash with a logbus or partition column) and `_logbus_error`, null for a
-    good value, else what was wrong. Returns (frame, [(field, output column)])."""
+    when they clash with a logbus or partition column), `_logbus_error` (null for a good
+    value, else what was wrong) and `_logbus_raw_value` (the bytes of a rejected value).
+    Returns (frame, [(field, output column)])."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     struct: StructType = schema.struct
     fields = [f.name for f in struct.fields]
-    taken = set(META_COLUMNS) | set(REJECT_COLUMNS) | set(extra_columns)
+    taken = {*META_COLUMNS, *extra_columns, RAW, ERROR}
     clashes = [f for f in fields if f in taken]
     if clashes:
         logger.warning("JSON fields %s clash with logbus columns; they are kept as value_<name>", clashes)
@@ -268,7 +269,7 @@ def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
     with_corrupt = StructType([*struct.fields, StructField(CORRUPT, StringType())])
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     frame = df.select(*META_COLUMNS, "value", F.from_json(text, with_corrupt, options).alias(PARSED))
-    frame = frame.select(*META_COLUMNS, F.when(error.isNotNull(), F.col("value")).alias("value"),
+    frame = frame.select(*META_COLUMNS, F.when(error.isNotNull(), F.col("value")).alias(RAW),
                          *[parsed.getField(f).alias(out) for f, out in outputs], error.alias(ERROR))
     return frame, outputs
 
@@ -378,8 +379,8 @@ def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = No
                 for _, out in outputs])
             add_partition_columns(accepted, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
                 "errorifexists").parquet(str(staging_path))
-            rejected = cached.filter(F.col(ERROR).isNotNull()).select(
-                *META_COLUMNS, "value", F.col(ERROR).alias("error")).repartition(1)  # few rows: one file
+            rejected = cached.filter(F.col(ERROR).isNotNull()).select(  # few rows: one file
+                *META_COLUMNS, F.col(RAW).alias("value"), F.col(ERROR).alias("error")).repartition(1)
             rejected.write.mode("errorifexists").parquet(str(rejects_path))
     finally:
         if cached is not None:

@@ -175,13 +175,14 @@ def test_an_added_optional_field_loads_with_a_declared_schema_file(spark, module
 
 
 TYPED = ("server string NOT NULL, n long, ratio double, ok boolean, day date, at timestamp, price decimal(9,2), "
-         "tags array<string>, attrs map<string, int>, geo struct<lat: double, lon: double>, small int")
+         "tags array<string>, attrs map<string, int>, geo struct<lat: double, lon: double>, small int, value string")
 
 
 def test_iceberg_layout_writes_one_directory_per_hour_with_iceberg_types(spark, module_cluster, tmp_path):
     values = [json.dumps({"server": f"web-{i}", "n": i, "ratio": i / 3, "ok": i % 2 == 0, "day": "2024-01-01",
                           "at": "2024-01-01T10:00:00Z", "price": 12.5, "tags": ["a"], "attrs": {"k": i},
-                          "geo": {"lat": 1.0, "lon": 2.0}, "small": i}).encode() for i in range(9)]
+                          "geo": {"lat": 1.0, "lon": 2.0}, "small": i, "value": "v"}).encode()
+              for i in range(9)]
     values.append(b"{broken")
     messages = send_raw(module_cluster.zookeeper, "typed", values, spacing_ms=25 * 60_000)  # over 4 hours
     result = load(spark, module_cluster.zookeeper, "typed", tmp_path / "s", value_format="json", schema=TYPED,
@@ -206,6 +207,7 @@ def test_iceberg_layout_writes_one_directory_per_hour_with_iceberg_types(spark, 
         hour = int(path.parent.name.split("=")[1])
         stamps = pq.read_table(path, columns=["timestamp"])["timestamp"].to_pylist()
         assert {int(t.timestamp() * 1000) // HOUR for t in stamps} == {hour}
+    assert set(pq.read_table(files[0], columns=["value"])["value"].to_pylist()) == {"v"}  # a JSON field `value`
     rejects = pq.read_table(next((tmp_path / "s" / REJECTS_DIR).glob("*.parquet")))
     assert rejects.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
     assert rejects.column("value").to_pylist() == [b"{broken"]
