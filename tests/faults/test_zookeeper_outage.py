@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from broker.client.connection import BrokerConnection
 from broker.localcluster import LocalCluster, ZooKeeperServer, wait_until
 from broker.message import encode_message_set, iter_messages
-from broker.registry import broker_path
+from broker.registry import broker_path, create_topic
 
 SESSION_MS = 2000
 OUTAGE_S = 12.0  # kazoo's default back-off has grown to 12.8 s by then
@@ -64,6 +64,23 @@ def watch_registration(connect: str, seconds: float) -> tuple[float, float]:
         zk.close()
 
 
+def watches_work(connect: str, broker, topic: str) -> None:
+    """The broker's watches are armed: a topic created by someone else in ZooKeeper
+    reaches its METADATA, and it sees itself among the live brokers."""
+    zk = KazooClient(connect)
+    zk.start(30)
+    try:
+        create_topic(zk, topic, 1)
+    finally:
+        zk.stop()
+        zk.close()
+    with BrokerConnection(*broker.address, timeout=60).connect() as conn:
+        def seen():
+            metadata = conn.metadata([topic])
+            return metadata.topics[0].error_code == 0 and [b.broker_id for b in metadata.brokers] == [0]
+        wait_until(seen, 30, f"the broker to see topic {topic} and itself through its watches")
+
+
 def still_serves(broker) -> None:
     with BrokerConnection(*broker.address, timeout=60).connect() as conn:
         conn.create_topic(f"after-{time.monotonic_ns()}", 1)
@@ -95,6 +112,7 @@ def test_zookeeper_outage_longer_than_the_session_timeout(own_zookeeper, broker)
     log = broker.log_tail(200)
     assert "ZooKeeper connection suspended" in log, "every state change is logged"
     assert "ZooKeeper connection restored" in log or "registering broker 0 again" in log
+    watches_work(own_zookeeper.connect_string, broker, "created-after-outage")
     still_serves(broker)
 
 
@@ -120,4 +138,5 @@ def test_session_expiry_re_registers_at_once(own_zookeeper, broker):
     assert stat.ephemeralOwner != first_session
     log = broker.log_tail(200)
     assert "ZooKeeper session lost" in log and "registering broker 0 again" in log
+    watches_work(own_zookeeper.connect_string, broker, "created-after-expiry")
     still_serves(broker)
