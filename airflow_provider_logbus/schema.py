@@ -543,11 +543,21 @@ def _compare_fields(prefix: str, current: list[pa.Field], declared: list[pa.Fiel
 def check_evolution(current: pa.Schema, declared: pa.Schema) -> list[str]:
     """May a table whose schema is `current` take rows of the `declared` schema?
 
-    Returns the new optional fields (dotted paths for nested ones), to add by union by
-    name; raises `SchemaError` naming the field and both types for a type change that is
-    not a widening, a narrowing, a required field added or an optional field made
+    Returns the top-level fields to add by union by name: new optional fields, and
+    existing struct/list/map fields that gain optional fields inside (`geo` when
+    `geo.lon` is new), so `declared.field(name)` is what to union. Raises `SchemaError`
+    naming the field (a dotted path when nested) and both types for a type change that
+    is not a widening, a narrowing, a required field added or an optional field made
     required. Fields of `current` absent from `declared` are fine: they stay and read as
     null for new rows."""
+    existing = {f.name: f for f in current}
     added: list[str] = []
-    _compare_fields("", list(current), list(declared), added)
+    for f in declared:
+        if f.name not in existing:
+            _compare_fields("", [], [f], added)  # refuses a new required field
+            continue
+        inside: list[str] = []
+        _compare_fields("", [existing[f.name]], [f], inside)
+        if inside:
+            added.append(f.name)
     return added

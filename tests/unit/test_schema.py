@@ -163,9 +163,16 @@ def test_new_optional_fields_are_returned_to_add():
     assert check_evolution(arrow("a string"), arrow("a string, b long, geo struct<lat: double>")) == ["b", "geo"]
 
 
-def test_new_optional_nested_field_is_returned_with_its_path():
-    assert check_evolution(arrow("geo struct<lat: double>"), arrow("geo struct<lat: double, lon: double>")) == [
-        "geo.lon"]
+def test_a_new_optional_nested_field_returns_its_top_level_field_to_union():
+    assert check_evolution(arrow("a int, geo struct<lat: double>"),
+                           arrow("a int, geo struct<lat: double, lon: double>")) == ["geo"]
+    assert check_evolution(arrow("items array<struct<k: int>>"), arrow("items array<struct<k: int, v: string>>")) == [
+        "items"]
+
+
+def test_a_new_required_nested_field_is_refused_with_its_path():
+    with pytest.raises(SchemaError, match="field 'geo.lon' \\(double NOT NULL\\) is added as required"):
+        check_evolution(arrow("geo struct<lat: double>"), arrow("geo struct<lat: double, lon: double NOT NULL>"))
 
 
 def test_fields_dropped_from_the_declared_schema_are_fine():
