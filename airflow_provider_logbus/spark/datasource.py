@@ -137,7 +137,7 @@ def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verif
     import pyarrow as pa
 
     from broker.errors import InvalidMessage
-    from broker.message import entry_crc, iter_messages
+    from broker.message import decode_messages, entry_crc
 
     n_max = len(buf) // 22 + 1
     positions = np.empty(n_max, dtype=np.int64)
@@ -154,13 +154,17 @@ def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verif
             break
         entry_end = pos + 4 + size
         if verify_crc and entry_crc(view, pos, entry_end, magic, attributes) != crc:
-            raise InvalidMessage(f"CRC mismatch in {topic}-{partition} at offset {base + pos}")
+            raise InvalidMessage(f"{topic}-{partition}: corrupt entry at offset {base + pos}: CRC mismatch; the batch "
+                                 "cannot be loaded past it (docs/operations.md, storage faults)")
         positions[i], timestamps[i], key_lengths[i], sizes[i] = pos, timestamp, key_length, size
         i += 1
         pos = entry_end
     view.release()
     if compressed:  # rare in practice: decode message by message
-        messages = list(iter_messages(buf, base, verify_crc))
+        messages, corrupt = decode_messages(buf, base, verify_crc)
+        if corrupt is not None:
+            raise InvalidMessage(f"{topic}-{partition}: {corrupt}; the batch cannot be loaded past it "
+                                 "(docs/operations.md, storage faults)")
         return pa.RecordBatch.from_arrays(
             [pa.array([topic] * len(messages), pa.string()), pa.array([partition] * len(messages), pa.int32()),
              pa.array([m.offset for m in messages], pa.int64()),
