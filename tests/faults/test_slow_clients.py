@@ -16,7 +16,7 @@ import pytest
 from broker.client.connection import BrokerConnection
 from broker.localcluster import BrokerProcess, wait_until
 from broker.message import encode_message_set, iter_messages
-from broker.protocol import ApiKey, MetadataRequest, encode_request
+from broker.protocol import ApiKey, MetadataRequest, ProduceRequest, encode_request
 
 MiB = 1 << 20
 
@@ -196,12 +196,18 @@ def test_large_frames_beyond_the_budget_wait_their_turn_and_all_complete(cluster
 
 
 def test_pushed_back_client_gets_every_answer_in_order_once_it_reads(broker):
-    """Back-pressure pauses and resumes reading; it must never lose or reorder answers."""
+    """Back-pressure pauses and resumes reading; it must never lose or reorder answers,
+    immediate ones (METADATA) or waiting ones (acks=-1 PRODUCE) alike."""
     with BrokerConnection(*broker.address).connect() as admin:
         for i in range(20):
             admin.create_topic(f"inorder-{i:02d}", 2)
     count = 20_000
-    frames = b"".join(encode_request(ApiKey.METADATA, i, "slow", MetadataRequest([]).encode()) for i in range(count))
+    metadata = MetadataRequest([]).encode()
+    produce = ProduceRequest(-1, 1000, "inorder-00", 0, encode_message_set([(None, b"m", 1)])).encode()
+    frames = b"".join(  # every 50th waits for a flush: answered through the pending queue
+        encode_request(ApiKey.PRODUCE, i, "slow", produce) if i % 50 == 0 else
+        encode_request(ApiKey.METADATA, i, "slow", metadata) for i in range(count)
+    )
     sock = socket.create_connection(broker.address, timeout=60)
     sender = threading.Thread(target=sock.sendall, args=(frames,))
     sender.start()
@@ -224,6 +230,6 @@ def test_pushed_back_client_gets_every_answer_in_order_once_it_reads(broker):
         buffer = buffer[pos:]
     sender.join(60)
     sock.close()
-    print(f"\n{count:,} pipelined METADATA requests read late: all answered in order; broker RSS while "
+    print(f"\n{count:,} pipelined METADATA and acks=-1 PRODUCE requests read late: all answered in order; broker RSS while "
           f"stalled {stalled_rss:.0f} MB")
     assert answers == count
