@@ -269,8 +269,11 @@ def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
     with_corrupt = StructType([*struct.fields, StructField(CORRUPT, StringType())])
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
     frame = df.select(*META_COLUMNS, "value", F.from_json(text, with_corrupt, options).alias(PARSED))
-    frame = frame.select(*META_COLUMNS, F.when(error.isNotNull(), F.col("value")).alias(RAW),
+    frame = frame.select(*META_COLUMNS, F.col("value").alias(RAW),
                          *[parsed.getField(f).alias(out) for f, out in outputs], error.alias(ERROR))
+    # the error is computed once; only a rejected value keeps its bytes
+    frame = frame.select(*META_COLUMNS, F.when(F.col(ERROR).isNotNull(), F.col(RAW)).alias(RAW),
+                         *[out for _, out in outputs], ERROR)
     return frame, outputs
 
 
