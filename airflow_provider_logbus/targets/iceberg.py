@@ -89,6 +89,25 @@ def small_types(schema):
     return pa.schema([pa.field(f.name, plain(f.type), f.nullable) for f in schema])
 
 
+def nested_optional(schema):
+    """Top-level required fields stay required; fields inside structs, lists and maps
+    become optional, because the load job enforces nested requirements while decoding
+    but Spark writes nested Parquet fields as optional (pyiceberg's file check would
+    refuse a required table field over an optional file field)."""
+    import pyarrow as pa
+
+    def relax(t):
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, relax(f.type), True) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.list_(pa.field("element", relax(t.value_type), True))
+        if pa.types.is_map(t):
+            return pa.map_(t.key_type, pa.field("value", relax(t.item_type), True))
+        return t
+
+    return pa.schema([pa.field(f.name, relax(f.type), f.nullable) for f in schema])
+
+
 def local_path(location: str) -> str:
     return location[len("file://"):] if location.startswith("file://") else location
 
@@ -158,7 +177,7 @@ class IcebergTarget(CommitTarget):
         if value_schema is None:
             raise TargetError(f"the Iceberg table {self.identifier} needs a declared value schema (Spark DDL or a "
                               "JSON schema file): a table's schema is not inferred from a sample")
-        declared = pa.schema([*logbus_columns(), *value_schema])
+        declared = nested_optional(pa.schema([*logbus_columns(), *value_schema]))
         table = self._load()
         if table is None:
             self._create(self.identifier, declared, partitioned=True)
