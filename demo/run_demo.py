@@ -8,7 +8,7 @@ embedded SQLite catalog (or Parquet directories with `--target directory`), audi
 same hours, prints produced / loaded / completeness per hour and the table's snapshots
 with their batch ids and offset ranges, and stops everything, also on failure.
 
-    .venv/bin/python demo/run_demo.py [--hours 3] [--rate 2000] [--target iceberg] [--keep DIR]
+    .venv/bin/python demo/run_demo.py [--hours 3] [--rate 2000] [--target iceberg] [--seed N] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from broker.localcluster import LocalCluster, ZooKeeperServer, wait_until  # noq
 
 HOUR_MS = 3_600_000
 # the simulator's events, declared (an Iceberg table is created from a declared schema)
-SCHEMA = ("server string, ts_ms bigint, user_id bigint, session string, action string, page string, "
+SCHEMA = ("event_id string, server string, ts_ms bigint, user_id bigint, session string, action string, page string, "
           "status int, latency_ms double")
 
 
@@ -101,6 +101,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=2000, help="events per server per hour")
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--target", choices=["iceberg", "directory"], default="iceberg")
+    parser.add_argument("--seed", type=int, help="reproducible events (the simulator's seed); by default fresh ones")
     parser.add_argument("--keep", help="work directory (default: a new temp dir, kept so the Parquet can be inspected)")
     args = parser.parse_args()
 
@@ -120,7 +121,7 @@ def main() -> int:
         cluster.start_broker(1)
         print("ZooKeeper and 2 brokers are up")
 
-        from dags.examples.simulate_web_servers import simulate
+        from airflow_provider_logbus.examples.simulate_web_servers import simulate
 
         now = int(time.time() * 1000)
         first = now - now % HOUR_MS - args.hours * HOUR_MS
@@ -133,9 +134,10 @@ def main() -> int:
             start, end_ms = first + h * HOUR_MS, first + (h + 1) * HOUR_MS
             # the hour's events, then the first minute of the next hour (or "now" for the last
             # hour): once every partition holds later data, the sensor knows the hour is complete
-            simulate(connect, topic, args.servers, start, end_ms, args.rate, seed=h)
+            seed = None if args.seed is None else args.seed * 1000 + h  # fresh events unless --seed
+            simulate(connect, topic, args.servers, start, end_ms, args.rate, seed=seed)
             tail = (end_ms, end_ms + 60_000) if h + 1 < args.hours else (now - 30_000, now)
-            simulate(connect, topic, args.servers, tail[0], tail[1], 30, seed=100 + h)
+            simulate(connect, topic, args.servers, tail[0], tail[1], 30, seed=None if seed is None else seed + 500)
             produced += args.servers * (args.rate + 30)
             end = datetime.fromtimestamp(end_ms / 1000, timezone.utc)
             print(f"{args.servers} servers sent {args.servers * args.rate} events stamped "
