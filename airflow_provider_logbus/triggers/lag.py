@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_logbus.cluster import LogbusCluster
+
+log = logging.getLogger(__name__)
+DEFAULT_CLUSTER_TIMEOUT = 15.0
 
 
 def check_ready(cluster: LogbusCluster, topic: str, group: str | None, min_lag: int | None,
@@ -30,42 +34,58 @@ def check_ready(cluster: LogbusCluster, topic: str, group: str | None, min_lag: 
 
 class LogbusLagTrigger(BaseTrigger):
     """Polls every `poll_interval` seconds; yields one event: {"status": "success", ...}
-    or {"status": "error", "message": ...} or {"status": "timeout", ...}."""
+    or {"status": "error", "message": ...} or {"status": "timeout", ...}.
+
+    One ZooKeeper session (and one connection per broker) serves every poll of a run:
+    opened at the first poll, closed when the trigger ends or is cancelled.
+    `cluster_timeout` is the connection's `timeout` (seconds for ZooKeeper and broker
+    calls); `timeout` is the sensor's, the wait as a whole. The waiting state is logged
+    when it changes, not at every poll."""
 
     def __init__(self, topic: str, zookeeper: str | None = None, brokers: str | None = None,
                  group: str | None = None, min_lag: int | None = None, complete_after_ms: int | None = None,
-                 poll_interval: float = 10.0, timeout: float | None = None) -> None:
+                 poll_interval: float = 10.0, timeout: float | None = None,
+                 cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT) -> None:
         super().__init__()
         self.topic, self.zookeeper, self.brokers, self.group = topic, zookeeper, brokers, group
         self.min_lag, self.complete_after_ms = min_lag, complete_after_ms
-        self.poll_interval, self.timeout = poll_interval, timeout
+        self.poll_interval, self.timeout, self.cluster_timeout = poll_interval, timeout, cluster_timeout
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"topic": self.topic, "zookeeper": self.zookeeper, "brokers": self.brokers, "group": self.group,
              "min_lag": self.min_lag, "complete_after_ms": self.complete_after_ms,
-             "poll_interval": self.poll_interval, "timeout": self.timeout},
+             "poll_interval": self.poll_interval, "timeout": self.timeout, "cluster_timeout": self.cluster_timeout},
         )
 
-    def _check(self) -> tuple[bool, dict]:
-        with LogbusCluster(self.zookeeper, self.brokers) as cluster:
-            return check_ready(cluster, self.topic, self.group, self.min_lag, self.complete_after_ms)
+    def _cluster(self) -> LogbusCluster:
+        return LogbusCluster(self.zookeeper, self.brokers, timeout=self.cluster_timeout, client_id="logbus-trigger")
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.timeout is None else loop.time() + self.timeout
         details: dict = {}
-        while True:
-            try:
-                ready, details = await asyncio.to_thread(self._check)
-            except Exception as exc:  # the sensor decides what an error means
-                yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
-                return
-            if ready:
-                yield TriggerEvent({"status": "success", **details})
-                return
-            if deadline is not None and loop.time() >= deadline:
-                yield TriggerEvent({"status": "timeout", **details})
-                return
-            await asyncio.sleep(self.poll_interval)
+        last_state = None
+        cluster = self._cluster()
+        try:
+            while True:
+                try:
+                    ready, details = await asyncio.to_thread(
+                        check_ready, cluster, self.topic, self.group, self.min_lag, self.complete_after_ms)
+                except Exception as exc:  # the sensor decides what an error means
+                    yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+                    return
+                if ready:
+                    yield TriggerEvent({"status": "success", **details})
+                    return
+                state = {k: v for k, v in details.items() if k != "lag"}  # lag moves at every poll
+                if state != last_state:
+                    log.info("waiting for %s: %s", self.topic, details)
+                    last_state = state
+                if deadline is not None and loop.time() >= deadline:
+                    yield TriggerEvent({"status": "timeout", **details})
+                    return
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            await asyncio.shield(asyncio.to_thread(cluster.close))
