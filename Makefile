@@ -47,4 +47,4 @@ bench: system-deps $(STAMP)
 	$(PY) -m bench.paper
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info demo-output
+	rm -rf $(VENV) .venv-min .venv-min.lock .pytest_cache build *.egg-info demo-output
