@@ -50,8 +50,20 @@ def directory_rows(warehouse: Path, table: str) -> list[tuple[int, int]]:
     return [(r["partition"], r["offset"]) for r in table_rows(warehouse / table)]
 
 
+def iceberg_rows(warehouse: Path, table: str) -> list[tuple[int, int]]:
+    from airflow_provider_logbus.targets.iceberg import IcebergTarget
+
+    target = IcebergTarget(table, warehouse=str(warehouse))
+    try:
+        t = target.table_or_fail().scan(selected_fields=("partition", "offset")).to_arrow()
+    finally:
+        target.close()
+    return list(zip(t["partition"].to_pylist(), t["offset"].to_pylist()))
+
+
 # target name (LOGBUS_TARGET) -> (partition, offset) of every row of the table, duplicates kept
-TARGETS = {"directory": directory_rows}
+TARGETS = {"directory": directory_rows, "iceberg": iceberg_rows}
+DOWNSTREAM = "logbus_complete_hours"
 
 
 def ms(moment: datetime) -> int:
@@ -100,6 +112,7 @@ def scenario(request, module_cluster, postgres, tmp_path_factory):
 
     dags = tmp_path_factory.mktemp(f"dags-{target}")
     shutil.copy(ROOT / "dags" / "examples" / "logbus_hourly_load.py", dags)
+    shutil.copy(ROOT / "dags" / "examples" / f"{DOWNSTREAM}.py", dags)
     env = {
         "LOGBUS_TARGET": target, "LOGBUS_TOPIC": topic, "LOGBUS_TABLE": table, "LOGBUS_WAREHOUSE": str(warehouse),
         "LOGBUS_GROUP": group, "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0",
@@ -114,11 +127,16 @@ def scenario(request, module_cluster, postgres, tmp_path_factory):
     try:
         deployment.start()
         deployment.wait_for_dag(DAG_ID)
+        deployment.wait_for_dag(DOWNSTREAM)
+        deployment.unpause(DOWNSTREAM)  # one run per hour the audits announce complete
         deployment.unpause(DAG_ID)  # the scheduler creates the latest hour's run
         last = FIRST_HOUR + timedelta(hours=HOURS - 1)
         deployment.backfill(DAG_ID, FIRST_HOUR.isoformat(), last.isoformat())  # default concurrency
         runs = deployment.wait_for_runs(DAG_ID, HOURS + 1, timeout=720)
         tasks = {run.run_id: deployment.task_states(DAG_ID, run.run_id) for run in runs}
+        downstream = deployment.wait_for_runs(DOWNSTREAM, HOURS, timeout=300)
+        partition_keys = [row[0] for row in deployment._query(
+            "SELECT partition_key FROM dag_run WHERE dag_id = :d ORDER BY partition_key", d=DOWNSTREAM)]
     except BaseException:
         report_logs(request, deployment)
         deployment.stop()
@@ -126,7 +144,9 @@ def scenario(request, module_cluster, postgres, tmp_path_factory):
     out = {
         "target": target, "warehouse": warehouse, "table": table, "offsets": offsets, "runs": runs, "tasks": tasks,
         "rows": TARGETS[target](warehouse, table), "seconds": time.monotonic() - began,
-        "audits": [json.loads(p.read_text()) for p in sorted((warehouse / "_audit" / table).glob("*.json"))],
+        "audits": [json.loads(p.read_text()) for p in sorted((warehouse / "_audit").rglob("*.json"))
+                   if p.name != "_logbus_complete_through.json"],
+        "downstream": downstream, "partition_keys": partition_keys,
         "failed_logs": {(run_id, t.task_id): deployment.task_log(DAG_ID, run_id, t.task_id)[-4000:]
                         for run_id, states in tasks.items() for t in states.values() if t.state != "success"},
     }
@@ -175,3 +195,11 @@ def test_audits_report_no_duplicates(scenario):
         assert report["missing"] == 0, report
     produced = sum(r["produced"] for r in audits)
     assert produced == HOURS * EVENTS_PER_HOUR
+
+
+def test_each_complete_hour_triggers_the_downstream_dag_exactly_once(scenario):
+    """Five audits, finishing in any order, announce the four loaded hours once each; the
+    hour of the events stamped in the future is not complete and is never announced."""
+    hours = [f"{FIRST_HOUR + timedelta(hours=h):%Y-%m-%dT%H:%MZ}" for h in range(HOURS)]
+    assert scenario["partition_keys"] == hours
+    assert all(r.state == "success" for r in scenario["downstream"])
