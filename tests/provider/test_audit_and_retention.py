@@ -99,6 +99,35 @@ def test_audit_counts_exactly_what_a_cut_short_batch_missed_and_fails_the_task(
     assert report["status"] == "failed"
 
 
+def test_a_batch_loaded_twice_fails_the_audit_task_naming_both_batches(cluster, spark, tmp_path, yesterday,
+                                                                     airflow_db):
+    """A batch directory copied by hand under another batch id: the counts balance nowhere
+    and the ranges overlap; the daily audit fails at once (no grace for duplicates)."""
+    import shutil
+
+    zk, n = produced_yesterday(cluster, yesterday, "dups", 60, 60_000)
+    start, end = yesterday
+    hook = LogbusHook(zookeeper=zk)
+    record = load_batch(hook, spark, tmp_path, "dups", "dups", start, end)
+    hook.close()
+    copy = tmp_path / "dups" / "batch_id=copied-by-hand"
+    shutil.copytree(tmp_path / "dups" / f"batch_id={record['batch_id']}", copy)
+    data = json.loads((copy / "_logbus_batch.json").read_text())
+    (copy / "_logbus_batch.json").write_text(json.dumps({**data, "batch_id": "copied-by-hand"}))
+
+    use_logbus_connection(zk)
+    dag = load_dag("logbus_daily_audit.py", {"LOGBUS_WAREHOUSE": str(tmp_path), "LOGBUS_TABLE": "dups",
+                                             "LOGBUS_TOPIC": "dups", "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "600",
+                                             "LOGBUS_AUDIT_THRESHOLD": "0.99"})
+    dr = dag.test(logical_date=end)
+    assert str(dr.state) == "failed"
+    report = json.loads((tmp_path / "_audit" / "dups" / f"{start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json").read_text())
+    assert report["status"] == "failed" and report["duplicated"] == n and report["missing"] == 0
+    pairs = {frozenset((o["after"], o["before"])) for o in report["overlaps"]}
+    assert pairs == {frozenset(("copied-by-hand", record["batch_id"]))}
+    assert "loaded by both batch" in report["reasons"][0]
+
+
 def test_data_loss_fails_by_default_naming_the_lost_range(cluster, tmp_path, yesterday):
     zk, earliest = _topic_with_deleted_segments(cluster)
     hook = LogbusHook(zookeeper=zk)

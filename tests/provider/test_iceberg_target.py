@@ -132,3 +132,42 @@ def test_an_iceberg_table_without_a_declared_schema_is_refused(tmp_path):
     target = IcebergTarget("tbl", warehouse=str(tmp_path / "wh"))
     with pytest.raises(Exception, match="declared value schema"):
         target.ensure_schema(None)
+
+
+@pytest.mark.slow
+def test_a_batch_loads_end_to_end_into_an_iceberg_table_on_postgresql(module_cluster, spark, postgres, tmp_path):
+    """Broker → snapshot → Spark load job (iceberg layout) → commit on a PostgreSQL
+    catalog → pyiceberg and Spark readers; then the next batch starts at the table's end."""
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_provider_logbus.batch import plan_batch
+    from airflow_provider_logbus.cluster import LogbusCluster
+    from airflow_provider_logbus.spark.iceberg import read_iceberg
+    from airflow_provider_logbus.spark.load_job import run_load
+
+    from .helpers import all_offsets, produce
+
+    zk = module_cluster.zookeeper
+    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    produce(zk, "pg_events", [int((now - timedelta(hours=2)).timestamp() * 1000) + i * 30_000 for i in range(120)])
+    uri = postgres.create_database("iceberg_end_to_end")
+    target = IcebergTarget("pg_events", catalog_properties={"type": "sql", "uri": uri,
+                                                            "warehouse": f"file://{tmp_path / 'wh'}"})
+    target.ensure_schema(pa.schema([pa.field("server", pa.string()), pa.field("n", pa.int64())]))
+    with LogbusCluster(zk) as cluster:
+        plan = plan_batch(cluster, target, "pg_events", now - timedelta(hours=2), now - timedelta(hours=1))
+    staging = target.prepare_staging(plan.batch_id, 1)
+    run_load(spark, [r.to_dict() for r in plan.ranges], staging, zookeeper=zk, value_format="json",
+             schema="server string, n long", layout="iceberg")
+    result = target.commit(plan, staging, "end-to-end")
+    offsets = all_offsets(zk, "pg_events")
+    assert result.record.row_count == len(offsets) == 120
+    assert set(table_offsets(target)) == offsets
+    table = target.table_or_fail()
+    assert read_iceberg(spark, table).count() == 120
+    assert read_iceberg(spark, table, "n >= 100").filter("n >= 100").count() == 20
+    with LogbusCluster(zk) as cluster:
+        following = plan_batch(cluster, target, "pg_events", now - timedelta(hours=1), now)
+    assert {r.partition: r.start for r in following.ranges} == target.committed_end_offsets("pg_events")
+    assert all(r.end == r.start for r in following.ranges)
+    target.close()
