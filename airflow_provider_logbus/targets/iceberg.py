@@ -45,6 +45,12 @@ COMMITTED_OFFSETS = "logbus.committed-offsets"
 COMPLETE_THROUGH = "logbus.complete-through"
 ANNOUNCED = "logbus.announced"
 NO_REBASE = {"commit.retry.num-retries": "0"}
+# Properties every logbus table gets (at creation, or added by the next load): no rebase
+# of a refused commit (module docstring); old metadata files deleted after a commit, or
+# a year of hourly batches leaves ~60 GB of them (BENCHMARKS.md); manifests merged on
+# append, so planning and commits do not open one manifest per batch ever written.
+TABLE_PROPERTIES = {**NO_REBASE, "write.metadata.delete-after-commit.enabled": "true",
+                    "write.metadata.previous-versions-max": "100", "commit.manifest-merge.enabled": "true"}
 
 
 def embedded_catalog(warehouse: str) -> dict[str, str]:
@@ -161,7 +167,7 @@ class IcebergTarget(CommitTarget):
 
         self.catalog.create_namespace_if_not_exists(self.namespace)
         try:
-            with self.catalog.create_table_transaction(identifier, schema=schema, properties=NO_REBASE) as tx:
+            with self.catalog.create_table_transaction(identifier, schema=schema, properties=TABLE_PROPERTIES) as tx:
                 if partitioned:
                     with tx.update_spec() as spec:
                         spec.add_field("timestamp", HourTransform(), "timestamp_hour")
@@ -198,6 +204,21 @@ class IcebergTarget(CommitTarget):
                         break
         if self._load(self.rejects_identifier) is None:
             self._create(self.rejects_identifier, rejects_schema(), partitioned=False)
+        for identifier in (self.identifier, self.rejects_identifier):
+            self._ensure_properties(identifier)
+
+    def _ensure_properties(self, identifier: str) -> None:
+        """Tables created by an earlier version get today's `TABLE_PROPERTIES`."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        table = self._load(identifier)
+        missing = {k: v for k, v in TABLE_PROPERTIES.items() if table.properties.get(k) != v}
+        if missing:
+            try:
+                with table.transaction() as tx:
+                    tx.set_properties(missing)
+            except CommitFailedException:
+                pass  # a concurrent load is doing the same; the next one checks again
 
     # ----------------------------------------------------------------- reading
 
@@ -316,8 +337,11 @@ class IcebergTarget(CommitTarget):
         for (topic, partition), end in sorted(ends.items()):
             offsets.setdefault(topic, {})[str(partition)] = end
         tx = table.transaction()
-        tx.add_files([str(p) for p in staged.data_files()], snapshot_properties=self._summary_of(record, staged))
-        tx.set_properties({COMMITTED_OFFSETS: json.dumps(offsets, sort_keys=True), **NO_REBASE})
+        # no duplicate-file check: it opens every manifest, and the batch-id check and the
+        # compare-and-swap already rule out adding an attempt's files twice
+        tx.add_files([str(p) for p in staged.data_files()], snapshot_properties=self._summary_of(record, staged),
+                     check_duplicate_files=False)
+        tx.set_properties({COMMITTED_OFFSETS: json.dumps(offsets, sort_keys=True)})
         try:
             tx.commit_transaction()  # asserts main is still at state.token
         except CommitFailedException as exc:
