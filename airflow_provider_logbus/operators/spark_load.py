@@ -3,23 +3,52 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.providers.common.compat.sdk import AirflowNotFoundException, BaseOperator
+from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseOperator
 
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
 
 LOAD_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "load_job.py")
 EMBEDDED_MASTER = "local[*]"
+LOOPBACK = "127.0.0.1"
+# Spark on a local master serves nobody but this machine: driver and block manager on
+# loopback, no UI. A user's conf (or a spark_default connection's extras) wins.
+LOCAL_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK, "spark.ui.enabled": "false"}
+
+
+class LogbusLoadError(AirflowException):
+    """The load job failed; the message is its cause and where Spark's log is."""
+
+
+def is_local_master(master: str | None) -> bool:
+    return bool(master) and master.strip().startswith("local")
 
 
 class LogbusSparkSubmitHook(SparkSubmitHook):
     """SparkSubmitHook whose missing connection means the embedded `local[*]` master
-    (the stock hook falls back to YARN)."""
+    (the stock hook falls back to YARN). On a local master it binds Spark to loopback
+    (`LOCAL_CONF` and `SPARK_LOCAL_IP`, for what the conf does not set). With
+    `spark_log`, spark-submit's output is also written to that file."""
+
+    def __init__(self, *args: Any, spark_log: str | Path | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spark_log = Path(spark_log) if spark_log else None
+        if self.is_local():
+            for key, value in LOCAL_CONF.items():
+                self._conf.setdefault(key, value)
+            if self._env_vars is not None:
+                self._env_vars.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+
+    def is_local(self) -> bool:
+        return is_local_master(self._connection.get("master"))
 
     def _resolve_connection(self) -> dict[str, Any]:
         try:
@@ -30,6 +59,19 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
             data["master"] = EMBEDDED_MASTER
             return data
         return super()._resolve_connection()
+
+    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
+        if self.spark_log is None:
+            return super()._process_spark_submit_log(itr)
+        with open(self.spark_log, "w", encoding="utf-8", errors="replace") as out:
+            return super()._process_spark_submit_log(_tee(itr, out))
+
+
+def _tee(lines: Iterator[Any], out: IO[str]) -> Iterator[Any]:
+    for line in lines:
+        out.write(line if isinstance(line, str) else line.decode("utf-8", "replace"))
+        out.flush()
+        yield line
 
 
 def python_environment() -> dict[str, str]:
@@ -112,11 +154,41 @@ class LogbusSparkLoadOperator(BaseOperator):
         env = python_environment()
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
                 "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}
+        # spark-submit's output goes to the task log and to this file; the job starts by
+        # emptying the staging directory, so the file joins it only when the job failed
+        fd, spark_log = tempfile.mkstemp(prefix=f"logbus-spark-{Path(staging).name}-", suffix=".log")
+        os.close(fd)
         self._hook = LogbusSparkSubmitHook(
             conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan['batch_id']}",
-            application_args=self.application_args(plan, staging, layout), env_vars=env)
-        self._hook.submit(LOAD_JOB)
+            application_args=self.application_args(plan, staging, layout), env_vars=env, spark_log=spark_log)
+        try:
+            self._hook.submit(LOAD_JOB)
+        except AirflowException as exc:
+            if not str(exc).startswith("Cannot execute"):  # not spark-submit's exit status
+                raise
+            raise LogbusLoadError(self.failure_message(Path(staging), Path(spark_log), exc)) from exc
+        finally:
+            Path(spark_log).unlink(missing_ok=True)
         return {"batch_id": plan["batch_id"], "staging": str(staging), "committed": False}
+
+    def failure_message(self, staging: Path, spark_log: Path, exc: Exception) -> str:
+        """`<ExceptionType>: <message> (Spark log: <path>)` from what the job recorded in
+        staging; the log is kept there, beside the error (both leave with the failed
+        attempt's staging when a later attempt commits)."""
+        log_path: Path | str = spark_log
+        try:
+            staging.mkdir(parents=True, exist_ok=True)
+            log_path = staging / SPARK_LOG
+            shutil.copyfile(spark_log, log_path)
+        except OSError as copy_error:
+            self.log.warning("could not keep the Spark log in %s: %s", staging, copy_error)
+            log_path = "the task log"
+        failure = read_failure(staging)
+        if failure:
+            return f"{failure['type']}: {failure['message']} (Spark log: {log_path})"
+        code = str(exc).rsplit("Error code is:", 1)[-1].strip().split(".")[0] if "Error code is:" in str(exc) else "?"
+        return (f"spark-submit exited with code {code} before the load job recorded a cause (killed, out of "
+                f"memory, or Spark failed to start) (Spark log: {log_path})")
 
     def on_kill(self) -> None:
         if self._hook is not None:

@@ -456,10 +456,27 @@ def main(argv: list[str] | None = None) -> int:
                  args.fetch_bytes, args.split_bytes, args.window_ms, args.layout, args.max_reject_rate)
     except (RejectRateError, SchemaError) as exc:
         logger.error("load failed: %s", exc)
+        _record_failure(args.staging, exc)
         return 1
+    except BaseException as exc:
+        _record_failure(args.staging, exc)
+        raise
     finally:
         spark.stop()
     return 0
+
+
+# ------------------------------------------------------------------ the failure's cause, for the Airflow task
+
+
+def _record_failure(staging: str, exc: BaseException) -> None:
+    """`<staging>/_logbus_error.json`: the root cause LogbusSparkLoadOperator raises."""
+    from airflow_provider_logbus.spark.failure import write_failure
+
+    try:
+        write_failure(staging, exc)
+    except Exception:  # never hide the job's own error
+        logger.exception("could not record the load's failure in %s", staging)
 
 
 if __name__ == "__main__":

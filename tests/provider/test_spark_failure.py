@@ -1,0 +1,79 @@
+"""Pieces of the load's failure reporting and of embedded Spark's binding, without Spark:
+the root cause inside Spark's wrapped errors, and the conf a local master gets."""
+
+from __future__ import annotations
+
+import json
+
+
+from airflow_provider_logbus.operators.spark_load import LOCAL_CONF, LogbusSparkLoadOperator, LogbusSparkSubmitHook
+from airflow_provider_logbus.spark.failure import ERROR_FILE, SPARK_LOG, read_failure, root_cause, write_failure
+
+EXECUTOR_TRACEBACK = """An exception was thrown from the Python worker. Please see the stack trace below.
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/pyspark/worker.py", line 2012, in main
+    process()
+  File "/work/airflow_provider_logbus/cluster.py", line 171, in leader_connection
+    raise ConnectionError(
+ConnectionError: leader broker 1 of web_activity-0 is not live; the partition is unavailable until it returns
+
+\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:621)
+"""
+
+
+class PythonException(Exception):
+    """Named like pyspark's wrapper of an executor's Python error."""
+
+
+def test_root_cause_of_a_wrapped_executor_error_is_the_python_exception():
+    assert root_cause(PythonException(EXECUTOR_TRACEBACK)) == (
+        "ConnectionError", "leader broker 1 of web_activity-0 is not live; the partition is unavailable until it returns")
+
+
+def test_root_cause_of_a_driver_error_is_the_error_itself():
+    assert root_cause(ValueError("unknown layout 'x'\nmore")) == ("ValueError", "unknown layout 'x'")
+
+
+def test_failure_file_round_trips(tmp_path):
+    path = write_failure(tmp_path / "staging", PythonException(EXECUTOR_TRACEBACK))
+    assert path.name == ERROR_FILE
+    assert read_failure(tmp_path / "staging")["type"] == "ConnectionError"
+    assert read_failure(tmp_path / "nothing") is None
+
+
+def test_a_job_killed_before_recording_a_cause_says_so_with_the_log(tmp_path):
+    log = tmp_path / "spark.log"
+    log.write_text("spark-submit output\n")
+    operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path))
+    message = operator.failure_message(tmp_path / "staging", log, Exception("Cannot execute: spark-submit --master "
+                                                                            "local[*] x. Error code is: -9."))
+    assert message.startswith("spark-submit exited with code -9 before the load job recorded a cause")
+    assert message.endswith(f"(Spark log: {tmp_path / 'staging' / SPARK_LOG})")
+    assert (tmp_path / "staging" / SPARK_LOG).read_text() == "spark-submit output\n"
+
+
+def test_a_recorded_cause_becomes_the_task_error(tmp_path):
+    (tmp_path / "staging").mkdir()
+    (tmp_path / "staging" / ERROR_FILE).write_text(json.dumps({"type": "RejectRateError", "message": "too many"}))
+    log = tmp_path / "spark.log"
+    log.write_text("")
+    operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path))
+    assert operator.failure_message(tmp_path / "staging", log, Exception("Cannot execute")) == (
+        f"RejectRateError: too many (Spark log: {tmp_path / 'staging' / SPARK_LOG})")
+
+
+def test_embedded_spark_binds_loopback_unless_the_conf_says_otherwise(airflow_db):
+    hook = LogbusSparkSubmitHook(conf={"spark.ui.enabled": "true"}, conn_id="spark_nonexistent", env_vars={})
+    assert hook.is_local()
+    assert hook._conf["spark.ui.enabled"] == "true"  # the user's choice
+    assert hook._conf["spark.driver.bindAddress"] == hook._conf["spark.driver.host"] == "127.0.0.1"
+    assert hook._env_vars["SPARK_LOCAL_IP"] == "127.0.0.1"
+    assert set(LOCAL_CONF) <= set(hook._conf)
+
+
+def test_a_cluster_master_gets_no_loopback_binding(airflow_db, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps({"conn_type": "spark", "host": "spark://spark-master",
+                                                                 "port": 7077}))
+    hook = LogbusSparkSubmitHook(conf={}, conn_id="spark_cluster", env_vars={})
+    assert not hook.is_local()
+    assert not set(LOCAL_CONF) & set(hook._conf) and "SPARK_LOCAL_IP" not in hook._env_vars
