@@ -20,8 +20,8 @@ SPARK_LOG = "_logbus_spark.log"
 MAX_MESSAGE = 2000
 
 _TRACEBACK = "Traceback (most recent call last):"
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Unavailable|"
-                             r"Timeout|Partition|Topic)): (.+)$")
+# after a traceback's indented frames, Python prints `module.Type: message`
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*): (.+)$")
 _WRAPPERS = ("PythonException", "Py4JJavaError", "SparkException", "AnalysisException", "StreamingQueryException")
 
 

@@ -30,6 +30,21 @@ def test_root_cause_of_a_wrapped_executor_error_is_the_python_exception():
         "ConnectionError", "leader broker 1 of web_activity-0 is not live; the partition is unavailable until it returns")
 
 
+class Py4JJavaError(Exception):
+    """Named like py4j's wrapper of a Java exception."""
+
+
+def test_root_cause_inside_a_java_stage_failure_is_the_first_python_exception():
+    text = ("An error occurred while calling o91.parquet.\n: org.apache.spark.SparkException: Job aborted due to stage "
+            "failure: Lost task 0.0: org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            '  File "/w/cluster.py", line 150, in leaders\n    raise UnknownTopic(\n'
+            "broker.errors.UnknownTopic: topic 'web' does not exist\n\n"
+            "During handling of the above exception, another exception occurred:\n\n"
+            "Traceback (most recent call last):\n  File \"x\", line 1\nRuntimeError: wrapper\n"
+            "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:621)\n")
+    assert root_cause(Py4JJavaError(text)) == ("UnknownTopic", "topic 'web' does not exist")
+
+
 def test_root_cause_of_a_driver_error_is_the_error_itself():
     assert root_cause(ValueError("unknown layout 'x'\nmore")) == ("ValueError", "unknown layout 'x'")
 
