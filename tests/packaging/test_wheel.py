@@ -21,11 +21,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ reads pyproject.toml without a dependency
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_VENV = ROOT / ".venv-min"
