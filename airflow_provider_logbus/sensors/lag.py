@@ -32,6 +32,8 @@ class LogbusLagSensor(BaseSensorOperator):
         self.topic, self.group, self.min_lag = topic, group, min_lag
         self.wait_for_interval_end, self.grace = wait_for_interval_end, grace
         self.logbus_conn_id, self.deferrable = logbus_conn_id, deferrable
+        self._hook: LogbusHook | None = None
+        self._last_state: dict | None = None
 
     def _complete_after_ms(self, context) -> int | None:
         if not self.wait_for_interval_end:
@@ -45,18 +47,36 @@ class LogbusLagSensor(BaseSensorOperator):
         return None if self.min_lag in (None, "", "None") else int(self.min_lag)
 
     def poke(self, context) -> bool:
-        hook = LogbusHook(self.logbus_conn_id)
+        # poke mode: one hook (one ZooKeeper session) for every poke of this try, closed
+        # when execute() ends; reschedule mode: the sensor is rebuilt per poke, close now
+        if self._hook is None:
+            self._hook = LogbusHook(self.logbus_conn_id)
         try:
-            ready, details = check_ready(hook.get_conn(), self.topic, self.group, self._min_lag(),
+            ready, details = check_ready(self._hook.get_conn(), self.topic, self.group, self._min_lag(),
                                          self._complete_after_ms(context))
+        except Exception:
+            self._close_hook()
+            raise
         finally:
-            hook.close()
-        self.log.info("%s: %s", "ready" if ready else "waiting", details)
+            if self.mode == "reschedule":
+                self._close_hook()
+        state = {k: v for k, v in details.items() if k != "lag"}  # lag moves at every poke
+        if ready or state != self._last_state:
+            self.log.info("%s: %s", "ready" if ready else "waiting", details)
+            self._last_state = state
         return ready
+
+    def _close_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.close()
+            self._hook = None
 
     def execute(self, context) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            finally:
+                self._close_hook()
         address = LogbusHook(self.logbus_conn_id).cluster_address()
         self.defer(
             trigger=LogbusLagTrigger(

@@ -113,3 +113,16 @@ def test_trigger_gives_up_on_an_unreachable_zookeeper_within_the_connection_time
     event = first_event(trigger)
     assert event["status"] == "error" and "within 2s" in event["message"]
     assert time.monotonic() - started < 10
+
+
+def test_a_poking_sensor_keeps_one_session_for_all_its_pokes(waiting_topic, sessions, airflow_db):
+    from .conftest import use_logbus_connection
+
+    zk, after_ms = waiting_topic
+    use_logbus_connection(zk)
+    sensor = LogbusLagSensor(task_id="wait", topic="pages", grace=timedelta(0), poke_interval=0.05, timeout=1,
+                             mode="poke")
+    context = {"data_interval_end": datetime.fromtimestamp(after_ms / 1000, timezone.utc)}
+    with pytest.raises(Exception, match="(?i)timed? ?out|timeout"):
+        sensor.execute(context)
+    assert len(sessions.clients) == 1 and not sessions.clients[0].connected
