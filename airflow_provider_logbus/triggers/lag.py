@@ -65,7 +65,6 @@ class LogbusLagTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.timeout is None else loop.time() + self.timeout
-        details: dict = {}
         last_state = None
         cluster = self._cluster()
         try:
@@ -74,18 +73,21 @@ class LogbusLagTrigger(BaseTrigger):
                     ready, details = await asyncio.to_thread(
                         check_ready, cluster, self.topic, self.group, self.min_lag, self.complete_after_ms)
                 except Exception as exc:  # the sensor decides what an error means
-                    yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
-                    return
+                    event = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
+                    break
                 if ready:
-                    yield TriggerEvent({"status": "success", **details})
-                    return
+                    event = {"status": "success", **details}
+                    break
                 state = {k: v for k, v in details.items() if k != "lag"}  # lag moves at every poll
                 if state != last_state:
                     log.info("waiting for %s: %s", self.topic, details)
                     last_state = state
                 if deadline is not None and loop.time() >= deadline:
-                    yield TriggerEvent({"status": "timeout", **details})
-                    return
+                    event = {"status": "timeout", **details}
+                    break
                 await asyncio.sleep(self.poll_interval)
+            # closed before the event goes out: the triggerer may never resume this generator
+            await asyncio.to_thread(cluster.close)
+            yield TriggerEvent(event)
         finally:
-            await asyncio.shield(asyncio.to_thread(cluster.close))
+            await asyncio.shield(asyncio.to_thread(cluster.close))  # cancelled while polling; idempotent
