@@ -94,7 +94,12 @@ class LogbusSparkLoadOperator(BaseOperator):
     read here and passed to the job as DDL; without it the job infers one from a sample
     and records it. `layout`: "directory" or "iceberg"; by default the target's.
     `max_reject_rate`: fail the load when more than this fraction of a topic's values is
-    rejected (1.0, the default: never; the rejects are counted in the batch either way)."""
+    rejected (1.0, the default: never; the rejects are counted in the batch either way).
+
+    A failed job raises `LogbusLoadError("<ExceptionType>: <message> (Spark log: <path>)")`
+    with the job's own exception (recorded in staging by the job) and spark-submit's output
+    kept in the attempt's staging directory. On a local master Spark binds to loopback
+    (`LOCAL_CONF`) unless `conf` says otherwise."""
 
     template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target",
                                       "max_reject_rate")
