@@ -79,10 +79,11 @@ class LogbusAuditOperator(BaseOperator):
             # the last step: an announcement is claimed only by an audit that succeeds
             hours = announce_complete_hours(target, self.topic, produced, batches, threshold, now_ms, grace_ms,
                                             end_ms, context["run_id"])
+            report["announced_hours"] = [h["hour"] for h in hours]
+            target.write_audit(batch_id_for(start, end), report)
         finally:
             target.close()
             hook.close()
-        report["announced_hours"] = [h["hour"] for h in hours]
         self._emit(context, hours)
         return report
 

@@ -67,11 +67,17 @@ class LogbusLagTrigger(BaseTrigger):
         deadline = None if self.timeout is None else loop.time() + self.timeout
         last_state = None
         cluster = self._cluster()
+        poll: asyncio.Future | None = None
         try:
             while True:
                 try:
-                    ready, details = await asyncio.to_thread(
-                        check_ready, cluster, self.topic, self.group, self.min_lag, self.complete_after_ms)
+                    # shielded: a cancel must not leave the poll's thread using the cluster
+                    # while `finally` closes it (the thread could reopen a session)
+                    poll = asyncio.ensure_future(asyncio.to_thread(
+                        check_ready, cluster, self.topic, self.group, self.min_lag, self.complete_after_ms))
+                    ready, details = await asyncio.shield(poll)
+                except asyncio.CancelledError:
+                    raise
                 except Exception as exc:  # the sensor decides what an error means
                     event = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
                     break
@@ -90,4 +96,6 @@ class LogbusLagTrigger(BaseTrigger):
             await asyncio.to_thread(cluster.close)
             yield TriggerEvent(event)
         finally:
-            await asyncio.shield(asyncio.to_thread(cluster.close))  # cancelled while polling; idempotent
+            if poll is not None and not poll.done():  # cancelled while polling: let the poll end first
+                await asyncio.wait([poll])
+            await asyncio.shield(asyncio.to_thread(cluster.close))  # idempotent
