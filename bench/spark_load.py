@@ -91,7 +91,8 @@ def main() -> int:
             from airflow_provider_logbus.spark.load_job import decode, read_ranges
 
             spark = (SparkSession.builder.master("local[*]").config("spark.driver.memory", "4g")
-                     .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false").getOrCreate())
+                     .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
+                     .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
             spark.sparkContext.setLogLevel("ERROR")
             # warm-up of both paths, not timed: the JVM, the JSON reader, and the Python
             # workers with their imports (pyarrow, numpy, the data source) — the second

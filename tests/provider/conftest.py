@@ -47,6 +47,7 @@ def spark():
 
     session = (SparkSession.builder.master("local[2]").appName("logbus-provider-tests")
                .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     yield session
     session.stop()

@@ -38,6 +38,19 @@ def load_batch(hook: LogbusHook, spark, warehouse, table: str, topic: str, start
                              run_id="test", group="loader")
 
 
+def daily_audit(zk: str, warehouse, table: str, day: tuple[datetime, datetime], grace_minutes: int) -> tuple[str, dict]:
+    """Run the example daily audit DAG over `day` for `table` (topic of the same name);
+    (the run's state, the report it kept)."""
+    start, end = day
+    use_logbus_connection(zk)
+    dag = load_dag("logbus_daily_audit.py", {"LOGBUS_WAREHOUSE": str(warehouse), "LOGBUS_TABLE": table,
+                                             "LOGBUS_TOPIC": table, "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": str(grace_minutes),
+                                             "LOGBUS_AUDIT_THRESHOLD": "0.99"})
+    dr = dag.test(logical_date=end)
+    path = warehouse / "_audit" / table / f"{start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json"
+    return str(dr.state), json.loads(path.read_text())
+
+
 def wait_flushed(zk: str, topic: str, count: int) -> None:
     with LogbusCluster(zk) as c:
         wait_until(lambda: sum(c.latest(topic, p) for p in c.partitions(topic)) == count * ENTRY, 30, "flush")
@@ -88,13 +101,8 @@ def test_audit_counts_exactly_what_a_cut_short_batch_missed_and_fails_the_task(
     assert record["row_count"] == loaded == len(table_rows(tmp_path / "views"))
     assert all(r["end"] - r["start"] == min(per_partition[r["partition"]], 30) * ENTRY for r in record["ranges"])
 
-    use_logbus_connection(zk)
-    dag = load_dag("logbus_daily_audit.py", {"LOGBUS_WAREHOUSE": str(tmp_path), "LOGBUS_TABLE": "views",
-                                             "LOGBUS_TOPIC": "views", "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "0",
-                                             "LOGBUS_AUDIT_THRESHOLD": "0.99"})
-    dr = dag.test(logical_date=end)
-    assert str(dr.state) == "failed"
-    report = json.loads((tmp_path / "_audit" / "views" / f"{start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json").read_text())
+    state, report = daily_audit(zk, tmp_path, "views", yesterday, grace_minutes=0)
+    assert state == "failed"
     assert report["missing"] == n - loaded and report["produced"] == n and report["loaded"] == loaded
     assert report["status"] == "failed"
 
@@ -115,13 +123,8 @@ def test_a_batch_loaded_twice_fails_the_audit_task_naming_both_batches(cluster, 
     data = json.loads((copy / "_logbus_batch.json").read_text())
     (copy / "_logbus_batch.json").write_text(json.dumps({**data, "batch_id": "copied-by-hand"}))
 
-    use_logbus_connection(zk)
-    dag = load_dag("logbus_daily_audit.py", {"LOGBUS_WAREHOUSE": str(tmp_path), "LOGBUS_TABLE": "dups",
-                                             "LOGBUS_TOPIC": "dups", "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "600",
-                                             "LOGBUS_AUDIT_THRESHOLD": "0.99"})
-    dr = dag.test(logical_date=end)
-    assert str(dr.state) == "failed"
-    report = json.loads((tmp_path / "_audit" / "dups" / f"{start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json").read_text())
+    state, report = daily_audit(zk, tmp_path, "dups", yesterday, grace_minutes=600)
+    assert state == "failed"
     assert report["status"] == "failed" and report["duplicated"] == n and report["missing"] == 0
     pairs = {frozenset((o["after"], o["before"])) for o in report["overlaps"]}
     assert pairs == {frozenset(("copied-by-hand", record["batch_id"]))}
