@@ -146,14 +146,14 @@ def main() -> int:
             airflow(env, "dags", "test", "logbus_hourly_load", end.isoformat(), log=log)
 
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW", "LOGBUS"))})
-        from airflow_provider_logbus.completeness import format_report
+        from airflow_provider_logbus.completeness import format_report, judge
         from airflow_provider_logbus.hooks.logbus import LogbusHook
         from airflow_provider_logbus.targets import open_target
 
         target = open_target(args.target, table, warehouse=str(warehouse))
         hook = LogbusHook(zookeeper=connect)
-        report = hook.audit(target=target, table=table, topic=topic, start_ms=first, end_ms=now + 60_000,
-                            threshold=0.999)
+        report = judge(hook.audit(target=target, table=table, topic=topic, start_ms=first, end_ms=now + 60_000,
+                                  threshold=0.999), now_ms=int(time.time() * 1000), grace_ms=0)
         hook.close()
         print()
         print(format_report(report))
