@@ -107,3 +107,17 @@ def test_a_retry_after_the_publish_needs_no_staging(tmp_path):
     target.commit(BatchPlan.from_dict(plan("b1", spans)), staged(target, "b1", 1, spans), "r")
     again = target.commit(BatchPlan.from_dict(plan("b1", spans)), None, "r")
     assert not again.published_now and again.record.row_count == 5
+
+
+def test_committed_ends_come_from_the_cache_only_for_the_batches_it_folded(tmp_path):
+    target = DirectoryTarget(tmp_path, "tbl")
+    for i, end in enumerate((500, 900, 1400)):
+        spans = ranges((0, (0, 500, 900)[i], end), (1, 0, 100) if i == 0 else (1, 100, 100))
+        target.commit(BatchPlan.from_dict(plan(f"b{i}", spans)), staged(target, f"b{i}", 1, spans), "r")
+    assert target.committed_end_offsets(TOPIC) == {0: 1400, 1: 100}
+    cache = tmp_path / "tbl" / "_logbus_ends.json"
+    assert json.loads(cache.read_text())["batch_ids"] == ["b0", "b1", "b2"]
+    cache.write_text(json.dumps({"batch_ids": ["b0", "b1", "b2", "gone"], "ends": {TOPIC: {"0": 99}}}))
+    assert target.committed_end_offsets(TOPIC) == {0: 1400, 1: 100}  # names a batch that is not there: ignored
+    cache.write_text("garbage")
+    assert target.committed_end_offsets(TOPIC) == {0: 1400, 1: 100}
