@@ -110,6 +110,3 @@ class BatchPlan:
 
     def with_ranges(self, ranges: list[Range]) -> "BatchPlan":
         return replace(self, ranges=tuple(ranges))
-
-    def is_empty(self) -> bool:
-        return all(r.end == r.start for r in self.ranges)

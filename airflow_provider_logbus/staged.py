@@ -28,6 +28,24 @@ REJECTS_DIR = "_rejects"
 COUNT_WINDOW_MS = 600_000
 
 
+def write_json_atomic(path: Path, obj, tmp_dir: Path | None = None) -> None:
+    """Write a JSON file so that readers see the old file or the new one, never half.
+    The temporary file lives in `tmp_dir` (default: beside the target), so a writer
+    killed mid-way leaves nothing inside a directory that is about to be published."""
+    tmp = (tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def reject_files(root: Path) -> list[Path]:
+    """The Parquet files of the values a load attempt rejected (`<root>/_rejects/`)."""
+    rejects = Path(root) / REJECTS_DIR
+    return sorted(rejects.rglob("*.parquet")) if rejects.is_dir() else []
+
+
 class StagingError(RuntimeError):
     """A staging directory is missing or incomplete; the message says which and why."""
 
@@ -65,16 +83,13 @@ class StagedBatch:
         return sorted(p for p in self.root.rglob("*.parquet") if REJECTS_DIR not in p.relative_to(self.root).parts)
 
     def reject_files(self) -> list[Path]:
-        rejects = self.root / REJECTS_DIR
-        return sorted(rejects.rglob("*.parquet")) if rejects.is_dir() else []
+        return reject_files(self.root)
 
     def write_counts(self) -> None:
         info = json.loads((self.root / COUNTS_FILE).read_text())
         info.update(counts=self.counts, row_count=self.row_count, rejected=self.rejected,
                     rejected_count=self.rejected_count)
-        tmp = self.root.parent / f".{COUNTS_FILE}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(json.dumps(info, indent=1, sort_keys=True))
-        os.replace(tmp, self.root / COUNTS_FILE)
+        write_json_atomic(self.root / COUNTS_FILE, info, tmp_dir=self.root.parent)
 
     def trim(self, ranges: list[Range]) -> "StagedBatch":
         """Drop the rows outside `ranges` (only ever rows below a range's new start, after

@@ -3,9 +3,8 @@ Airflow connections into a `CommitTarget`, so operators never branch on the kind
 
 from __future__ import annotations
 
+from airflow_provider_logbus.hooks.iceberg import DEFAULT_CONN_ID as DEFAULT_CATALOG_CONN_ID
 from airflow_provider_logbus.targets import CommitTarget, open_target
-
-DEFAULT_CATALOG_CONN_ID = "logbus_iceberg_default"
 
 
 def resolve_target(kind: str, table: str, *, warehouse: str | None = None,

@@ -40,18 +40,17 @@ import datetime
 import decimal
 import json
 import logging
-import os
 import shutil
 import sys
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 
+from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, write_json_atomic
+
 logger = logging.getLogger("logbus.load_job")
 
 META_COLUMNS = ("topic", "partition", "offset", "timestamp", "key")
-COUNTS_FILE = "_logbus_counts.json"  # same as staged.COUNTS_FILE (no provider import needed here)
-REJECTS_DIR = "_rejects"  # same as staged.REJECTS_DIR
 WINDOW_MS = 600_000
 HOUR_MICROS = 3_600_000_000
 LAYOUTS = ("directory", "iceberg")
@@ -407,9 +406,7 @@ def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = No
         logger.warning("%d values rejected into %s (%s)", rejected_count, rejects_path,
                        ", ".join(f"{t}: {n}" for t, n in sorted(per_topic(rejected_counts).items())))
         check_reject_rate(spark, counts, rejected_counts, max_reject_rate, rejects_path)
-    tmp = staging_path / f".{COUNTS_FILE}.tmp"
-    tmp.write_text(json.dumps(result, indent=1, sort_keys=True))
-    os.replace(tmp, staging_path / COUNTS_FILE)
+    write_json_atomic(staging_path / COUNTS_FILE, result, tmp_dir=staging_path.parent)
     logger.info("loaded %d rows (%d rejected) into %s, layout %s", row_count, rejected_count, staging, layout)
     return result
 

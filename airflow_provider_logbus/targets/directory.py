@@ -30,12 +30,11 @@ import json
 import logging
 import os
 import shutil
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from airflow_provider_logbus.staged import StagedBatch
+from airflow_provider_logbus.staged import StagedBatch, write_json_atomic
 from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget, TableState, TargetError, committed_ends
 
 logger = logging.getLogger(__name__)
@@ -47,18 +46,6 @@ LOCK_FILE = "_logbus_commit.lock"
 COMPLETE_THROUGH = "_logbus_complete_through.json"
 ENDS_CACHE = "_logbus_ends.json"
 BATCH_PREFIX = "batch_id="
-
-
-def write_json_atomic(path: Path, obj, tmp_dir: Path | None = None) -> None:
-    """Write a JSON file so that readers see the old file or the new one, never half.
-    The temporary file lives in `tmp_dir` (default: beside the target), so a writer
-    killed mid-way leaves nothing inside a directory that is about to be published."""
-    tmp = (tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def fsync_dir(path: Path) -> None:

@@ -33,7 +33,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_logbus.staged import StagedBatch
+from airflow_provider_logbus.staged import StagedBatch, reject_files, write_json_atomic
 from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget, TableState, TargetError, committed_ends
 
 logger = logging.getLogger(__name__)
@@ -288,23 +288,16 @@ class IcebergTarget(CommitTarget):
 
     def remove_attempts(self, batch_id: str, keep: str | None = None) -> None:
         """Other attempts' files are never referenced by a snapshot: delete them. The
-        committed attempt's data files stay where they are (the snapshot points at
-        them); only its bookkeeping file goes."""
+        committed attempt's directory stays: the snapshot points at its data files."""
         table = self._load()
-        if table is None:
+        root = Path(local_path(table.location())) / "data" / STAGING if table is not None else None
+        if root is None or not root.is_dir():
             return
-        root = self._staging_root()
-        if not root.is_dir():
-            return
+        committed = self.batch(batch_id)
+        keep_too = committed.extra.get("staging") if committed is not None else None
         for child in root.iterdir():
-            if child.name.rsplit(".", 1)[0] != batch_id or not child.is_dir():
-                continue
-            if str(child) == keep:
-                continue
-            record = self.batch(batch_id)
-            if record is not None and record.extra.get("staging") == str(child):
-                continue
-            shutil.rmtree(child, ignore_errors=True)
+            if child.name.rsplit(".", 1)[0] == batch_id and child.is_dir() and str(child) not in (keep, keep_too):
+                shutil.rmtree(child, ignore_errors=True)
 
     def _summary_of(self, record: BatchRecord, staged: StagedBatch) -> dict[str, str]:
         summary = {
@@ -355,7 +348,7 @@ class IcebergTarget(CommitTarget):
         rejects_table = self._load(self.rejects_identifier)
         if not staging or rejects_table is None or not os.path.isdir(staging):
             return
-        staged_rejects = StagedBatch(root=Path(staging), counts=[], row_count=0).reject_files()
+        staged_rejects = reject_files(Path(staging))
         for _ in range(10):
             rejects_table = self._load(self.rejects_identifier)
             done = any(self._summary(s).get(PREFIX + "batch-id") == record.batch_id
@@ -377,8 +370,6 @@ class IcebergTarget(CommitTarget):
     # ----------------------------------------------------------------- audit
 
     def write_audit(self, audit_id: str, report: dict) -> str:
-        from airflow_provider_logbus.targets.directory import write_json_atomic
-
         root = Path(self.warehouse) if self.warehouse else Path(local_path(self.table_or_fail().location()))
         directory = root / "_audit" / self.identifier
         directory.mkdir(parents=True, exist_ok=True)
