@@ -109,7 +109,7 @@ def test_two_gib_announcement_is_refused_at_once(broker, with_header):
           f"{time.monotonic() - start:.2f}s, {len(answer)} bytes answered")
     if with_header:
         assert struct.unpack(">iih", answer[:10])[1:] == (9, 7)  # RequestTooLarge
-    assert served(broker) >= 0
+    served(broker)  # asserts another client's produce and fetch still work
 
 
 def test_connections_holding_large_partial_frames_keep_the_broker_bounded(broker):
