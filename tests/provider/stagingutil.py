@@ -15,6 +15,17 @@ ENTRY = 100  # bytes per message: offsets start, start+100, ...
 T0 = 1_704_067_200_000  # 2024-01-01T00:00Z
 
 
+def wait_all(procs: list, timeout: float) -> list[int]:
+    """Each child's exit code; children still running when waiting fails are killed."""
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def offsets(start: int, end: int) -> range:
     return range(start, end, ENTRY)
 

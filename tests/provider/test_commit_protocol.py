@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_logbus.plan import BatchPlan
 from airflow_provider_logbus.targets.directory import DirectoryTarget
 
-from .stagingutil import child_command, offsets, plan, write_staging
+from .stagingutil import child_command, offsets, plan, wait_all, write_staging
 
 TOPIC = "t"
 
@@ -47,7 +47,7 @@ def race(warehouse: Path, children: list[tuple[dict, str]], tmp_path: Path) -> l
         procs.append(subprocess.Popen(child_command(str(warehouse), plan_dict, staging, str(result),
                                                     barrier=str(barrier)), cwd=Path(__file__).parents[2]))
     barrier.touch()
-    codes = [p.wait(timeout=120) for p in procs]
+    codes = wait_all(procs, timeout=120)
     assert codes == [0] * len(procs)
     return [json.loads(r.read_text()) for r in results]
 

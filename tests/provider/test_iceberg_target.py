@@ -15,7 +15,7 @@ from airflow_provider_logbus.plan import BatchPlan
 from airflow_provider_logbus.schema import SchemaError
 from airflow_provider_logbus.targets.iceberg import IcebergTarget, embedded_catalog
 
-from .stagingutil import child_command, offsets, plan, write_staging
+from .stagingutil import child_command, offsets, plan, wait_all, write_staging
 
 ROOT = Path(__file__).parents[2]
 VALUE = pa.schema([pa.field("n", pa.int64())])
@@ -65,7 +65,7 @@ def run_children(tmp_path: Path, catalog: dict, children: list[tuple[dict, str]]
                                             kind="iceberg", catalog=catalog), cwd=ROOT)
              for i, (p, staging) in enumerate(children)]
     barrier.touch()
-    return [p.wait(timeout=180) for p in procs]
+    return wait_all(procs, timeout=180)
 
 
 def test_a_batch_is_one_snapshot_carrying_its_offsets(catalog, tmp_path):
