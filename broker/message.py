@@ -442,7 +442,7 @@ def iter_messages(
                 problem = _inner_set_error(inner_set)
                 if problem is not None:
                     raise InvalidMessage(problem)
-                inner = list(iter_messages(inner_set, 0, verify_crc))
+                inner = list(iter_messages(inner_set, 0, verify_crc=False))  # `_inner_set_error` checked every CRC
             except InvalidMessage as exc:
                 raise CorruptEntry(offset, size, f"{codec.name.lower()} value: {exc}") from None
             for i, message in enumerate(inner):
