@@ -123,8 +123,6 @@ class LogbusSparkLoadOperator(BaseOperator):
     def application_args(self, plan: dict, staging: Path, layout: str | None = None) -> list[str]:
         import json
 
-        from airflow_provider_logbus.schema import load_schema
-
         address = LogbusHook(self.logbus_conn_id).cluster_address()
         args = ["--ranges", json.dumps(plan["ranges"]), "--staging", str(staging), "--format", self.value_format,
                 "--fetch-bytes", str(self.fetch_bytes), "--split-bytes", str(self.split_bytes)]
@@ -133,10 +131,19 @@ class LogbusSparkLoadOperator(BaseOperator):
         else:
             args += ["--brokers", address["brokers"]]
         if self.schema:
-            args += ["--schema", load_schema(self.schema).to_ddl()]  # a bad schema fails here, before Spark
+            args += ["--schema", self.value_schema().to_ddl()]  # a bad schema fails here, before Spark
         args += ["--layout", layout or self.layout or "directory",
                  "--max-reject-rate", str(float(self.max_reject_rate))]
         return args
+
+    def value_schema(self):
+        """The declared schema, parsed once per task (a .json schema file is read here,
+        on the worker)."""
+        from airflow_provider_logbus.schema import load_schema
+
+        if getattr(self, "_value_schema", None) is None:
+            self._value_schema = load_schema(self.schema)
+        return self._value_schema
 
     def execute(self, context) -> dict:
         plan = context["ti"].xcom_pull(task_ids=self.snapshot_task_id)
@@ -145,13 +152,11 @@ class LogbusSparkLoadOperator(BaseOperator):
         if plan.get("committed"):
             self.log.info("batch %s is already committed; nothing to load", plan["batch_id"])
             return {"batch_id": plan["batch_id"], "staging": None, "committed": True}
-        from airflow_provider_logbus.schema import load_schema
-
         target = resolve_target(self.target, self.table, warehouse=self.warehouse, catalog_conn_id=self.catalog_conn_id)
         try:
             # create or evolve the table from the declared schema; an incompatible change
             # stops here, before Spark starts and before anything is written
-            target.ensure_schema(load_schema(self.schema).to_arrow() if self.schema else None)
+            target.ensure_schema(self.value_schema().to_arrow() if self.schema else None)
             staging = target.prepare_staging(plan["batch_id"], context["ti"].try_number)
             layout = self.layout or target.layout
         finally:
@@ -168,9 +173,7 @@ class LogbusSparkLoadOperator(BaseOperator):
             application_args=self.application_args(plan, staging, layout), env_vars=env, spark_log=spark_log)
         try:
             self._hook.submit(LOAD_JOB)
-        except AirflowException as exc:
-            if not str(exc).startswith("Cannot execute"):  # not spark-submit's exit status
-                raise
+        except AirflowException as exc:  # spark-submit failed: say why, from what the job recorded
             raise LogbusLoadError(self.failure_message(Path(staging), Path(spark_log), exc)) from exc
         finally:
             Path(spark_log).unlink(missing_ok=True)
