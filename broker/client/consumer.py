@@ -24,7 +24,7 @@ import time
 from typing import Iterator
 
 from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
-from broker.client.errors import CorruptMessageError, FetchSizeTooSmall, PartitionUnavailable
+from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable, confirm_corrupt
 from broker.errors import BrokerShuttingDown, NotLeaderForPartition, OffsetOutOfRange, UnknownTopic
 from broker.message import CorruptEntry, Message, decode_messages, first_entry_size
 from broker.protocol import EARLIEST, LATEST, check_topic_name
@@ -179,12 +179,9 @@ class SimpleConsumer:
     def _corrupt(self, corrupt: CorruptEntry) -> None:
         """The entry at the current offset cannot be decoded: fetch it again once, then
         raise or skip it (`on_corrupt`)."""
-        if self._suspect != corrupt.offset:
-            self._suspect = corrupt.offset
-            logger.info("%s-%d: %s; fetching it again", self.topic, self.partition, corrupt)
+        self._suspect, error = confirm_corrupt(self._suspect, self.topic, self.partition, corrupt)
+        if error is None:
             return
-        self._suspect = None
-        error = CorruptMessageError(self.topic, self.partition, corrupt.offset, corrupt.next_offset, corrupt.reason)
         if self.on_corrupt == "raise" or corrupt.next_offset is None:
             raise error
         self.skipped += 1

@@ -6,7 +6,12 @@ catch every logbus failure with one clause and show its message as it is.
 
 from __future__ import annotations
 
+import logging
+
 from broker.errors import LogbusError
+from broker.message import CorruptEntry
+
+logger = logging.getLogger(__name__)
 
 
 class ClientError(LogbusError):
@@ -64,3 +69,15 @@ class CorruptMessageError(ClientError):
         self.offset = offset
         self.next_offset = next_offset
         self.reason = reason
+
+
+def confirm_corrupt(
+    suspect: int | None, topic: str, partition: int, corrupt: CorruptEntry,
+) -> tuple[int | None, CorruptMessageError | None]:
+    """A reader fetches an undecodable entry once more before acting on it (corruption
+    in transit goes away). Given the offset already suspected (or None), returns the new
+    suspect and, at the second sighting of the same entry, the error to raise or skip."""
+    if suspect != corrupt.offset:
+        logger.info("%s-%d: %s; fetching it again", topic, partition, corrupt)
+        return corrupt.offset, None
+    return None, CorruptMessageError(topic, partition, corrupt.offset, corrupt.next_offset, corrupt.reason)

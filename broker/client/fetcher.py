@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 
 from broker.client.cluster import ClusterMetadata, ConnectionPool
-from broker.client.errors import CorruptMessageError, FetchSizeTooSmall
+from broker.client.errors import FetchSizeTooSmall, confirm_corrupt
 from broker.client.stream import Chunk, MessageStream
 from broker.errors import InvalidRequest, LogbusError, OffsetOutOfRange, error_for
 from broker.message import CorruptEntry, decode_messages, first_entry_size
@@ -196,12 +196,9 @@ class Fetcher(threading.Thread):
 
     def _corrupt(self, f: PartitionFetch, corrupt: CorruptEntry, generation: int) -> None:
         """The entry at `f.offset` cannot be decoded: fetch it again once, then skip it."""
-        if f.suspect != corrupt.offset:
-            f.suspect = corrupt.offset
-            logger.info("%s-%d: %s; fetching it again", f.topic, f.partition, corrupt)
+        f.suspect, error = confirm_corrupt(f.suspect, f.topic, f.partition, corrupt)
+        if error is None:
             return
-        f.suspect = None
-        error = CorruptMessageError(f.topic, f.partition, corrupt.offset, corrupt.next_offset, corrupt.reason)
         if corrupt.next_offset is None:
             logger.error("%s; the stream of %s-%d ends here", error, f.topic, f.partition)
             self._end(f, generation, error)
