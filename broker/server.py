@@ -53,6 +53,11 @@ MIN_REQUEST_SIZE = 10  # api_key, api_version, correlation_id, empty client_id
 SCRATCH_BYTES = 256 * 1024  # frames up to this size are read into the connection's scratch buffer
 INITIAL_SCRATCH_BYTES = 16 * 1024  # an idle connection costs this; busy ones grow to SCRATCH_BYTES
 _ACKS_APIS = (ApiKey.PRODUCE, ApiKey.MULTIPRODUCE)  # requests whose first body byte is acks
+_REFUSED = {  # the log line of a refused request, by `acks_zero`'s answer
+    None: "%s request %d refused, acks unreadable; closing: %s",
+    True: "acks=0 %s request %d refused (not answered): %s",
+    False: "%s request %d refused: %s",
+}
 
 
 def api_name(api_key: int) -> str:
@@ -343,15 +348,7 @@ class Connection(asyncio.BufferedProtocol):
             code, text = ErrorCode.UNKNOWN, "internal broker error; see its log"
         else:
             code, text = exc.code, str(exc)
-            if quiet is None:
-                self.refusals.warning(f"{what} {type(exc).__name__}", "%s request %d refused, acks unreadable; closing: %s",
-                                      what, header.correlation_id, exc)
-            elif quiet:
-                self.refusals.warning(f"{what} {type(exc).__name__}", "acks=0 %s request %d refused (not answered): %s",
-                                      what, header.correlation_id, exc)
-            else:
-                self.refusals.warning(f"{what} {type(exc).__name__}", "%s request %d refused: %s",
-                                      what, header.correlation_id, exc)
+            self.refusals.warning(f"{what} {type(exc).__name__}", _REFUSED[quiet], what, header.correlation_id, exc)
         if quiet is not False:
             return None
         return [error_response(header.correlation_id, code, text)]
