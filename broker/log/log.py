@@ -160,10 +160,15 @@ class Log:
         write fails they are dropped (the segment is cut back) and the failure is logged
         by the log directory, never raised into the connection that buffered them."""
         with self._lock:
-            try:
-                self.segments[-1].write_unwritten()
-            except OSError as exc:
-                self.log_dir.failed(exc, self.name, "write of buffered acks=0 appends")
+            self._write_buffered()
+
+    def _write_buffered(self) -> None:
+        """`write_unwritten` of the active segment, a failure logged not raised. Caller
+        holds `_lock`."""
+        try:
+            self.segments[-1].write_unwritten()
+        except OSError as exc:
+            self.log_dir.failed(exc, self.name, "write of buffered acks=0 appends")
 
     @property
     def unflushed_messages(self) -> int:
@@ -186,10 +191,7 @@ class Log:
         """
         with self._flush_lock:
             with self._lock:
-                try:
-                    self.segments[-1].write_unwritten()
-                except OSError as exc:  # only acks=0 appends are buffered here: dropped, and the fsync goes on
-                    self.log_dir.failed(exc, self.name, "write of buffered acks=0 appends")
+                self._write_buffered()  # only acks=0 appends are buffered here: dropped on failure, and the fsync goes on
                 target = self.end_offset
                 dirty = [s for s in self.segments if s.end_offset > self._flushed]
                 self._unflushed_messages = 0
