@@ -137,19 +137,19 @@ def scenario(request, module_cluster, postgres, tmp_path_factory):
         downstream = deployment.wait_for_runs(DOWNSTREAM, HOURS, timeout=300)
         partition_keys = [row[0] for row in deployment._query(
             "SELECT partition_key FROM dag_run WHERE dag_id = :d ORDER BY partition_key", d=DOWNSTREAM)]
+        out = {  # read while the deployment runs: a failure here must stop it too
+            "target": target, "warehouse": warehouse, "table": table, "offsets": offsets, "runs": runs,
+            "tasks": tasks, "rows": TARGETS[target](warehouse, table), "seconds": time.monotonic() - began,
+            "audits": [json.loads(p.read_text()) for p in sorted((warehouse / "_audit").rglob("*.json"))
+                       if p.name != "_logbus_complete_through.json"],
+            "downstream": downstream, "partition_keys": partition_keys,
+            "failed_logs": {(run_id, t.task_id): deployment.task_log(DAG_ID, run_id, t.task_id)[-4000:]
+                            for run_id, states in tasks.items() for t in states.values() if t.state != "success"},
+        }
     except BaseException:
         report_logs(request, deployment)
         deployment.stop()
         raise
-    out = {
-        "target": target, "warehouse": warehouse, "table": table, "offsets": offsets, "runs": runs, "tasks": tasks,
-        "rows": TARGETS[target](warehouse, table), "seconds": time.monotonic() - began,
-        "audits": [json.loads(p.read_text()) for p in sorted((warehouse / "_audit").rglob("*.json"))
-                   if p.name != "_logbus_complete_through.json"],
-        "downstream": downstream, "partition_keys": partition_keys,
-        "failed_logs": {(run_id, t.task_id): deployment.task_log(DAG_ID, run_id, t.task_id)[-4000:]
-                        for run_id, states in tasks.items() for t in states.values() if t.state != "success"},
-    }
     yield out
     if request.session.testsfailed > failed_before:
         report_logs(request, deployment)
