@@ -66,7 +66,7 @@ class SparkStandalone:
         conf_dir = self.workdir / "conf"  # empty: no spark-env.sh or spark-defaults.conf from elsewhere
         conf_dir.mkdir(parents=True, exist_ok=True)
         return {**os.environ, **self.env, "SPARK_HOME": str(spark_home()), "SPARK_CONF_DIR": str(conf_dir),
-                "SPARK_LOCAL_IP": LOOPBACK, "SPARK_LOG_DIR": str(self.workdir), "SPARK_DAEMON_MEMORY": "256m",
+                "SPARK_LOCAL_IP": LOOPBACK, "SPARK_DAEMON_MEMORY": "256m",
                 "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
 
     def _launch(self, log: Path, main: str, *args: str) -> subprocess.Popen:
