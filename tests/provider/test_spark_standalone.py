@@ -87,8 +87,8 @@ def snapshot(hook: LogbusHook, warehouse: Path, start_ms: int) -> dict:
 
 def source_scan(event_log: Path) -> tuple[dict[str, str], list[dict]]:
     """From a Spark event log: each executor's stderr log URL ("" for a local master's
-    driver), and the tasks (stage,
-    executor, records read) of the first stage that scanned the logbus source."""
+    driver), and the tasks (stage, executor, records read) of the first stage that
+    scanned the logbus source (later ones read the job's cached copy)."""
     events = [json.loads(line) for line in event_log.read_text().splitlines()]
     executors = {e["Executor ID"]: e["Executor Info"].get("Log Urls", {}).get("stderr", "")
                  for e in events if e["Event"] == "SparkListenerExecutorAdded"}
