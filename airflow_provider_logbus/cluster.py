@@ -22,7 +22,7 @@ from broker.client.errors import ZooKeeperUnavailable
 from broker.errors import LogbusError, NotLeaderForPartition, UnknownTopic
 from broker.message import HEADER, SIZE_FIELD, scan
 from broker.protocol import EARLIEST, LATEST, BrokerInfo
-from broker.registry import BROKER_TOPICS, decode_assignment, offset_path, read_brokers, topic_path
+from broker.zklayout import BROKER_TOPICS, decode_assignment, offset_path, read_brokers, topic_path
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from broker.client.connection import BrokerConnection
 from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
 from broker.errors import ErrorCode, LogbusError, UnknownPartition, UnknownTopic
 from broker.protocol import AUTO_PARTITIONS, BrokerInfo
-from broker.registry import BROKER_IDS, BROKER_TOPICS, decode_assignment, decode_broker, read_brokers, topic_path
+from broker.zklayout import BROKER_IDS, BROKER_TOPICS, decode_assignment, decode_broker, read_brokers, topic_path
 
 logger = logging.getLogger(__name__)
 
