@@ -9,7 +9,7 @@ the producers that write the events; this module only adapts the provider's
 
 from __future__ import annotations
 
-from broker.audit import AUDIT_TOPIC, read_producer_counts
+from broker.client.monitoring import AUDIT_TOPIC, read_producer_counts
 
 from airflow_provider_logbus.cluster import LogbusCluster
 

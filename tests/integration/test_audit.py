@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.audit import read_events, read_producer_counts
+from broker.client.monitoring import read_events, read_producer_counts
 from broker.client.producer import Producer
 from broker.localcluster import wait_until
 from broker.zklayout import create_topic
