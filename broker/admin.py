@@ -17,6 +17,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 
 from broker.client.cluster import ConnectionPool, ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
+from broker.client.offsets import offsets_before
 from broker.errors import LogbusError, UnknownTopic
 from broker.protocol import EARLIEST, LATEST, check_topic_name
 from broker.zklayout import (
@@ -56,7 +57,7 @@ class Cluster:
     def offset(self, topic: str, partition: int, time_ms: int) -> int | None:
         """One offset from the partition's leader; None while it is down."""
         try:
-            offsets = self.pool.leader(topic, partition).offsets(topic, partition, time_ms, 1)
+            offsets = offsets_before(self.pool, topic, partition, time_ms, 1)
         except ConnectionError:
             return None
         return offsets[0] if offsets else None
@@ -202,7 +203,7 @@ def cmd_offsets(args: argparse.Namespace, cluster: Cluster) -> int:
         if leader < 0:
             print(f"{partition}\tunavailable")
             continue
-        offsets = cluster.pool.leader(args.topic, partition).offsets(args.topic, partition, when, args.max_offsets)
+        offsets = offsets_before(cluster.pool, args.topic, partition, when, args.max_offsets)
         print(f"{partition}\t" + " ".join(str(o) for o in offsets))
     return 0
 
