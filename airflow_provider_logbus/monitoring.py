@@ -17,7 +17,8 @@ from airflow_provider_logbus.cluster import LogbusCluster
 MONITORING_TOPIC = AUDIT_TOPIC
 
 
-def read_produced_counts(cluster: LogbusCluster, monitoring_topic: str = MONITORING_TOPIC) -> dict[tuple[str, int], int]:
+def read_produced_counts(cluster: LogbusCluster,
+                         monitoring_topic: str = MONITORING_TOPIC) -> dict[tuple[str, int], int]:
     """{(topic, window_start_ms): messages producers reported as sent}."""
     counts = read_producer_counts(audit_topic=monitoring_topic, metadata=cluster.metadata)
     return {key: total.count for key, total in counts.items()}
