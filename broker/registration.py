@@ -24,8 +24,8 @@ from broker import __version__
 from broker.errors import TopicAlreadyExists, UnknownError
 from broker.protocol import BrokerInfo
 from broker.zklayout import (
-    BROKER_IDS, BROKER_TOPICS, CONSUMERS, Assignment, broker_path, create_topic, decode_assignment, decode_broker,
-    encode_broker, topic_path,
+    BROKER_IDS, BROKER_TOPICS, CONSUMERS, Assignment, broker_path, create_topic, decode_assignment, encode_broker,
+    read_brokers, topic_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -129,12 +129,7 @@ class BrokerRegistry:
                 delay = min(delay * 2, 2.0)
 
     def _on_brokers(self, children: list[str]) -> None:
-        brokers = {}
-        for child in children:
-            try:
-                brokers[int(child)] = decode_broker(int(child), self.zk.get(broker_path(int(child)))[0])
-            except (NoNodeError, ValueError, KeyError):
-                continue
+        brokers = read_brokers(self.zk, children)
         with self._lock:
             self.view = ClusterView(brokers, self.view.topics)
         logger.info("live brokers: %s", sorted(brokers))

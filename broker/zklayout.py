@@ -122,10 +122,11 @@ def assign_round_robin(topic: str, partitions: int, broker_ids: list[int]) -> As
     return {p: [ids[(start + p) % len(ids)]] for p in range(partitions)}
 
 
-def read_brokers(zk: KazooClient) -> dict[int, BrokerInfo]:
-    """The live brokers; nodes that vanish meanwhile or are not ours are skipped."""
+def read_brokers(zk: KazooClient, children: list[str] | None = None) -> dict[int, BrokerInfo]:
+    """The live brokers (of `children` of /brokers/ids, if a watch already listed them);
+    nodes that vanish meanwhile or are not ours are skipped."""
     brokers = {}
-    for child in zk.get_children(BROKER_IDS):
+    for child in zk.get_children(BROKER_IDS) if children is None else children:
         try:
             brokers[int(child)] = decode_broker(int(child), zk.get(broker_path(int(child)))[0])
         except (NoNodeError, ValueError, KeyError):

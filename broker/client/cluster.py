@@ -33,7 +33,7 @@ from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
 from broker.errors import ErrorCode, LogbusError, NotLeaderForPartition, UnknownPartition, UnknownTopic
 from broker.protocol import AUTO_PARTITIONS, BrokerInfo
 from broker.zklayout import (
-    BROKER_IDS, BROKER_TOPICS, Assignment, broker_path, decode_assignment, decode_broker, read_brokers, topic_path,
+    BROKER_IDS, BROKER_TOPICS, Assignment, decode_assignment, read_assignment, read_brokers, topic_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,12 +120,7 @@ class ZooKeeperMetadata:
     def _on_brokers(self, children: list[str]) -> bool | None:
         if self._closed:
             return False
-        brokers = {}
-        for child in children:
-            try:
-                brokers[int(child)] = decode_broker(int(child), self.zk.get(broker_path(int(child)))[0])
-            except (NoNodeError, ValueError, KeyError):
-                continue
+        brokers = read_brokers(self.zk, children)
         self._brokers = brokers
         logger.debug("live brokers: %s", sorted(brokers))
         self._notify()
@@ -200,11 +195,9 @@ class ZooKeeperMetadata:
             self._brokers = read_brokers(self.zk)
             if topic is not None:
                 self._watch_topic(topic)
-                try:
-                    data, _ = self.zk.get(topic_path(topic))
-                except NoNodeError:
-                    return
-                self._assignments = {**self._assignments, topic: decode_assignment(data)}
+                assignment = read_assignment(self.zk, topic)
+                if assignment is not None:
+                    self._assignments = {**self._assignments, topic: assignment}
         except Exception as exc:  # ZooKeeper down: keep the last view, say why
             logger.warning("cannot refresh metadata from ZooKeeper: %s", exc)
 
