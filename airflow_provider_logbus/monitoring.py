@@ -2,25 +2,23 @@
 per (topic, window_start).
 
 The event format, the reader and the rule for combining events (keep the latest per
-(producer_id, topic, window_start), then sum) all live in `broker/audit.py`, shared with
-the producers that write the events; this module only adapts the provider's
-`LogbusCluster` address to it.
+(producer_id, topic, window_start), then sum) live in the client library
+(`broker.client.audit` writes them, `broker.client.monitoring` reads them); this module
+reads through the provider's cluster handle, on its metadata.
 """
 
 from __future__ import annotations
 
-from broker.audit import AUDIT_TOPIC, read_producer_counts
+from broker.client.audit import AUDIT_TOPIC
+from broker.client.monitoring import read_producer_counts
 
 from airflow_provider_logbus.cluster import LogbusCluster
 
 MONITORING_TOPIC = AUDIT_TOPIC
 
 
-def read_produced_counts(cluster: LogbusCluster, monitoring_topic: str = MONITORING_TOPIC) -> dict[tuple[str, int], int]:
+def read_produced_counts(cluster: LogbusCluster,
+                         monitoring_topic: str = MONITORING_TOPIC) -> dict[tuple[str, int], int]:
     """{(topic, window_start_ms): messages producers reported as sent}."""
-    if cluster.zookeeper:
-        counts = read_producer_counts(zookeeper=cluster.zookeeper, audit_topic=monitoring_topic)
-    else:
-        brokers = [f"{host}:{port}" for host, port in cluster.static_brokers]
-        counts = read_producer_counts(brokers=brokers, audit_topic=monitoring_topic)
+    counts = read_producer_counts(audit_topic=monitoring_topic, metadata=cluster.metadata)
     return {key: total.count for key, total in counts.items()}

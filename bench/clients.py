@@ -23,7 +23,7 @@ from pathlib import Path
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
 from broker.localcluster import LocalCluster, ZooKeeperServer
-from broker.registry import create_topic
+from broker.zklayout import create_topic
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
 SIZE = 200

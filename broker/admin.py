@@ -17,9 +17,12 @@ from kazoo.exceptions import KazooException, NoNodeError
 
 from broker.client.cluster import ConnectionPool, ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
+from broker.client.offsets import offsets_before
 from broker.errors import LogbusError, UnknownTopic
 from broker.protocol import EARLIEST, LATEST, check_topic_name
-from broker.registry import BROKER_TOPICS, CONSUMERS, create_topic
+from broker.zklayout import (
+    CONSUMERS, create_topic, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ class Cluster:
     def offset(self, topic: str, partition: int, time_ms: int) -> int | None:
         """One offset from the partition's leader; None while it is down."""
         try:
-            offsets = self.pool.leader(topic, partition).offsets(topic, partition, time_ms, 1)
+            offsets = offsets_before(self.pool, topic, partition, time_ms, 1)
         except ConnectionError:
             return None
         return offsets[0] if offsets else None
@@ -200,7 +203,7 @@ def cmd_offsets(args: argparse.Namespace, cluster: Cluster) -> int:
         if leader < 0:
             print(f"{partition}\tunavailable")
             continue
-        offsets = cluster.pool.leader(args.topic, partition).offsets(args.topic, partition, when, args.max_offsets)
+        offsets = offsets_before(cluster.pool, args.topic, partition, when, args.max_offsets)
         print(f"{partition}\t" + " ".join(str(o) for o in offsets))
     return 0
 
@@ -220,23 +223,20 @@ def cmd_groups(args: argparse.Namespace, cluster: Cluster) -> int:
         return 0
     if not args.group:
         raise CommandError("groups describe needs a GROUP")
-    base = f"{CONSUMERS}/{args.group}"
-    if not zk.exists(base):
+    if not zk.exists(group_path(args.group)):
         raise CommandError(f"unknown group {args.group!r}")
     topics = set()
-    for kind in ("offsets", "owners"):
+    for path in (offsets_path(args.group), owners_path(args.group)):
         try:
-            topics |= set(zk.get_children(f"{base}/{kind}"))
+            topics |= set(zk.get_children(path))
         except NoNodeError:
             pass
     try:
-        members = len(zk.get_children(f"{base}/ids"))
+        members = len(zk.get_children(group_ids_path(args.group)))
     except NoNodeError:
         members = 0
     print(f"group {args.group}: {members} consumers")
     print("topic\tpartition\tcommitted\tlatest\tlag_bytes\towner")
-    from broker.client.group import read_offset
-
     for topic in sorted(topics):
         try:
             leaders = cluster.leaders(topic)
@@ -247,7 +247,7 @@ def cmd_groups(args: argparse.Namespace, cluster: Cluster) -> int:
             latest = cluster.offset(topic, partition, LATEST) if leader >= 0 else None
             lag = latest - committed if latest is not None and committed is not None else None
             try:
-                owner = zk.get(f"{base}/owners/{topic}/{partition}")[0].decode()
+                owner = zk.get(owner_path(args.group, topic, partition))[0].decode()
             except NoNodeError:
                 owner = None
             print(f"{topic}\t{partition}\t{_show(committed)}\t{_show(latest)}\t{_show(lag)}\t{_show(owner)}")

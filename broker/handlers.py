@@ -30,7 +30,7 @@ from broker.protocol import (
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, ProduceRequest, ProduceResponse,
     Reader, RequestHeader, TopicMetadata, Writer, check_topic_name, encode_offsets, response_header,
 )
-from broker.registry import BrokerRegistry
+from broker.registration import BrokerRegistry
 
 logger = logging.getLogger(__name__)
 

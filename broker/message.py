@@ -385,6 +385,20 @@ def first_entry_size(buf: bytes | memoryview) -> int | None:
     return _SIZE.unpack_from(buf, 0)[0] + SIZE_FIELD
 
 
+def whole_entries(buf: bytes | memoryview) -> int:
+    """Bytes at the start of `buf` made of whole entries, by their size fields alone:
+    where a reader that passes sets on undecoded (the provider's range read) may cut.
+    Stops at a partial entry and at an impossible size; CRCs are the decoder's job."""
+    pos, end = 0, len(buf)
+    unpack, min_size = _SIZE.unpack_from, MIN_ENTRY_SIZE
+    while end - pos >= HEADER_SIZE:
+        (size,) = unpack(buf, pos)
+        if size < min_size or pos + SIZE_FIELD + size > end:
+            break
+        pos += SIZE_FIELD + size
+    return pos
+
+
 class CorruptEntry(InvalidMessage):
     """An entry a reader cannot decode: bad size, magic, attributes, CRC, or a
     compressed value that does not hold a valid set. `offset` is the entry's;

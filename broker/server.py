@@ -43,7 +43,7 @@ from broker.log.scheduler import FlushScheduler
 from broker.log.segment import FileRegion
 from broker.protocol import ApiKey, BrokerInfo, decode_request_header, error_response
 from broker.refusals import RefusalLog
-from broker.registry import BrokerRegistry
+from broker.registration import BrokerRegistry
 
 logger = logging.getLogger(__name__)
 

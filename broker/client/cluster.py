@@ -8,8 +8,11 @@ Two sources give the same answers (DESIGN §5, §6):
 - `BrokerListMetadata` asks a static list of brokers with METADATA, on demand.
 
 Both answer `partitions(topic)` as {partition: leader broker id, -1 while the leader is
-down}. `ConnectionPool` keeps one `BrokerConnection` per broker id. Nothing here sends
-data; producers and consumers build on it.
+down} and `assignment(topic)` as {partition: replica broker ids, leader first}.
+`ConnectionPool` keeps one `BrokerConnection` per broker id and runs calls at a
+partition's leader (`call_leader`), following leader changes. Nothing here sends data;
+producers, consumers, offsets (`broker.client.offsets`) and range reads
+(`broker.client.ranges`) build on it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import random
 import threading
 import time
-from typing import Callable, Protocol
+from typing import Callable, Protocol, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -27,13 +30,16 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.client.connection import BrokerConnection
 from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
-from broker.errors import ErrorCode, LogbusError, UnknownPartition, UnknownTopic
+from broker.errors import ErrorCode, LogbusError, NotLeaderForPartition, UnknownPartition, UnknownTopic
 from broker.protocol import AUTO_PARTITIONS, BrokerInfo
-from broker.registry import BROKER_IDS, BROKER_TOPICS, decode_assignment, decode_broker, read_brokers, topic_path
+from broker.zklayout import (
+    BROKER_IDS, BROKER_TOPICS, Assignment, decode_assignment, read_assignment, read_brokers, topic_path,
+)
 
 logger = logging.getLogger(__name__)
 
 Leaders = dict[int, int]  # partition -> leader broker id (-1: unavailable)
+T = TypeVar("T")
 
 
 def connect_zookeeper(connect: str, timeout: float = 10.0, session_timeout: float = 10.0) -> KazooClient:
@@ -71,6 +77,8 @@ class ClusterMetadata(Protocol):
 
     def partitions(self, topic: str) -> Leaders | None: ...
 
+    def assignment(self, topic: str) -> Assignment | None: ...
+
     def refresh(self, topic: str | None = None) -> None: ...
 
     def topics(self) -> list[str]: ...
@@ -96,7 +104,7 @@ class ZooKeeperMetadata:
         self.zk = zk
         self.owns_client = owns_client
         self._brokers: dict[int, BrokerInfo] = {}
-        self._assignments: dict[str, dict[int, list[int]]] = {}
+        self._assignments: dict[str, Assignment] = {}
         self._watched: set[str] = set()
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
@@ -112,12 +120,7 @@ class ZooKeeperMetadata:
     def _on_brokers(self, children: list[str]) -> bool | None:
         if self._closed:
             return False
-        brokers = {}
-        for child in children:
-            try:
-                brokers[int(child)] = decode_broker(int(child), self.zk.get(f"{BROKER_IDS}/{child}")[0])
-            except (NoNodeError, ValueError, KeyError):
-                continue
+        brokers = read_brokers(self.zk, children)
         self._brokers = brokers
         logger.debug("live brokers: %s", sorted(brokers))
         self._notify()
@@ -171,12 +174,15 @@ class ZooKeeperMetadata:
     def brokers(self) -> dict[int, BrokerInfo]:
         return self._brokers
 
-    def partitions(self, topic: str) -> Leaders | None:
+    def assignment(self, topic: str) -> Assignment | None:
         if self._watch_topic(topic) and topic not in self._assignments:
             # the watch's first callback may come later, from kazoo's thread: without this
             # read a first-time caller is told the topic does not exist
             self.refresh(topic)
-        assignment = self._assignments.get(topic)
+        return self._assignments.get(topic)
+
+    def partitions(self, topic: str) -> Leaders | None:
+        assignment = self.assignment(topic)
         if assignment is None:
             return None
         brokers = self._brokers
@@ -189,11 +195,9 @@ class ZooKeeperMetadata:
             self._brokers = read_brokers(self.zk)
             if topic is not None:
                 self._watch_topic(topic)
-                try:
-                    data, _ = self.zk.get(topic_path(topic))
-                except NoNodeError:
-                    return
-                self._assignments = {**self._assignments, topic: decode_assignment(data)}
+                assignment = read_assignment(self.zk, topic)
+                if assignment is not None:
+                    self._assignments = {**self._assignments, topic: assignment}
         except Exception as exc:  # ZooKeeper down: keep the last view, say why
             logger.warning("cannot refresh metadata from ZooKeeper: %s", exc)
 
@@ -227,6 +231,7 @@ class BrokerListMetadata:
         self.min_refresh_interval = min_refresh_interval
         self._brokers: dict[int, BrokerInfo] = {}
         self._leaders: dict[str, Leaders] = {}
+        self._assignments: dict[str, Assignment] = {}
         self._lock = threading.Lock()
         self._last_refresh = 0.0
         self._listeners: list[Callable[[], None]] = []
@@ -250,10 +255,9 @@ class BrokerListMetadata:
                     errors.append(str(exc))
                     continue
                 self._brokers = {b.broker_id: b for b in response.brokers}
-                self._leaders = {
-                    t.topic: {p.partition: p.leader for p in t.partitions}
-                    for t in response.topics if t.error_code == ErrorCode.NONE
-                }
+                known = [t for t in response.topics if t.error_code == ErrorCode.NONE]
+                self._leaders = {t.topic: {p.partition: p.leader for p in t.partitions} for t in known}
+                self._assignments = {t.topic: {p.partition: list(p.replicas) for p in t.partitions} for t in known}
                 self._last_refresh = time.monotonic()
                 break
             else:
@@ -273,6 +277,11 @@ class BrokerListMetadata:
         if topic not in self._leaders:
             self.refresh(topic)
         return self._leaders.get(topic)
+
+    def assignment(self, topic: str) -> Assignment | None:
+        if topic not in self._assignments:
+            self.refresh(topic)
+        return self._assignments.get(topic)
 
     def topics(self) -> list[str]:
         self.refresh()
@@ -331,7 +340,8 @@ class ConnectionPool:
         raise NoBrokersAvailable("no live broker reachable" + (": " + "; ".join(errors) if errors else ""))
 
     def leader(self, topic: str, partition: int) -> BrokerConnection:
-        """A connection to the partition's leader; ConnectionError while it is down."""
+        """A connection to the partition's leader; ConnectionError naming the leader
+        broker while it is down."""
         leaders = self.metadata.partitions(topic)
         if leaders is None:
             raise UnknownTopic(f"unknown topic {topic!r}")
@@ -339,8 +349,31 @@ class ConnectionPool:
             raise UnknownPartition(f"topic {topic!r} has no partition {partition}")
         leader = leaders[partition]
         if leader < 0:
-            raise ConnectionError(f"partition {topic}-{partition} has no live leader")
+            replicas = (self.metadata.assignment(topic) or {}).get(partition)
+            if not replicas:
+                raise ConnectionError(f"partition {topic}-{partition} has no live leader")
+            raise ConnectionError(f"leader broker {replicas[0]} of {topic}-{partition} is not live; "
+                                  "the partition is unavailable until it returns")
         return self.get(leader)
+
+    def call_leader(self, topic: str, partition: int, call: Callable[[BrokerConnection], T],
+                    attempts: int = 3, backoff: float = 0.2) -> T:
+        """`call(connection)` at the partition's leader. After a lost connection or
+        NotLeaderForPartition (a leader change) the metadata is refreshed and the call
+        made again, up to `attempts` times; a leader that is down fails at once."""
+        attempt = 1
+        while True:
+            conn = self.leader(topic, partition)
+            try:
+                return call(conn)
+            except (ConnectionError, NotLeaderForPartition) as exc:
+                self.drop_connection(conn)
+                if attempt >= attempts:
+                    raise
+                logger.info("%s-%d: %s; refreshing metadata and trying again", topic, partition, exc)
+                time.sleep(backoff * attempt)
+                self.metadata.refresh(topic)
+                attempt += 1
 
     def drop(self, broker_id: int) -> None:
         conn = self._connections.pop(broker_id, None)

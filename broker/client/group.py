@@ -28,7 +28,6 @@ message (iterate again to go on); `close()` ends every stream's iteration.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -45,35 +44,13 @@ from broker.client.rebalance import Subscriptions, assignment_for, stream_id
 from broker.client.stream import CLOSED, Chunk, MessageStream
 from broker.message import Message
 from broker.protocol import check_topic_name
-from broker.registry import group_ids_path, offset_path, owner_path
+from broker.zklayout import (
+    consumer_path, decode_subscription, encode_subscription, group_ids_path, owner_path, read_offset, write_offset,
+)
 
 logger = logging.getLogger(__name__)
 
 Owned = dict[tuple[str, int], str]  # (topic, partition) -> stream id
-
-
-def read_offset(zk, group: str, topic: str, partition: int) -> int | None:
-    try:
-        data, _ = zk.get(offset_path(group, topic, partition))
-    except NoNodeError:
-        return None
-    try:
-        return int(data.decode().strip())
-    except ValueError:
-        logger.error("ignoring unreadable offset %r of group %s at %s-%d", data[:40], group, topic, partition)
-        return None
-
-
-def write_offset(zk, group: str, topic: str, partition: int, offset: int) -> None:
-    path = offset_path(group, topic, partition)
-    data = str(int(offset)).encode()
-    try:
-        zk.set(path, data)
-    except NoNodeError:
-        try:
-            zk.create(path, data, makepath=True)
-        except NodeExistsError:
-            zk.set(path, data)
 
 
 class ConsumerGroup:
@@ -155,8 +132,8 @@ class ConsumerGroup:
     # ---------------------------------------------------------------- registration
 
     def _register(self) -> None:
-        path = f"{group_ids_path(self.group)}/{self.consumer_id}"
-        data = json.dumps(self.topics).encode()
+        path = consumer_path(self.group, self.consumer_id)
+        data = encode_subscription(self.topics)
         try:
             self.zk.create(path, data, ephemeral=True, makepath=True)
         except NodeExistsError:
@@ -242,7 +219,7 @@ class ConsumerGroup:
         path = group_ids_path(self.group)
         for child in self.zk.get_children(path):
             try:
-                subscriptions[child] = {t: int(n) for t, n in json.loads(self.zk.get(f"{path}/{child}")[0]).items()}
+                subscriptions[child] = decode_subscription(self.zk.get(consumer_path(self.group, child))[0])
             except (NoNodeError, ValueError, AttributeError):
                 continue
         return subscriptions

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from broker.audit import AUDIT_TOPIC, DEFAULT_WINDOW_MS, AuditCounter
+from broker.client.audit import AUDIT_TOPIC, DEFAULT_WINDOW_MS, AuditCounter
 from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
 from broker.client.delivery import Delivery, ProducerRecord
 from broker.client.errors import PartitionUnavailable, ProduceError, ProducerClosed, QueueFull

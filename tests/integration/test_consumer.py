@@ -12,7 +12,7 @@ from broker.client.errors import FetchSizeTooSmall
 from broker.client.producer import Producer
 from broker.errors import OffsetOutOfRange
 from broker.localcluster import wait_until
-from broker.registry import create_topic
+from broker.zklayout import create_topic
 from tests.integration.clientutil import wait_visible
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from broker.client.group import ConsumerGroup, read_offset
+from broker.client.group import ConsumerGroup
 from broker.client.producer import Producer
 from broker.localcluster import wait_until
-from broker.registry import create_topic
+from broker.zklayout import create_topic, read_offset
 from tests.integration.clientutil import Collector, wait_visible
 
 ALL = {("logs", p) for p in range(8)}

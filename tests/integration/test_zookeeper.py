@@ -7,7 +7,7 @@ import pytest
 from broker.errors import NotLeaderForPartition, TopicAlreadyExists
 from broker.localcluster import wait_until
 from broker.message import encode_message_set
-from broker.registry import broker_path, decode_assignment, topic_path
+from broker.zklayout import broker_path, decode_assignment, topic_path
 
 from .brokerutil import connect, produce, read_partition
 
@@ -150,7 +150,8 @@ def test_create_topic_with_auto_partitions_obeys_auto_create_off(cluster):
 
 def test_losing_a_creation_race_adopts_the_winners_assignment(cluster, zk):
     from broker.protocol import BrokerInfo
-    from broker.registry import BrokerRegistry, create_topic
+    from broker.registration import BrokerRegistry
+    from broker.zklayout import create_topic
 
     cluster.start_broker(0)
     winner = create_topic(zk, "raced", 3)

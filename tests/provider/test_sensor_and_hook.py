@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from broker.localcluster import wait_until
-from broker.registry import offset_path
+from broker.zklayout import offset_path
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusConnectionError, LogbusHook

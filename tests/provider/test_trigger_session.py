@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import airflow_provider_logbus.cluster as cluster_module
 import airflow_provider_logbus.triggers.lag as trigger_module
+import broker.client.cluster as cluster_module
 from airflow_provider_logbus.sensors.lag import LogbusLagSensor
 from airflow_provider_logbus.triggers.lag import LogbusLagTrigger
 
@@ -21,7 +21,8 @@ HOUR = 3_600_000
 
 
 class CountingSessions:
-    """Wraps the real `connect_zookeeper`: every call opens a real ZooKeeper session."""
+    """Wraps the client library's real `connect_zookeeper` (where the provider's cluster
+    handle opens its session): every call opens a real ZooKeeper session."""
 
     def __init__(self, real) -> None:
         self.real, self.clients = real, []

@@ -1,7 +1,8 @@
 import json
 from types import SimpleNamespace
 
-from broker.audit import AuditCounter, latest_events, sum_counts
+from broker.client.audit import AuditCounter
+from broker.client.monitoring import latest_events, sum_counts
 
 
 def message(ts, value=b"abc", key=None):

@@ -1,22 +1,18 @@
-"""The ZooKeeper layout (DESIGN §5, a contract) and the broker's use of it.
+"""The broker's own registration in ZooKeeper (DESIGN §5), on the shared layout
+(`broker.zklayout`).
 
-    /brokers/ids/<id>                                ephemeral  {"host","port","version"}
-    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2], ...}}
-    /consumers/<group>/ids/<consumer_id>             ephemeral  {"<topic>": <streams>}
-    /consumers/<group>/owners/<topic>/<partition>    ephemeral  owning stream id
-    /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
-
-The broker keeps an in-memory `ClusterView` (live brokers, topic assignments) fed by
-kazoo watches; request handlers read it without locks because it is replaced whole.
+`BrokerRegistry` creates the broker's ephemeral node, creates it again after a session
+expiry, writes topic assignments (CREATE_TOPIC, auto-create) and keeps an in-memory
+`ClusterView` (live brokers, topic assignments) fed by kazoo watches; request handlers
+read it without locks because it is replaced whole. Broker-side only: clients never
+import this module.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,81 +22,13 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker import __version__
 from broker.errors import TopicAlreadyExists, UnknownError
-from broker.protocol import BrokerInfo, check_topic_name
+from broker.protocol import BrokerInfo
+from broker.zklayout import (
+    BROKER_IDS, BROKER_TOPICS, CONSUMERS, Assignment, broker_path, create_topic, decode_assignment, encode_broker,
+    read_brokers, topic_path,
+)
 
 logger = logging.getLogger(__name__)
-
-BROKER_IDS = "/brokers/ids"
-BROKER_TOPICS = "/brokers/topics"
-CONSUMERS = "/consumers"
-
-
-def broker_path(broker_id: int) -> str:
-    return f"{BROKER_IDS}/{broker_id}"
-
-
-def topic_path(topic: str) -> str:
-    return f"{BROKER_TOPICS}/{topic}"
-
-
-def group_ids_path(group: str) -> str:
-    return f"{CONSUMERS}/{group}/ids"
-
-
-def owner_path(group: str, topic: str, partition: int) -> str:
-    return f"{CONSUMERS}/{group}/owners/{topic}/{partition}"
-
-
-def offset_path(group: str, topic: str, partition: int) -> str:
-    return f"{CONSUMERS}/{group}/offsets/{topic}/{partition}"
-
-
-Assignment = dict[int, list[int]]  # partition -> replica broker ids, leader first
-
-
-def encode_assignment(assignment: Assignment) -> bytes:
-    return json.dumps({"partitions": {str(p): r for p, r in sorted(assignment.items())}}).encode()
-
-
-def decode_assignment(data: bytes) -> Assignment:
-    return {int(p): [int(b) for b in replicas] for p, replicas in json.loads(data)["partitions"].items()}
-
-
-def assign_round_robin(topic: str, partitions: int, broker_ids: list[int]) -> Assignment:
-    """Spread partitions over the live brokers; the starting broker depends on the topic
-    (a stable hash) so that many small topics do not all lead on the lowest id."""
-    if not broker_ids:
-        raise UnknownError("no live brokers to assign partitions to")
-    ids = sorted(broker_ids)
-    start = zlib.crc32(topic.encode()) % len(ids)
-    return {p: [ids[(start + p) % len(ids)]] for p in range(partitions)}
-
-
-def decode_broker(broker_id: int, data: bytes) -> BrokerInfo:
-    info = json.loads(data)
-    return BrokerInfo(broker_id, info["host"], int(info["port"]))
-
-
-def read_brokers(zk: KazooClient) -> dict[int, BrokerInfo]:
-    brokers = {}
-    for child in zk.get_children(BROKER_IDS):
-        try:
-            brokers[int(child)] = decode_broker(int(child), zk.get(broker_path(int(child)))[0])
-        except (NoNodeError, ValueError, KeyError):
-            continue  # vanished meanwhile, or not ours
-    return brokers
-
-
-def create_topic(zk: KazooClient, topic: str, partitions: int) -> Assignment:
-    """Write a topic's assignment once; a concurrent creator gets TopicAlreadyExists."""
-    check_topic_name(topic)
-    assignment = assign_round_robin(topic, partitions, list(read_brokers(zk)))
-    try:
-        zk.create(topic_path(topic), encode_assignment(assignment), makepath=True)
-    except NodeExistsError:
-        raise TopicAlreadyExists(f"topic {topic!r} already exists") from None
-    logger.info("created topic %s: %s", topic, assignment)
-    return assignment
 
 
 @dataclass(frozen=True)
@@ -141,7 +69,7 @@ class BrokerRegistry:
     def register(self) -> None:
         """Create our ephemeral node. After a crash, the previous session's node can
         linger until ZooKeeper expires it: wait for that, up to a session timeout."""
-        data = json.dumps({"host": self.broker.host, "port": self.broker.port, "version": __version__}).encode()
+        data = encode_broker(self.broker, __version__)
         path = broker_path(self.broker.broker_id)
         deadline = time.monotonic() + 2 * self.session_timeout_ms / 1000 + 5
         while True:
@@ -201,12 +129,7 @@ class BrokerRegistry:
                 delay = min(delay * 2, 2.0)
 
     def _on_brokers(self, children: list[str]) -> None:
-        brokers = {}
-        for child in children:
-            try:
-                brokers[int(child)] = decode_broker(int(child), self.zk.get(broker_path(int(child)))[0])
-            except (NoNodeError, ValueError, KeyError):
-                continue
+        brokers = read_brokers(self.zk, children)
         with self._lock:
             self.view = ClusterView(brokers, self.view.topics)
         logger.info("live brokers: %s", sorted(brokers))

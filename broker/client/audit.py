@@ -1,8 +1,9 @@
-"""Monitoring events (DESIGN §6): how many messages producers sent, per topic and window.
+"""Monitoring events (DESIGN §6), the producer's side: `AuditCounter` counts the
+messages a producer sent per topic and window, and turns the counts into events.
 
-Producer side — `AuditCounter`: the producer calls `record()` for every batch the
-broker accepted; `events()` turns the windows that changed since the last call into
-JSON events for the monitoring topic (`_logbus_audit`)::
+The producer calls `record()` for every batch the broker accepted; `events()` turns the
+windows that changed since the last call into JSON events for the monitoring topic
+(`_logbus_audit`)::
 
     {"tier": "producer", "server": host, "producer_id": uuid, "topic": t,
      "window_start": ms, "window_end": ms, "count": n, "bytes": b, "seq": s, "published_ms": ms}
@@ -14,9 +15,7 @@ the bytes of keys and values (what the user sent, not the framing). Windows are 
 message timestamp, not of the send time, so a late message counts in its own window.
 Messages of the monitoring topic itself are never counted.
 
-Reader side — `read_producer_counts()`: reads every partition of the monitoring topic
-from its earliest to its latest offset and sums the latest events per
-`(topic, window_start)`. The Airflow audit compares these with the warehouse's counts.
+The reader of these events is `broker.client.monitoring`.
 """
 
 from __future__ import annotations
@@ -112,82 +111,3 @@ class AuditCounter:
                 key = f"{self.producer_id}:{topic}:{start}".encode()
                 out.append((key, json.dumps(event, separators=(",", ":")).encode()))
         return out
-
-    def unpublished(self, events: list[tuple[bytes, bytes]]) -> None:
-        """Mark the windows of events that could not be sent as changed again."""
-        with self._lock:
-            for _, value in events:
-                event = json.loads(value)
-                self._dirty.add((event["topic"], event["window_start"]))
-
-    def totals(self) -> dict[tuple[str, int], WindowCount]:
-        with self._lock:
-            return {k: WindowCount(v.count, v.bytes) for k, v in self._counts.items()}
-
-
-# ------------------------------------------------------------------------ reader side
-
-
-def latest_events(events) -> dict[tuple[str, str, int], dict]:
-    """The latest event per (producer_id, topic, window_start): highest `seq`, then
-    highest count (counts are cumulative, so the larger one is never older)."""
-    latest: dict[tuple[str, str, int], dict] = {}
-    for event in events:
-        if event.get("tier", "producer") != "producer":
-            continue
-        key = (event["producer_id"], event["topic"], int(event["window_start"]))
-        known = latest.get(key)
-        rank = (event.get("seq", 0), event["count"])
-        if known is None or rank > (known.get("seq", 0), known["count"]):
-            latest[key] = event
-    return latest
-
-
-def sum_counts(events) -> dict[tuple[str, int], WindowCount]:
-    """Messages produced per (topic, window_start), over all producers."""
-    totals: dict[tuple[str, int], WindowCount] = {}
-    for (_, topic, start), event in latest_events(events).items():
-        total = totals.setdefault((topic, start), WindowCount())
-        total.count += int(event["count"])
-        total.bytes += int(event.get("bytes", 0))
-    return totals
-
-
-def read_events(zookeeper: str | None = None, brokers: list[str] | str | None = None,
-                audit_topic: str = AUDIT_TOPIC, metadata=None) -> list[dict]:
-    """Every decodable event in the monitoring topic, read from earliest to the latest
-    offset at the time of the call; an absent topic has no events."""
-    from broker.client.cluster import open_metadata
-    from broker.client.consumer import SimpleConsumer
-
-    own = metadata is None
-    metadata = metadata or open_metadata(zookeeper, brokers)
-    events = []
-    try:
-        leaders = metadata.partitions(audit_topic)
-        for partition in sorted(leaders or {}):
-            consumer = SimpleConsumer(audit_topic, partition, metadata=metadata, offset="smallest", max_wait_ms=0)
-            try:
-                end = consumer.latest()
-                while consumer.offset < end:
-                    batch = consumer.fetch()
-                    if not batch:
-                        break
-                    for message in batch:
-                        try:
-                            events.append(json.loads(message.value))
-                        except ValueError:
-                            logger.warning("skipping an unreadable monitoring event at %s-%d@%d",
-                                           audit_topic, partition, message.offset)
-            finally:
-                consumer.close()
-    finally:
-        if own:
-            metadata.close()
-    return events
-
-
-def read_producer_counts(zookeeper: str | None = None, brokers: list[str] | str | None = None,
-                         audit_topic: str = AUDIT_TOPIC, metadata=None) -> dict[tuple[str, int], WindowCount]:
-    """Messages produced per (topic, window_start) according to the monitoring topic."""
-    return sum_counts(read_events(zookeeper, brokers, audit_topic, metadata))
