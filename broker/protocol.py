@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from broker.errors import ErrorCode, InvalidRequest, InvalidTopicName, error_for
+from broker.errors import ErrorCode, InvalidRequest, InvalidTopicName, LogbusError, error_for
 
 API_VERSION = 0
 SIZE = struct.Struct(">i")
@@ -366,8 +366,23 @@ REQUEST_TYPES: dict[int, type] = {
 # --------------------------------------------------------------------------- responses
 
 
+# A response body is a list of parts: bytes, and in fetch responses the message set as
+# given — bytes in clients and tests, a file region the broker sends with sendfile (any
+# object with a length). `response_frame` puts the header in front.
+Body = list
+
+
 def response_header(correlation_id: int, error_code: int, body_size: int) -> bytes:
     return RESPONSE_HEADER.pack(body_size + 6, correlation_id, error_code)
+
+
+def response_frame(correlation_id: int, body: Body) -> Body:
+    """The frame of a successful response, the header joined to the first part so that a
+    small response is one write."""
+    head = response_header(correlation_id, ErrorCode.NONE, sum(len(part) for part in body))
+    if body and isinstance(body[0], bytes):
+        return [head + body[0], *body[1:]]
+    return [head, *body]
 
 
 def error_response(correlation_id: int, error_code: int, message: str) -> bytes:
@@ -410,7 +425,10 @@ FETCH_RESPONSE_HEAD = struct.Struct(">qi")  # high_watermark, set_size
 @dataclass(frozen=True)
 class FetchResponse:
     high_watermark: int
-    messages: bytes | memoryview
+    messages: bytes | memoryview  # or, in the broker, the file region holding them
+
+    def encode_parts(self) -> Body:
+        return [FETCH_RESPONSE_HEAD.pack(self.high_watermark, len(self.messages)), self.messages]
 
     @classmethod
     def read(cls, r: Reader) -> "FetchResponse":
@@ -431,24 +449,55 @@ class PartitionResult:
             raise error_for(self.error_code, self.message)
         return self.value
 
+    @classmethod
+    def failed(cls, error: LogbusError) -> "PartitionResult":
+        return cls(error.code, None, str(error))
+
+
+def encode_multifetch(results: list[PartitionResult]) -> Body:
+    """int16 n, n × (int16 error_code, FETCH response body or error string); each
+    entry's message set stays its own part."""
+    body: Body = []
+    w = Writer().int16(len(results))
+    for result in results:
+        w.int16(result.error_code)
+        if result.error_code != ErrorCode.NONE:
+            w.string(result.message)
+            continue
+        head, messages = result.value.encode_parts()
+        body += [bytes(w.raw(head).buf), messages]
+        w = Writer()
+    if w.buf:
+        body.append(bytes(w.buf))
+    return body
+
 
 def decode_multifetch(r: Reader) -> list[PartitionResult]:
-    results = []
-    for _ in range(r.int16()):
-        code = r.int16()
-        if code == ErrorCode.NONE:
-            results.append(PartitionResult(code, FetchResponse.read(r)))
+    return _decode_results(r, FetchResponse.read)
+
+
+def encode_multiproduce(results: list[PartitionResult]) -> bytes:
+    """int16 n, n × (int16 error_code, int64 base, int64 next — or error string)."""
+    w = Writer().int16(len(results))
+    for result in results:
+        w.int16(result.error_code)
+        if result.error_code != ErrorCode.NONE:
+            w.string(result.message)
         else:
-            results.append(PartitionResult(code, None, r.string()))
-    return results
+            w.raw(result.value.encode())
+    return bytes(w.buf)
 
 
 def decode_multiproduce(r: Reader) -> list[PartitionResult]:
+    return _decode_results(r, ProduceResponse.decode)
+
+
+def _decode_results(r: Reader, decode_value) -> list[PartitionResult]:
     results = []
     for _ in range(r.int16()):
         code = r.int16()
         if code == ErrorCode.NONE:
-            results.append(PartitionResult(code, ProduceResponse.decode(r)))
+            results.append(PartitionResult(code, decode_value(r)))
         else:
             results.append(PartitionResult(code, None, r.string()))
     return results
