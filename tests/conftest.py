@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from broker.localcluster import LocalCluster, ZooKeeperServer
+from harness.cluster import LocalCluster
 from harness.postgres import PostgresServer
+from harness.zookeeper import ZooKeeperServer
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
