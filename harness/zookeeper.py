@@ -1,5 +1,6 @@
 """ZooKeeper for tests, the demo and the benchmarks, run from Debian's zookeeper jars
-(/usr/share/java) on 127.0.0.1: a standalone server, or a member of an ensemble.
+(/usr/share/java) on 127.0.0.1: a standalone server, or a three-server ensemble whose
+servers can be stopped and restarted one at a time.
 
 A server is serving when its `srvr` four-letter word names a mode (standalone, leader or
 follower); a server of an ensemble that has no quorum answers that it is not serving.
@@ -120,3 +121,54 @@ class ZooKeeperServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+
+class ZooKeeperEnsemble:
+    """Three (or `size`) ZooKeeper servers on 127.0.0.1, each with its own data directory,
+    myid and free client, peer and election ports. It serves while a majority runs;
+    `stop_server(i)` / `start_server(i)` take one down and bring it back."""
+
+    def __init__(self, workdir: Path, size: int = 3, tick_ms: int = 500) -> None:
+        peers = {i: (free_port(), free_port()) for i in range(1, size + 1)}
+        self.servers = [
+            ZooKeeperServer(Path(workdir) / f"server-{i}", tick_ms=tick_ms, server_id=i, peers=peers)
+            for i in peers
+        ]
+
+    @property
+    def connect_string(self) -> str:
+        return ",".join(server.connect_string for server in self.servers)
+
+    def start(self, timeout: float = 90) -> "ZooKeeperEnsemble":
+        try:
+            for server in self.servers:
+                server.launch()
+            for server in self.servers:
+                server.wait_serving(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop_server(self, index: int) -> None:
+        self.servers[index].stop()
+
+    def start_server(self, index: int, timeout: float = 60) -> None:
+        self.servers[index].start(timeout)
+
+    @property
+    def leader(self) -> int | None:
+        """The index of the server that leads now, if any."""
+        for index, server in enumerate(self.servers):
+            if server.mode == "leader":
+                return index
+        return None
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> "ZooKeeperEnsemble":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
