@@ -28,8 +28,7 @@ from broker.message import validate_message_set
 from broker.protocol import (
     AUTO_PARTITIONS, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest,
-    ProduceResponse, Reader, RequestHeader, TopicMetadata, check_topic_name, encode_multifetch, encode_multiproduce,
-    encode_offsets,
+    ProduceResponse, Reader, RequestHeader, TopicMetadata, check_topic_name, encode_offsets, encode_results,
 )
 from broker.registry import BrokerRegistry
 
@@ -170,7 +169,7 @@ class RequestHandler:
             else:
                 results.append(PartitionResult(ErrorCode.NONE, ProduceResponse(base, next_offset)))
                 appended.append((log, next_offset))
-        return self._acknowledge(req.acks, [encode_multiproduce(results)], appended)
+        return self._acknowledge(req.acks, encode_results(results), appended)
 
     # ---------------------------------------------------------------------- fetch
 
@@ -195,7 +194,7 @@ class RequestHandler:
         if not req.fetches or any(
             len(r.value.messages) >= f.min_bytes for r, f in zip(results, req.fetches) if r.error_code == ErrorCode.NONE
         ):
-            return answered(encode_multifetch(results))
+            return answered(encode_results(results))
         return later(self._multifetch_later(req, logs, results))
 
     def _multifetch_results(self, req: MultiFetchRequest) -> tuple[list[Log | None], list[PartitionResult]]:
@@ -219,7 +218,7 @@ class RequestHandler:
         if waits and timeout > 0:
             await self.scheduler.wait_for_data(waits, timeout)
             results = self._multifetch_results(req)[1]
-        return encode_multifetch(results)
+        return encode_results(results)
 
     # ------------------------------------------------------------ offsets, metadata
 

@@ -414,6 +414,9 @@ class ProduceResponse:
     def encode(self) -> bytes:
         return _I64.pack(self.base_offset) + _I64.pack(self.next_offset)
 
+    def encode_parts(self) -> Body:
+        return [self.encode()]
+
     @classmethod
     def decode(cls, r: Reader) -> "ProduceResponse":
         return cls(r.int64(), r.int64())
@@ -454,9 +457,9 @@ class PartitionResult:
         return cls(error.code, None, str(error))
 
 
-def encode_multifetch(results: list[PartitionResult]) -> Body:
-    """int16 n, n × (int16 error_code, FETCH response body or error string); each
-    entry's message set stays its own part."""
+def encode_results(results: list[PartitionResult]) -> Body:
+    """A MULTI* response body: int16 n, n × (int16 error_code, the value's body — or the
+    error string). A value's message set (a fetch's file region) stays its own part."""
     body: Body = []
     w = Writer().int16(len(results))
     for result in results:
@@ -464,9 +467,12 @@ def encode_multifetch(results: list[PartitionResult]) -> Body:
         if result.error_code != ErrorCode.NONE:
             w.string(result.message)
             continue
-        head, messages = result.value.encode_parts()
-        body += [bytes(w.raw(head).buf), messages]
-        w = Writer()
+        for part in result.value.encode_parts():
+            if isinstance(part, (bytes, bytearray, memoryview)):
+                w.raw(part)
+            else:
+                body += [bytes(w.buf), part]
+                w = Writer()
     if w.buf:
         body.append(bytes(w.buf))
     return body
@@ -474,18 +480,6 @@ def encode_multifetch(results: list[PartitionResult]) -> Body:
 
 def decode_multifetch(r: Reader) -> list[PartitionResult]:
     return _decode_results(r, FetchResponse.read)
-
-
-def encode_multiproduce(results: list[PartitionResult]) -> bytes:
-    """int16 n, n × (int16 error_code, int64 base, int64 next — or error string)."""
-    w = Writer().int16(len(results))
-    for result in results:
-        w.int16(result.error_code)
-        if result.error_code != ErrorCode.NONE:
-            w.string(result.message)
-        else:
-            w.raw(result.value.encode())
-    return bytes(w.buf)
 
 
 def decode_multiproduce(r: Reader) -> list[PartitionResult]:

@@ -6,12 +6,13 @@ import struct
 import pytest
 
 from broker.errors import ErrorCode, InvalidRequest, UnknownTopic
+from broker.log.segment import FileRegion
 from broker.protocol import (
     REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
     MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
     ProducePart, ProduceRequest, ProduceResponse, Reader, TopicMetadata, decode_multifetch, decode_multiproduce,
-    decode_offsets, decode_request_header, decode_response_header, encode_multifetch, encode_multiproduce,
-    encode_offsets, encode_request, error_response, raise_for_error, response_frame,
+    decode_offsets, decode_request_header, decode_response_header, encode_offsets, encode_request, encode_results,
+    error_response, raise_for_error, response_frame,
 )
 
 REQUESTS = [
@@ -83,14 +84,28 @@ def test_multifetch_response_round_trips_entries_and_errors():
         PartitionResult.failed(UnknownTopic("unknown topic 'nope'")),
         PartitionResult(ErrorCode.NONE, FetchResponse(0, b"")),
     ]
-    reader = frame_of(3, encode_multifetch(results))
+    reader = frame_of(3, encode_results(results))
     assert plain(decode_multifetch(reader)) == plain(results)
     reader.done()
 
 
+def test_a_file_region_stays_its_own_part_for_sendfile(tmp_path):
+    path = tmp_path / "segment"
+    path.write_bytes(b"..MESSAGES..")
+    with open(path, "rb") as f:
+        region = FileRegion(f, 2, 8)
+        single = FetchResponse(12, region).encode_parts()
+        multi = encode_results([PartitionResult.failed(UnknownTopic("no")), PartitionResult(ErrorCode.NONE, FetchResponse(12, region))])
+        frame = response_frame(1, multi)
+        assert single[1] is region and multi[1] is region and frame[1] is region
+        as_sent = b"".join(p.read() if p is region else p for p in frame)
+    assert as_sent == body_bytes(response_frame(1, encode_results(
+        [PartitionResult.failed(UnknownTopic("no")), PartitionResult(ErrorCode.NONE, FetchResponse(12, b"MESSAGES"))])))
+
+
 def test_multiproduce_response_round_trips_entries_and_errors():
     results = [PartitionResult(ErrorCode.NONE, ProduceResponse(0, 40)), PartitionResult.failed(UnknownTopic("gone"))]
-    reader = frame_of(4, [encode_multiproduce(results)])
+    reader = frame_of(4, encode_results(results))
     decoded = decode_multiproduce(reader)
     reader.done()
     assert decoded == results
@@ -99,8 +114,8 @@ def test_multiproduce_response_round_trips_entries_and_errors():
 
 
 def test_empty_multi_responses_round_trip():
-    assert decode_multifetch(frame_of(5, encode_multifetch([]))) == []
-    assert decode_multiproduce(frame_of(5, [encode_multiproduce([])])) == []
+    assert decode_multifetch(frame_of(5, encode_results([]))) == []
+    assert decode_multiproduce(frame_of(5, encode_results([]))) == []
 
 
 def test_offsets_response_round_trips():
@@ -160,7 +175,7 @@ def test_produce_response_frame_layout():
 
 def test_multifetch_response_layout():
     # int16 n, n × (int16 error_code, FETCH response body or error string)
-    body = encode_multifetch([PartitionResult(ErrorCode.NONE, FetchResponse(7, b"M")), PartitionResult(3, None, "no")])
+    body = encode_results([PartitionResult(ErrorCode.NONE, FetchResponse(7, b"M")), PartitionResult(3, None, "no")])
     assert body_bytes(body) == (
         b"\x00\x02" b"\x00\x00" + struct.pack(">qi", 7, 1) + b"M" + b"\x00\x03" b"\x00\x02no"
     )
@@ -168,8 +183,8 @@ def test_multifetch_response_layout():
 
 def test_multiproduce_response_layout():
     # int16 n, n × (int16 error_code, int64 base, int64 next — or error string)
-    body = encode_multiproduce([PartitionResult(ErrorCode.NONE, ProduceResponse(0, 9)), PartitionResult(5, None, "x")])
-    assert body == b"\x00\x02" b"\x00\x00" + struct.pack(">qq", 0, 9) + b"\x00\x05" b"\x00\x01x"
+    body = encode_results([PartitionResult(ErrorCode.NONE, ProduceResponse(0, 9)), PartitionResult(5, None, "x")])
+    assert body_bytes(body) == b"\x00\x02" b"\x00\x00" + struct.pack(">qq", 0, 9) + b"\x00\x05" b"\x00\x01x"
 
 
 def test_metadata_response_layout():
