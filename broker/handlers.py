@@ -12,6 +12,7 @@ its next request (`server.Connection._refused`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from typing import Callable, Coroutine
@@ -75,6 +76,11 @@ class RequestHandler:
         if self.shutting_down:
             raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
         return handler(reader)
+
+    @functools.cached_property
+    def _no_reply(self) -> Reply:
+        """The reply of every acks=0 request: one resolved future, not one per request."""
+        return answered(None)
 
     # ----------------------------------------------------------------- partitions
 
@@ -141,12 +147,12 @@ class RequestHandler:
     def _produce(self, req: ProduceRequest) -> Reply:
         partition = self._pick_partition(req.topic) if req.partition == -1 else req.partition
         log, base, next_offset = self._append(req.topic, partition, req.messages, req.acks)
+        if req.acks == 0:  # the hot path of acks=0 producers: nothing is built for an answer
+            return self._no_reply
         return self._acknowledge(req.acks, [ProduceResponse(base, next_offset).encode()], [(log, next_offset)])
 
     def _acknowledge(self, acks: int, body: Body, appended: list[tuple[Log, int]]) -> Reply:
-        """The answer to appends by their acks: none, at once, or after the fsync."""
-        if acks == 0:
-            return answered(None)
+        """The answer to acknowledged appends: at once (acks=1) or after the fsync (-1)."""
         if acks == 1:
             return answered(body)
         return later(self._after_flush(body, appended))
@@ -169,6 +175,8 @@ class RequestHandler:
             else:
                 results.append(PartitionResult(ErrorCode.NONE, ProduceResponse(base, next_offset)))
                 appended.append((log, next_offset))
+        if req.acks == 0:
+            return self._no_reply
         return self._acknowledge(req.acks, encode_results(results), appended)
 
     # ---------------------------------------------------------------------- fetch

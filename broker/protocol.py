@@ -379,7 +379,9 @@ def response_header(correlation_id: int, error_code: int, body_size: int) -> byt
 def response_frame(correlation_id: int, body: Body) -> Body:
     """The frame of a successful response, the header joined to the first part so that a
     small response is one write."""
-    head = response_header(correlation_id, ErrorCode.NONE, sum(len(part) for part in body))
+    if len(body) == 1 and type(body[0]) is bytes:  # most responses: one write, nothing to add up
+        return [RESPONSE_HEADER.pack(len(body[0]) + 6, correlation_id, ErrorCode.NONE) + body[0]]
+    head = response_header(correlation_id, ErrorCode.NONE, sum(map(len, body)))
     if body and isinstance(body[0], bytes):
         return [head + body[0], *body[1:]]
     return [head, *body]

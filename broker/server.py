@@ -333,7 +333,10 @@ class Connection(asyncio.BufferedProtocol):
                 self._pending.append(asyncio.ensure_future(self._answer(header, quiet, reply)))
                 self._start_writer()
                 return
-            parts = self._frame(header.correlation_id, reply.result())
+            body = reply.result()
+            if body is None:
+                return
+            parts = response_frame(header.correlation_id, body)
         if parts is None:
             return
         if not self._pending and all(isinstance(p, bytes) for p in parts):
@@ -345,10 +348,6 @@ class Connection(asyncio.BufferedProtocol):
     def _start_writer(self) -> None:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.ensure_future(self._write_pending())  # runs after `_flush_out`
-
-    @staticmethod
-    def _frame(correlation_id: int, body: Body | None) -> Body | None:
-        return None if body is None else response_frame(correlation_id, body)
 
     def _refused(self, header, exc: Exception, quiet: bool | None) -> Body | None:
         """The answer to a request that failed — none for acks=0 — and its log line."""
@@ -366,7 +365,8 @@ class Connection(asyncio.BufferedProtocol):
     async def _answer(self, header, quiet: bool, reply: Reply) -> Body | None:
         """The frame of a reply that waits, or of its refusal."""
         try:
-            return self._frame(header.correlation_id, await reply)
+            body = await reply
+            return None if body is None else response_frame(header.correlation_id, body)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
