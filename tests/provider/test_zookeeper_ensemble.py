@@ -1,10 +1,11 @@
-"""The provider against a three-server ZooKeeper ensemble with one server stopped: its
-leader is stopped after the data is produced, then the batch is snapshotted, loaded
-(the load job on the shared SparkSession), committed and audited. Real ZooKeeper
-servers, broker and Spark."""
+"""The provider against a three-server ZooKeeper ensemble with one server stopped: the
+batch is snapshotted, and the ensemble's leader is stopped as the load begins (the load
+job on the shared SparkSession); the load, the commit and the audit go on with two
+servers. Real ZooKeeper servers, broker and Spark."""
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -21,6 +22,12 @@ HOUR = 3_600_000
 TOPIC = TABLE = "clicks"
 
 
+def stop_when_loading(ensemble, leader: int, table_dir) -> None:
+    """Stop the leader once the load has prepared its staging directory (the job starts next)."""
+    wait_until(lambda: any(table_dir.glob("_staging/*")), 120, "the load to start", 0.02)
+    ensemble.stop_server(leader)
+
+
 def test_a_load_and_audit_with_one_of_three_zookeeper_servers_stopped(zookeeper_ensemble, spark, tmp_path):
     ensemble = zookeeper_ensemble
     zk = ensemble.connect_string
@@ -33,17 +40,19 @@ def test_a_load_and_audit_with_one_of_three_zookeeper_servers_stopped(zookeeper_
         wait_flushed(zk, TOPIC, n)
 
         leader = ensemble.leader
-        ensemble.stop_server(leader)
-        wait_until(lambda: ensemble.leader not in (None, leader), 60, "a new ZooKeeper leader")
-
+        stopper = threading.Thread(target=stop_when_loading, args=(ensemble, leader, tmp_path / TABLE), daemon=True)
+        stopper.start()
         hook = LogbusHook(zookeeper=zk)
         try:
             record = load_batch(hook, spark, tmp_path, TABLE, TOPIC, start, end)
+            stopper.join(60)
+            assert ensemble.servers[leader].process is None, "the leader was not stopped during the load"
             report = hook.audit(warehouse=str(tmp_path), table=TABLE, topic=TOPIC,
                                 start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000),
                                 threshold=0.999)
         finally:
             hook.close()
+            stopper.join(60)
         assert brokers.brokers[0].alive
 
     rows = table_rows(tmp_path / TABLE)
