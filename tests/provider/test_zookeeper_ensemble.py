@@ -15,7 +15,7 @@ from harness.cluster import LocalCluster
 from harness.process import wait_until
 
 from .helpers import produce, table_rows
-from .test_audit_and_retention import SCHEMA, VALUE_BYTES, load_batch, wait_flushed
+from .test_audit_and_retention import VALUE_BYTES, load_batch, wait_flushed
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000
