@@ -22,8 +22,9 @@ from pathlib import Path
 
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
-from broker.localcluster import LocalCluster, ZooKeeperServer
 from broker.zklayout import create_topic
+from harness.cluster import LocalCluster
+from harness.zookeeper import ZooKeeperServer
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
 SIZE = 200

@@ -319,7 +319,8 @@ def fuzz(broker, seed: int, cases: int, check_every: int = 1) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from broker.localcluster import LocalCluster, ZooKeeperServer
+    from harness.cluster import LocalCluster
+    from harness.zookeeper import ZooKeeperServer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=20_000)

@@ -261,7 +261,9 @@ def one_batch(spark, cluster, zookeeper: str, target, topic: str, hour: datetime
 def part_load(args, work: Path) -> list[dict]:
     from airflow_provider_logbus.cluster import LogbusCluster
     from broker.client.connection import BrokerConnection
-    from broker.localcluster import LocalCluster, ZooKeeperServer, wait_until
+    from harness.cluster import LocalCluster
+    from harness.process import wait_until
+    from harness.zookeeper import ZooKeeperServer
 
     rows: list[dict] = []
     zk = ZooKeeperServer(work / "zk")

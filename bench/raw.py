@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 from broker.client.connection import BrokerConnection
-from broker.localcluster import LocalCluster, ZooKeeperServer
 from broker.message import encode_message_set
 from broker.protocol import ApiKey, ProduceRequest, encode_request
+from harness.cluster import LocalCluster
+from harness.zookeeper import ZooKeeperServer
 
 MESSAGE_BYTES = 200
 PAPER = {"produce batch 1": 50_000, "produce batch 50": 400_000, "consume": 22_000}

@@ -1,6 +1,7 @@
-"""One handler per API (DESIGN §4). A handler returns the response as parts — bytes,
-or a `FileRegion` the connection sends with sendfile — or a coroutine producing them
-when it must wait (acks=-1, long-poll fetch, topic creation), or None (acks=0).
+"""One handler per API (DESIGN §4). Every handler decodes its request and returns one
+shape: a `Reply`, the future of its response body (`protocol.Body`, encoded by
+`broker.protocol`), already resolved unless the request must wait (acks=-1, long-poll
+fetch, topic creation). A body of None means no response at all (acks=0).
 
 Handlers raise `LogbusError`s; the connection turns them into error responses — or,
 for an acks=0 request, into a log line only: such a request is never answered, not
@@ -11,9 +12,10 @@ its next request (`server.Connection._refused`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
-from typing import Awaitable, Callable, Union
+from typing import Callable, Coroutine
 
 from broker.config import BrokerConfig
 from broker.errors import (
@@ -23,24 +25,30 @@ from broker.errors import (
 from broker.log.log import Log
 from broker.log.manager import LogManager
 from broker.log.scheduler import FlushScheduler
-from broker.log.segment import FileRegion
 from broker.message import validate_message_set
 from broker.protocol import (
-    AUTO_PARTITIONS, FETCH_RESPONSE_HEAD, ApiKey, CreateTopicRequest, FetchRequest, MetadataRequest, MetadataResponse,
-    MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, ProduceRequest, ProduceResponse,
-    Reader, RequestHeader, TopicMetadata, Writer, check_topic_name, encode_offsets, response_header,
+    AUTO_PARTITIONS, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
+    MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest,
+    ProduceResponse, Reader, RequestHeader, TopicMetadata, check_topic_name, encode_offsets, encode_results,
 )
 from broker.registration import BrokerRegistry
 
 logger = logging.getLogger(__name__)
 
-Part = Union[bytes, FileRegion]
-Result = Union[list[Part], Awaitable[list[Part]], None]
+Reply = asyncio.Future  # of Body | None
 MAX_PARTITIONS = 10_000
 
 
-def ok(correlation_id: int, body: bytes) -> list[Part]:
-    return [response_header(correlation_id, 0, len(body)) + body]
+def answered(body: Body | None) -> Reply:
+    """A reply known at once."""
+    reply = asyncio.get_running_loop().create_future()
+    reply.set_result(body)
+    return reply
+
+
+def later(answer: Coroutine) -> Reply:
+    """A reply that waits (for a flush, data, or ZooKeeper)."""
+    return asyncio.ensure_future(answer)
 
 
 class RequestHandler:
@@ -51,7 +59,7 @@ class RequestHandler:
         self.registry = registry
         self.shutting_down = False
         self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
-        self._handlers: dict[int, Callable[[RequestHeader, Reader], Result]] = {
+        self._handlers: dict[int, Callable[[Reader], Reply]] = {
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.MULTIFETCH: self.multifetch,
@@ -61,13 +69,18 @@ class RequestHandler:
             ApiKey.CREATE_TOPIC: self.create_topic,
         }
 
-    def handle(self, header: RequestHeader, reader: Reader) -> Result:
+    def handle(self, header: RequestHeader, reader: Reader) -> Reply:
         handler = self._handlers.get(header.api_key)
         if handler is None or header.api_version != 0:
             raise UnsupportedApi(f"api {header.api_key} version {header.api_version} is not supported")
         if self.shutting_down:
             raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
-        return handler(header, reader)
+        return handler(reader)
+
+    @functools.cached_property
+    def _no_reply(self) -> Reply:
+        """The reply of every acks=0 request: one resolved future, not one per request."""
+        return answered(None)
 
     # ----------------------------------------------------------------- partitions
 
@@ -121,118 +134,108 @@ class RequestHandler:
 
     # -------------------------------------------------------------------- produce
 
-    def produce(self, header: RequestHeader, reader: Reader) -> Result:
+    def produce(self, reader: Reader) -> Reply:
         req = ProduceRequest.decode(reader)
         if req.topic not in self.registry.view.topics:
-            return self._produce_after_create(header, req)
-        return self._produce(header, req)
+            return later(self._produce_after_create(req))
+        return self._produce(req)
 
-    async def _produce_after_create(self, header: RequestHeader, req: ProduceRequest) -> list[Part] | None:
+    async def _produce_after_create(self, req: ProduceRequest) -> Body | None:
         await self._auto_create(req.topic)
-        result = self._produce(header, req)
-        return await result if asyncio.iscoroutine(result) else result
+        return await self._produce(req)
 
-    def _produce(self, header: RequestHeader, req: ProduceRequest) -> Result:
+    def _produce(self, req: ProduceRequest) -> Reply:
         partition = self._pick_partition(req.topic) if req.partition == -1 else req.partition
         log, base, next_offset = self._append(req.topic, partition, req.messages, req.acks)
-        if req.acks == 0:
-            return None
-        body = ProduceResponse(base, next_offset).encode()
-        if req.acks == 1:
-            return ok(header.correlation_id, body)
-        return self._after_flush(header.correlation_id, body, [(log, next_offset)])
+        if req.acks == 0:  # the hot path of acks=0 producers: nothing is built for an answer
+            return self._no_reply
+        return self._acknowledge(req.acks, [ProduceResponse(base, next_offset).encode()], [(log, next_offset)])
 
-    async def _after_flush(self, correlation_id: int, body: bytes, waits: list[tuple[Log, int]]) -> list[Part]:
+    def _acknowledge(self, acks: int, body: Body, appended: list[tuple[Log, int]]) -> Reply:
+        """The answer to acknowledged appends: at once (acks=1) or after the fsync (-1)."""
+        if acks == 1:
+            return answered(body)
+        return later(self._after_flush(body, appended))
+
+    async def _after_flush(self, body: Body, waits: list[tuple[Log, int]]) -> Body:
         await asyncio.gather(*(self.scheduler.flusher(log).wait_flushed(offset) for log, offset in waits))
-        return ok(correlation_id, body)
+        return body
 
-    def multiproduce(self, header: RequestHeader, reader: Reader) -> Result:
+    def multiproduce(self, reader: Reader) -> Reply:
         req = MultiProduceRequest.decode(reader)
-        w = Writer().int16(len(req.parts))
-        waits = []
+        results = []
+        appended = []
         for part in req.parts:
             try:
                 partition = self._pick_partition(part.topic) if part.partition == -1 else part.partition
                 log, base, next_offset = self._append(part.topic, partition, part.messages, req.acks)
             except LogbusError as exc:
                 logger.warning("multiproduce to %s-%d refused: %s", part.topic, part.partition, exc)
-                w.int16(exc.code).string(str(exc))
+                results.append(PartitionResult.failed(exc))
             else:
-                w.int16(0).int64(base).int64(next_offset)
-                waits.append((log, next_offset))
+                results.append(PartitionResult(ErrorCode.NONE, ProduceResponse(base, next_offset)))
+                appended.append((log, next_offset))
         if req.acks == 0:
-            return None
-        if req.acks == 1:
-            return ok(header.correlation_id, bytes(w.buf))
-        return self._after_flush(header.correlation_id, bytes(w.buf), waits)
+            return self._no_reply
+        return self._acknowledge(req.acks, encode_results(results), appended)
 
     # ---------------------------------------------------------------------- fetch
 
-    def fetch(self, header: RequestHeader, reader: Reader) -> Result:
+    def fetch(self, reader: Reader) -> Reply:
         req = FetchRequest.decode(reader)
         log = self.leader_log(req.topic, req.partition)
         region = log.read(req.offset, req.max_bytes)
         if region.length >= req.min_bytes or req.max_wait_ms == 0:
-            return self._fetch_response(header.correlation_id, log, region)
-        return self._fetch_later(header.correlation_id, log, req)
+            return answered(FetchResponse(log.flushed_offset, region).encode_parts())
+        return later(self._fetch_later(log, req))
 
-    async def _fetch_later(self, correlation_id: int, log: Log, req: FetchRequest) -> list[Part]:
+    async def _fetch_later(self, log: Log, req: FetchRequest) -> Body:
         await self.scheduler.wait_for_data([(log, req.offset, req.min_bytes)], self._wait_seconds(req.max_wait_ms))
-        return self._fetch_response(correlation_id, log, log.read(req.offset, req.max_bytes))
+        return FetchResponse(log.flushed_offset, log.read(req.offset, req.max_bytes)).encode_parts()
 
     def _wait_seconds(self, max_wait_ms: int) -> float:
         return min(max_wait_ms, self.config.fetch_max_wait_ms) / 1000
 
-    @staticmethod
-    def _fetch_response(correlation_id: int, log: Log, region: FileRegion) -> list[Part]:
-        head = FETCH_RESPONSE_HEAD.pack(log.flushed_offset, region.length)
-        return [response_header(correlation_id, 0, len(head) + region.length) + head, region]
-
-    def multifetch(self, header: RequestHeader, reader: Reader) -> Result:
+    def multifetch(self, reader: Reader) -> Reply:
         req = MultiFetchRequest.decode(reader)
-        parts = self._multifetch_parts(req)
-        if not req.fetches or any(p[1] >= f.min_bytes for p, f in zip(parts, req.fetches) if p[0] is not None):
-            return self._multifetch_response(header.correlation_id, req, parts)
-        return self._multifetch_later(header, req, parts)
+        logs, results = self._multifetch_results(req)
+        if not req.fetches or any(
+            len(r.value.messages) >= f.min_bytes for r, f in zip(results, req.fetches) if r.error_code == ErrorCode.NONE
+        ):
+            return answered(encode_results(results))
+        return later(self._multifetch_later(req, logs, results))
 
-    def _multifetch_parts(self, req: MultiFetchRequest) -> list[tuple[Log | None, int, list[Part]]]:
-        parts = []
+    def _multifetch_results(self, req: MultiFetchRequest) -> tuple[list[Log | None], list[PartitionResult]]:
+        """Each fetch's log (None when refused) and its result."""
+        logs, results = [], []
         for f in req.fetches:
             try:
                 log = self.leader_log(f.topic, f.partition)
                 region = log.read(f.offset, f.max_bytes)
             except LogbusError as exc:
-                body = Writer().int16(exc.code).string(str(exc)).buf
-                parts.append((None, 0, [bytes(body)]))
-                continue
-            head = Writer().int16(0).raw(FETCH_RESPONSE_HEAD.pack(log.flushed_offset, region.length)).buf
-            parts.append((log, region.length, [bytes(head), region]))
-        return parts
+                logs.append(None)
+                results.append(PartitionResult.failed(exc))
+            else:
+                logs.append(log)
+                results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.flushed_offset, region)))
+        return logs, results
 
-    async def _multifetch_later(self, header: RequestHeader, req: MultiFetchRequest, parts) -> list[Part]:
-        waits = [(log, f.offset, f.min_bytes) for (log, _, _), f in zip(parts, req.fetches) if log is not None]
+    async def _multifetch_later(self, req: MultiFetchRequest, logs: list[Log | None], results) -> Body:
+        waits = [(log, f.offset, f.min_bytes) for log, f in zip(logs, req.fetches) if log is not None]
         timeout = self._wait_seconds(max(f.max_wait_ms for f in req.fetches))
         if waits and timeout > 0:
             await self.scheduler.wait_for_data(waits, timeout)
-            parts = self._multifetch_parts(req)
-        return self._multifetch_response(header.correlation_id, req, parts)
-
-    @staticmethod
-    def _multifetch_response(correlation_id: int, req: MultiFetchRequest, parts) -> list[Part]:
-        body: list[Part] = [len(req.fetches).to_bytes(2, "big", signed=True)]
-        for _, _, entry in parts:
-            body += entry
-        size = sum(p.length if isinstance(p, FileRegion) else len(p) for p in body)
-        return [response_header(correlation_id, 0, size), *body]
+            results = self._multifetch_results(req)[1]
+        return encode_results(results)
 
     # ------------------------------------------------------------ offsets, metadata
 
-    def offsets(self, header: RequestHeader, reader: Reader) -> Result:
+    def offsets(self, reader: Reader) -> Reply:
         req = OffsetsRequest.decode(reader)
         log = self.leader_log(req.topic, req.partition)
-        return ok(header.correlation_id, encode_offsets(log.offsets_before(req.time, req.max_offsets)))
+        return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
 
-    def metadata(self, header: RequestHeader, reader: Reader) -> Result:
+    def metadata(self, reader: Reader) -> Reply:
         req = MetadataRequest.decode(reader)
         view = self.registry.view
         topics = []
@@ -253,14 +256,14 @@ class RequestHandler:
                 earliest, latest = (log.start_offset, log.flushed_offset) if log else (-1, -1)
                 partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest))
             topics.append(TopicMetadata(topic, 0, partitions))
-        body = MetadataResponse(sorted(view.brokers.values(), key=lambda b: b.broker_id), topics).encode()
-        return ok(header.correlation_id, body)
+        brokers = sorted(view.brokers.values(), key=lambda b: b.broker_id)
+        return answered([MetadataResponse(brokers, topics).encode()])
 
-    def create_topic(self, header: RequestHeader, reader: Reader) -> Result:
+    def create_topic(self, reader: Reader) -> Reply:
         req = CreateTopicRequest.decode(reader)
         check_topic_name(req.topic)
         if req.partitions == AUTO_PARTITIONS:
-            return self._auto_create_topic(header.correlation_id, req.topic)
+            return later(self._auto_create_topic(req.topic))
         if not 1 <= req.partitions <= MAX_PARTITIONS:
             raise InvalidRequest(
                 f"partitions must be 1..{MAX_PARTITIONS}, or {AUTO_PARTITIONS} for the broker's num.partitions, "
@@ -268,17 +271,17 @@ class RequestHandler:
             )
         if req.replication_factor != 1:
             raise InvalidRequest(f"replication factor {req.replication_factor} is not supported yet (only 1)")
-        return self._create_topic(header.correlation_id, req)
+        return later(self._create_topic(req))
 
-    async def _auto_create_topic(self, correlation_id: int, topic: str) -> list[Part]:
+    async def _auto_create_topic(self, topic: str) -> Body:
         """Clients that learn a topic is missing ask for it to be created exactly as a
         first produce would: num.partitions, only if auto.create.topics is on, and an
         existing topic is success."""
         if topic not in self.registry.view.topics:
             await self._auto_create(topic)
-        return ok(correlation_id, b"")
+        return []
 
-    async def _create_topic(self, correlation_id: int, req: CreateTopicRequest) -> list[Part]:
+    async def _create_topic(self, req: CreateTopicRequest) -> Body:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.registry.create_topic, req.topic, req.partitions)
-        return ok(correlation_id, b"")
+        return []

@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from broker.errors import ErrorCode, InvalidRequest, InvalidTopicName, error_for
+from broker.errors import ErrorCode, InvalidRequest, InvalidTopicName, LogbusError, error_for
 
 API_VERSION = 0
 SIZE = struct.Struct(">i")
@@ -366,8 +366,25 @@ REQUEST_TYPES: dict[int, type] = {
 # --------------------------------------------------------------------------- responses
 
 
+# A response body is a list of parts: bytes, and in fetch responses the message set as
+# given — bytes in clients and tests, a file region the broker sends with sendfile (any
+# object with a length). `response_frame` puts the header in front.
+Body = list
+
+
 def response_header(correlation_id: int, error_code: int, body_size: int) -> bytes:
     return RESPONSE_HEADER.pack(body_size + 6, correlation_id, error_code)
+
+
+def response_frame(correlation_id: int, body: Body) -> Body:
+    """The frame of a successful response, the header joined to the first part so that a
+    small response is one write."""
+    if len(body) == 1 and type(body[0]) is bytes:  # most responses: one write, nothing to add up
+        return [RESPONSE_HEADER.pack(len(body[0]) + 6, correlation_id, ErrorCode.NONE) + body[0]]
+    head = response_header(correlation_id, ErrorCode.NONE, sum(map(len, body)))
+    if body and isinstance(body[0], bytes):
+        return [head + body[0], *body[1:]]
+    return [head, *body]
 
 
 def error_response(correlation_id: int, error_code: int, message: str) -> bytes:
@@ -399,6 +416,9 @@ class ProduceResponse:
     def encode(self) -> bytes:
         return _I64.pack(self.base_offset) + _I64.pack(self.next_offset)
 
+    def encode_parts(self) -> Body:
+        return [self.encode()]
+
     @classmethod
     def decode(cls, r: Reader) -> "ProduceResponse":
         return cls(r.int64(), r.int64())
@@ -410,7 +430,10 @@ FETCH_RESPONSE_HEAD = struct.Struct(">qi")  # high_watermark, set_size
 @dataclass(frozen=True)
 class FetchResponse:
     high_watermark: int
-    messages: bytes | memoryview
+    messages: bytes | memoryview  # or, in the broker, the file region holding them
+
+    def encode_parts(self) -> Body:
+        return [FETCH_RESPONSE_HEAD.pack(self.high_watermark, len(self.messages)), self.messages]
 
     @classmethod
     def read(cls, r: Reader) -> "FetchResponse":
@@ -431,24 +454,46 @@ class PartitionResult:
             raise error_for(self.error_code, self.message)
         return self.value
 
+    @classmethod
+    def failed(cls, error: LogbusError) -> "PartitionResult":
+        return cls(error.code, None, str(error))
+
+
+def encode_results(results: list[PartitionResult]) -> Body:
+    """A MULTI* response body: int16 n, n × (int16 error_code, the value's body — or the
+    error string). A value's message set (a fetch's file region) stays its own part."""
+    body: Body = []
+    w = Writer().int16(len(results))
+    for result in results:
+        w.int16(result.error_code)
+        if result.error_code != ErrorCode.NONE:
+            w.string(result.message)
+            continue
+        for part in result.value.encode_parts():
+            if isinstance(part, (bytes, bytearray, memoryview)):
+                w.raw(part)
+            else:
+                body += [bytes(w.buf), part]
+                w = Writer()
+    if w.buf:
+        body.append(bytes(w.buf))
+    return body
+
 
 def decode_multifetch(r: Reader) -> list[PartitionResult]:
-    results = []
-    for _ in range(r.int16()):
-        code = r.int16()
-        if code == ErrorCode.NONE:
-            results.append(PartitionResult(code, FetchResponse.read(r)))
-        else:
-            results.append(PartitionResult(code, None, r.string()))
-    return results
+    return _decode_results(r, FetchResponse.read)
 
 
 def decode_multiproduce(r: Reader) -> list[PartitionResult]:
+    return _decode_results(r, ProduceResponse.decode)
+
+
+def _decode_results(r: Reader, decode_value) -> list[PartitionResult]:
     results = []
     for _ in range(r.int16()):
         code = r.int16()
         if code == ErrorCode.NONE:
-            results.append(PartitionResult(code, ProduceResponse.decode(r)))
+            results.append(PartitionResult(code, decode_value(r)))
         else:
             results.append(PartitionResult(code, None, r.string()))
     return results

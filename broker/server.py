@@ -37,11 +37,11 @@ from kazoo.retry import KazooRetry
 from broker.config import BrokerConfig
 from broker.errors import ErrorCode, InvalidRequest, LogbusError, RequestTooLarge
 from broker.flowcontrol import ConnectionLimits, RequestPool
-from broker.handlers import Part, RequestHandler
+from broker.handlers import Reply, RequestHandler
 from broker.log.manager import LogManager, log_config
 from broker.log.scheduler import FlushScheduler
 from broker.log.segment import FileRegion
-from broker.protocol import ApiKey, BrokerInfo, decode_request_header, error_response
+from broker.protocol import ApiKey, Body, BrokerInfo, decode_request_header, error_response, response_frame
 from broker.refusals import RefusalLog
 from broker.registration import BrokerRegistry
 
@@ -320,27 +320,36 @@ class Connection(asyncio.BufferedProtocol):
             return
         body_pos = reader.pos
         try:
-            result = self.server.handler.handle(header, reader)
+            reply = self.server.handler.handle(header, reader)
         except Exception as exc:
             quiet = acks_zero(header.api_key, header.api_version, frame, body_pos)
-            result = self._refused(header, exc, quiet)
+            parts = self._refused(header, exc, quiet)
             if quiet is None:
                 self.close()
                 return
-        if result is None:
-            return
-        if isinstance(result, list):
-            if not self._pending and all(isinstance(p, bytes) for p in result):
-                self._out += result  # written together after this read (`_flush_out`)
-                return
-            self._pending.append(result)
         else:
-            quiet = acks_zero(header.api_key, header.api_version, frame, body_pos) is True
-            self._pending.append(asyncio.ensure_future(self._guard(header, quiet, result)))
+            if not reply.done():
+                quiet = acks_zero(header.api_key, header.api_version, frame, body_pos) is True
+                self._pending.append(asyncio.ensure_future(self._answer(header, quiet, reply)))
+                self._start_writer()
+                return
+            body = reply.result()
+            if body is None:
+                return
+            parts = response_frame(header.correlation_id, body)
+        if parts is None:
+            return
+        if not self._pending and all(isinstance(p, bytes) for p in parts):
+            self._out += parts  # written together after this read (`_flush_out`)
+            return
+        self._pending.append(parts)
+        self._start_writer()
+
+    def _start_writer(self) -> None:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.ensure_future(self._write_pending())  # runs after `_flush_out`
 
-    def _refused(self, header, exc: Exception, quiet: bool | None) -> list[Part] | None:
+    def _refused(self, header, exc: Exception, quiet: bool | None) -> Body | None:
         """The answer to a request that failed — none for acks=0 — and its log line."""
         what = api_name(header.api_key)
         if not isinstance(exc, LogbusError):
@@ -353,9 +362,11 @@ class Connection(asyncio.BufferedProtocol):
             return None
         return [error_response(header.correlation_id, code, text)]
 
-    async def _guard(self, header, quiet: bool, coroutine) -> list[Part] | None:
+    async def _answer(self, header, quiet: bool, reply: Reply) -> Body | None:
+        """The frame of a reply that waits, or of its refusal."""
         try:
-            return await coroutine
+            body = await reply
+            return None if body is None else response_frame(header.correlation_id, body)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

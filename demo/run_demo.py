@@ -1,6 +1,6 @@
 """`make demo`: from nothing to an audited Apache Iceberg table.
 
-Starts ZooKeeper and two brokers (broker.localcluster), simulates three web servers
+Starts ZooKeeper and two brokers (harness.zookeeper, harness.cluster), simulates three web servers
 producing a few hours of JSON activity (timestamps over the past hours, monitoring
 events on), runs the example hourly DAG for each of those hours with `airflow dags test`
 (temporary AIRFLOW_HOME, SQLite, `airflow db migrate`) into an Iceberg table on an
@@ -27,7 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.localcluster import LocalCluster, ZooKeeperServer, wait_until  # noqa: E402
+from harness.cluster import LocalCluster  # noqa: E402
+from harness.process import wait_until  # noqa: E402
+from harness.zookeeper import ZooKeeperServer  # noqa: E402
 
 HOUR_MS = 3_600_000
 # the simulator's events, declared (an Iceberg table is created from a declared schema)

@@ -39,7 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from broker.localcluster import ClusterError, free_port, tail, wait_until
+from harness.process import ClusterError, free_port, tail, wait_until
 
 logger = logging.getLogger(__name__)
 

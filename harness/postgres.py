@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from broker.localcluster import ClusterError, free_port, tail, wait_until
+from harness.process import ClusterError, free_port, tail, wait_until
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from broker.localcluster import ClusterError, _stop_process, free_port, tail, wait_until
+from harness.process import ClusterError, free_port, stop_process, tail, wait_until
 
 LOOPBACK = "127.0.0.1"
 MASTER = "org.apache.spark.deploy.master.Master"
@@ -106,7 +106,7 @@ class SparkStandalone:
         """SIGTERM to each daemon's process group (the worker's holds its executors),
         SIGKILL after 15 s; the worker first, so it does not look for a new master."""
         for process in (self.worker, self.master):
-            _stop_process(process, signal.SIGTERM, 15)
+            stop_process(process, signal.SIGTERM, 15)
         self.worker = self.master = None
 
     def __enter__(self) -> "SparkStandalone":

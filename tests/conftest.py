@@ -1,5 +1,6 @@
 """Fixtures that own real processes: one ZooKeeper server per test session (each test
-gets its own chroot, so tests cannot see each other's brokers or topics) and broker
+gets its own chroot, so tests cannot see each other's brokers or topics), a three-server
+ZooKeeper ensemble for the tests that ask for one, and broker
 processes started through `logbus-broker`; a PostgreSQL server for the tests that
 request `postgres`. Everything is stopped even when a test fails; a failing test's
 broker logs are printed."""
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from broker.localcluster import LocalCluster, ZooKeeperServer
+from harness.cluster import LocalCluster
 from harness.postgres import PostgresServer
+from harness.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -28,6 +30,15 @@ def zookeeper(tmp_path_factory) -> ZooKeeperServer:
     server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def zookeeper_ensemble(tmp_path) -> ZooKeeperEnsemble:
+    """Three ZooKeeper servers of the test's own; it may stop and restart them one at a
+    time (`stop_server(i)`, `start_server(i)`)."""
+    ensemble = ZooKeeperEnsemble(tmp_path / "ensemble").start()
+    yield ensemble
+    ensemble.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """logbus in the paper's experiments, through the real client library
 (`broker.client.producer.Producer`, `broker.client.consumer.SimpleConsumer`).
 
-One ZooKeeper and one broker (started with `broker.localcluster`) in a scratch
+One ZooKeeper and one broker (started with `harness.zookeeper` and `harness.cluster`) in a scratch
 directory; one partition per topic, one producer, one consumer.
 """
 
@@ -17,8 +17,10 @@ from pathlib import Path
 from broker.client.connection import BrokerConnection
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
-from broker.localcluster import BrokerProcess, LocalCluster, ZooKeeperServer, wait_until
 from broker.message import HEADER_SIZE
+from harness.cluster import BrokerProcess, LocalCluster
+from harness.process import wait_until
+from harness.zookeeper import ZooKeeperServer
 from bench.peers.base import settled_disk_bytes
 
 # Throughput runs: the flush policy bench/raw.py uses (fsync every 50,000 messages or 1 s).

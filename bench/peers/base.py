@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from broker.localcluster import free_port, tail, wait_until  # noqa: F401 (re-exported to the peers)
+from harness.process import free_port, tail, wait_until  # noqa: F401 (re-exported to the peers)
 
 logger = logging.getLogger(__name__)
 

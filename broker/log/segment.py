@@ -37,6 +37,9 @@ class FileRegion:
     position: int
     length: int
 
+    def __len__(self) -> int:  # a message set's size, wherever it is (`protocol.Body`)
+        return self.length
+
     def read(self) -> bytes:
         return os.pread(self.file.fileno(), self.length, self.position) if self.length else b""
 

@@ -9,9 +9,9 @@ import resource
 import time
 from contextlib import contextmanager
 
-from broker.localcluster import wait_until
 from broker.message import encode_message_set, iter_messages
 from broker.protocol import ProducePart
+from harness.process import wait_until
 from tests.integration.brokerutil import connect
 
 PARTITIONS = 2500

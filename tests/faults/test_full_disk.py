@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from broker.errors import LogbusError, StorageError
-from broker.localcluster import wait_until
 from broker.message import encode_message_set, scan
+from harness.process import wait_until
 from tests.integration.brokerutil import connect, read_partition
 
 TMPFS_BYTES = 6 << 20

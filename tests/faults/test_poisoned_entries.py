@@ -15,8 +15,8 @@ from broker.client.consumer import SimpleConsumer
 from broker.client.errors import CorruptMessageError
 from broker.client.group import ConsumerGroup
 from broker.errors import InvalidMessage, InvalidRequest
-from broker.localcluster import wait_until
 from broker.message import append_entry, encode_message_set, scan
+from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
 
 BROKER = {"message.max.decompressed.bytes": 1 << 20}

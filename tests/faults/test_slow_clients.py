@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from broker.client.connection import BrokerConnection
-from broker.localcluster import BrokerProcess, wait_until
 from broker.message import encode_message_set, iter_messages
 from broker.protocol import ApiKey, MetadataRequest, ProduceRequest, encode_request
+from harness.cluster import BrokerProcess
+from harness.process import wait_until
 
 MiB = 1 << 20
 

@@ -11,12 +11,12 @@ import pytest
 
 from bench.fuzz import BROKER_SETTINGS, FUZZ_TOPIC, fuzz
 from broker.client.connection import BrokerConnection
-from broker.localcluster import wait_until
 from broker.message import encode_message_set
 from broker.protocol import (
     ApiKey, MetadataRequest, MetadataResponse, MultiProduceRequest, ProducePart, ProduceRequest,
     decode_response_header, encode_request,
 )
+from harness.process import wait_until
 
 FUZZ_SEED = 20261122
 FUZZ_CASES = 1000

@@ -11,9 +11,11 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker.client.connection import BrokerConnection
-from broker.localcluster import LocalCluster, ZooKeeperServer, wait_until
 from broker.message import encode_message_set, iter_messages
 from broker.zklayout import broker_path, create_topic
+from harness.cluster import LocalCluster
+from harness.process import wait_until
+from harness.zookeeper import ZooKeeperServer
 
 SESSION_MS = 2000
 OUTAGE_S = 12.0  # kazoo's default back-off has grown to 12.8 s by then

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from broker.client.connection import BrokerConnection
-from broker.localcluster import BrokerProcess
 from broker.message import Message, encode_message_set, iter_messages
+from harness.cluster import BrokerProcess
 
 
 def connect(broker: BrokerProcess, timeout: float = 30) -> BrokerConnection:
@@ -31,6 +31,6 @@ def read_partition(conn: BrokerConnection, topic: str, partition: int, offset: i
 
 def wait_flushed(conn: BrokerConnection, topic: str, partition: int, offset: int, timeout: float = 30) -> None:
     """Wait until the partition's high watermark reaches `offset` (acks=1 data becomes visible)."""
-    from broker.localcluster import wait_until
+    from harness.process import wait_until
 
     wait_until(lambda: conn.offsets(topic, partition, -1)[0] >= offset, timeout, f"{topic}-{partition} flushed to {offset}")

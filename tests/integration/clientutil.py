@@ -8,8 +8,8 @@ from broker.client.cluster import open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import ConsumerTimeout
 from broker.client.group import ConsumerGroup
-from broker.localcluster import wait_until
 from broker.message import Message
+from harness.process import wait_until
 
 
 def read_topic(zk_connect: str, topic: str) -> dict[int, list[Message]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from broker.client.monitoring import read_events, read_producer_counts
 from broker.client.producer import Producer
-from broker.localcluster import wait_until
 from broker.zklayout import create_topic
+from harness.process import wait_until
 
 WINDOW = 60_000
 BASE = 1_700_000_000_000 - 1_700_000_000_000 % WINDOW

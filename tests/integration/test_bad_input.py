@@ -10,9 +10,9 @@ from broker.errors import (
     InvalidMessage, InvalidRequest, InvalidTopicName, MessageTooLarge, RequestTooLarge, UnknownPartition,
     UnknownTopic, UnsupportedApi,
 )
-from broker.localcluster import wait_until
 from broker.message import encode_message_set
 from broker.protocol import ApiKey, ProduceRequest, decode_response_header, encode_request, raise_for_error
+from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition
 

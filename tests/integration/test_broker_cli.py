@@ -2,7 +2,7 @@
 
 import subprocess
 
-from broker.localcluster import broker_command
+from harness.cluster import broker_command
 
 from .brokerutil import connect, produce
 

@@ -3,9 +3,9 @@
 import pytest
 
 from broker.errors import OffsetOutOfRange
-from broker.localcluster import wait_until
 from broker.message import encode_message_set, iter_messages
 from broker.protocol import FetchRequest
+from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition, wait_flushed
 

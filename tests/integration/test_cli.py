@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import free_port, wait_until
+from harness.process import free_port, wait_until
 
 LOGBUS = Path(sys.executable).parent / "logbus"
 

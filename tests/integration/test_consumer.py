@@ -11,8 +11,8 @@ from broker.client.consumer import SimpleConsumer
 from broker.client.errors import FetchSizeTooSmall
 from broker.client.producer import Producer
 from broker.errors import OffsetOutOfRange
-from broker.localcluster import wait_until
 from broker.zklayout import create_topic
+from harness.process import wait_until
 from tests.integration.clientutil import wait_visible
 
 

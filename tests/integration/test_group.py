@@ -8,8 +8,8 @@ import sys
 
 from broker.client.group import ConsumerGroup
 from broker.client.producer import Producer
-from broker.localcluster import wait_until
 from broker.zklayout import create_topic, read_offset
+from harness.process import wait_until
 from tests.integration.clientutil import Collector, wait_visible
 
 ALL = {("logs", p) for p in range(8)}

@@ -9,7 +9,7 @@ import pytest
 from broker.client import offsets, ranges
 from broker.client.cluster import ConnectionPool, open_metadata
 from broker.client.producer import Producer
-from broker.localcluster import wait_until
+from harness.process import wait_until
 from broker.message import iter_messages
 from broker.zklayout import create_topic, read_offset
 from tests.integration.clientutil import wait_visible

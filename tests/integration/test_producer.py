@@ -12,8 +12,8 @@ import pytest
 from broker.client.cluster import open_metadata
 from broker.client.errors import ProduceError
 from broker.client.producer import Producer
-from broker.localcluster import wait_until
 from broker.zklayout import create_topic
+from harness.process import wait_until
 from tests.integration.clientutil import read_topic, wait_visible
 
 KEYS = [f"user-{i}" for i in range(40)]

@@ -6,8 +6,8 @@ import subprocess
 import sys
 import textwrap
 
-from broker.localcluster import wait_until
 from broker.message import scan
+from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition
 

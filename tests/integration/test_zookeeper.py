@@ -5,9 +5,9 @@ import json
 import pytest
 
 from broker.errors import NotLeaderForPartition, TopicAlreadyExists
-from broker.localcluster import wait_until
 from broker.message import encode_message_set
 from broker.zklayout import broker_path, decode_assignment, topic_path
+from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition
 

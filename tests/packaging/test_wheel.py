@@ -109,6 +109,12 @@ def test_wheel_carries_the_examples_and_the_broker_properties(wheel):
         assert f"airflow_provider_logbus/examples/{name}" in names
 
 
+def test_wheel_leaves_the_test_and_demo_harness_out(wheel):
+    """harness/ (ZooKeeper, brokers, PostgreSQL, Airflow for tests, demo and bench) stays in the checkout."""
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"broker", "airflow_provider_logbus"}
+
+
 @pytest.mark.timeout(3600)
 def test_lowest_airflow_lists_the_provider(min_venv, tmp_path):
     env = airflow_env(tmp_path)

@@ -30,7 +30,7 @@ os.environ.update({
     "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
 })
 
-from broker.localcluster import LocalCluster  # noqa: E402
+from harness.cluster import LocalCluster  # noqa: E402
 
 
 @pytest.fixture(scope="session")

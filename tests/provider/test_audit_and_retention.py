@@ -9,12 +9,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from broker.localcluster import wait_until
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusDataLossError, LogbusHook
 from airflow_provider_logbus.spark.load_job import run_load
 from airflow_provider_logbus.targets.directory import DirectoryTarget
+from harness.process import wait_until
 
 from .conftest import load_dag, use_logbus_connection
 from .helpers import produce, table_rows

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import wait_until
 
 from airflow_provider_logbus.cluster import LogbusCluster
+from harness.process import wait_until
 
 from .conftest import load_dag, use_logbus_connection
 from .helpers import all_offsets, produce, table_rows

@@ -15,10 +15,10 @@ from datetime import datetime, timezone
 import pytest
 
 from broker.client.producer import Producer
-from broker.localcluster import wait_until
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.targets.iceberg import IcebergTarget
+from harness.process import wait_until
 
 from .conftest import load_dag, use_logbus_connection
 from .helpers import all_offsets, produce

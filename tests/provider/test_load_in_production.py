@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import wait_until
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.spark_load import LogbusLoadError, LogbusSparkLoadOperator
 from airflow_provider_logbus.spark.failure import ERROR_FILE, SPARK_LOG
+from harness.process import wait_until
 
 from .conftest import use_logbus_connection
 from .helpers import produce

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import wait_until
-from harness.airflow import AirflowDeployment
 
 from airflow_provider_logbus.cluster import LogbusCluster
+from harness.airflow import AirflowDeployment
+from harness.process import wait_until
 
 from .conftest import ROOT
 from .helpers import all_offsets, produce, table_rows

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from broker.client.producer import Producer
-from broker.localcluster import wait_until
 from broker.message import iter_messages
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.schema import load_schema
 from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, arguments, main, run_load
+from harness.process import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -11,13 +11,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from broker.localcluster import wait_until
 from broker.zklayout import offset_path
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusConnectionError, LogbusHook
 from airflow_provider_logbus.sensors.lag import LogbusLagSensor
 from airflow_provider_logbus.triggers.lag import LogbusLagTrigger
+from harness.process import wait_until
 
 from .conftest import use_logbus_connection
 from .helpers import produce
@@ -113,7 +113,7 @@ def test_hook_with_a_connection_without_cluster_address_says_what_to_set(airflow
 
 
 def test_hook_test_connection_reports_an_unreachable_zookeeper(airflow_db, monkeypatch):
-    from broker.localcluster import free_port
+    from harness.process import free_port
 
     monkeypatch.setenv("AIRFLOW_CONN_LOGBUS_DOWN", json.dumps(
         {"conn_type": "logbus", "extra": {"zookeeper": f"127.0.0.1:{free_port()}", "timeout": 1}}))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import wait_until
+from harness.process import wait_until
 from harness.spark import SparkStandalone
 
 from airflow_provider_logbus.cluster import LogbusCluster

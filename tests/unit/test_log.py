@@ -323,7 +323,7 @@ def test_full_disk_takes_the_log_dir_offline_until_a_probe_passes(make_log, monk
 
 
 def test_probe_thread_puts_the_dir_back_online(tmp_path, monkeypatch):
-    from broker.localcluster import wait_until
+    from harness.process import wait_until
 
     log = Log(tmp_path / "events-0", "events", 0, LogConfig(dir_probe_interval_ms=20, dir_min_free_bytes=0))
     log.log_dir.go_offline("test")

@@ -1,0 +1,159 @@
+"""Broker processes for tests, the demo and the benchmarks: `logbus-broker` started
+from the running environment, each on a free port of 127.0.0.1, sharing one ZooKeeper
+connect string (a single server or an ensemble, `harness.zookeeper`).
+
+A broker is ready once its registration node (`/brokers/ids/<id>`) exists in ZooKeeper
+with its port, created after this start: a node that lingers from a killed previous
+run (until ZooKeeper expires its session) is older than the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from broker.zklayout import broker_path
+from harness.process import ClusterError, free_port, stop_process, tail, wait_until
+
+
+def broker_command() -> list[str]:
+    """`logbus-broker` from the running environment (the venv's script beside python)."""
+    script = Path(sys.executable).parent / "logbus-broker"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "broker.cli"]
+
+
+class BrokerProcess:
+    """One `logbus-broker` process. `settings` are passed as `--set key=value`."""
+
+    def __init__(
+        self, broker_id: int, zookeeper: str, workdir: Path, port: int | None = None,
+        settings: dict[str, object] | None = None,
+    ) -> None:
+        self.broker_id = broker_id
+        self.zookeeper = zookeeper
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.settings = dict(settings or {})
+        self.log_dir = self.workdir / f"broker-{broker_id}" / "logs"
+        self.log_path = self.workdir / f"broker-{broker_id}" / "broker.log"
+        self.process: subprocess.Popen | None = None
+        self._started_ms = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def command(self) -> list[str]:
+        cmd = broker_command() + [
+            "--broker-id", str(self.broker_id), "--host", "127.0.0.1", "--port", str(self.port),
+            "--zookeeper", self.zookeeper,
+        ]
+        if "log.dirs" not in self.settings:
+            cmd += ["--log-dir", str(self.log_dir)]
+        for key, value in self.settings.items():
+            cmd += ["--set", f"{key}={value}"]
+        return cmd
+
+    def start(self, wait: bool = True, timeout: float = 60) -> "BrokerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._started_ms = int(time.time() * 1000)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Wait until the broker has registered itself in ZooKeeper (it listens before
+        it registers)."""
+        zk = KazooClient(self.zookeeper)
+        try:
+            zk.start(timeout)
+        except KazooTimeoutError:
+            raise ClusterError(f"broker {self.broker_id}: ZooKeeper at {self.zookeeper} is unreachable") from None
+        try:
+            wait_until(lambda: self._registered(zk), timeout, f"broker {self.broker_id} to register")
+        except TimeoutError:
+            raise ClusterError(f"broker {self.broker_id} did not register:\n{self.log_tail()}") from None
+        finally:
+            zk.stop()
+            zk.close()
+
+    def _registered(self, zk: KazooClient) -> bool:
+        if self.process.poll() is not None:
+            raise ClusterError(f"broker {self.broker_id} exited with {self.process.returncode}:\n{self.log_tail()}")
+        try:
+            data, stat = zk.get(broker_path(self.broker_id))
+        except NoNodeError:
+            return False
+        return stat.ctime >= self._started_ms and json.loads(data)["port"] == self.port  # not a killed run's node
+
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(self.log_path, lines)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM: a clean shutdown (flush, clean-shutdown marker)."""
+        code = stop_process(self.process, signal.SIGTERM, timeout)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: a crash; the next start recovers the logs."""
+        stop_process(self.process, signal.SIGKILL, 10)
+
+    def pause(self) -> None:
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+
+
+class LocalCluster:
+    """Brokers sharing one ZooKeeper connect string; stops them all on exit."""
+
+    def __init__(self, zookeeper: str, workdir: Path, settings: dict[str, object] | None = None) -> None:
+        self.zookeeper = zookeeper
+        self.workdir = Path(workdir)
+        self.settings = dict(settings or {})
+        self.brokers: dict[int, BrokerProcess] = {}
+
+    def start_broker(self, broker_id: int, settings: dict[str, object] | None = None, wait: bool = True) -> BrokerProcess:
+        existing = self.brokers.get(broker_id)
+        if existing is not None:  # a restart keeps the port and the log directory
+            existing.settings = {**existing.settings, **(settings or {})}
+            return existing.start(wait=wait)
+        broker = BrokerProcess(broker_id, self.zookeeper, self.workdir, settings={**self.settings, **(settings or {})})
+        self.brokers[broker_id] = broker
+        return broker.start(wait=wait)
+
+    def start(self, count: int) -> "LocalCluster":
+        for broker_id in range(count):
+            self.start_broker(broker_id)
+        return self
+
+    def stop(self) -> None:
+        for broker in self.brokers.values():
+            try:
+                broker.stop()
+            except Exception:
+                broker.kill()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,216 @@
+"""The wire codecs (broker/protocol.py) without a broker: every request and response
+type round-trips, and a few byte layouts are pinned to docs/protocol.md (a contract)."""
+
+import struct
+
+import pytest
+
+from broker.errors import ErrorCode, InvalidRequest, UnknownTopic
+from broker.log.segment import FileRegion
+from broker.protocol import (
+    REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
+    MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
+    ProducePart, ProduceRequest, ProduceResponse, Reader, TopicMetadata, decode_multifetch, decode_multiproduce,
+    decode_offsets, decode_request_header, decode_response_header, encode_offsets, encode_request, encode_results,
+    error_response, raise_for_error, response_frame,
+)
+
+REQUESTS = [
+    ProduceRequest(1, 30_000, "events", 3, b"set-bytes"),
+    FetchRequest("events", 0, 1234, 65536, 500, 1),
+    MultiFetchRequest([FetchRequest("a", 0, 0, 100), FetchRequest("b", 1, 22, 200, 10, 5)]),
+    MultiProduceRequest(-1, 1000, [ProducePart("a", 0, b"x"), ProducePart("b", -1, b"yz")]),
+    OffsetsRequest("events", 2, -2, 5),
+    MetadataRequest(["a", "b"]),
+    MetadataRequest([]),
+    CreateTopicRequest("events", -1, 1),
+]
+
+
+def plain(value):
+    """Decoded message sets are memoryviews over the frame; compare them as bytes."""
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return (type(value), *(plain(getattr(value, f)) for f in value.__dataclass_fields__))
+    return value
+
+
+def body_bytes(body) -> bytes:
+    return b"".join(bytes(part) for part in body)
+
+
+@pytest.mark.parametrize("request_", REQUESTS, ids=lambda r: type(r).__name__)
+def test_every_request_round_trips_through_its_frame(request_):
+    frame = encode_request(request_.API, 7, "client-1", request_.encode())
+    assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
+    header, reader = decode_request_header(frame[4:])
+    assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == (request_.API, 0, 7, "client-1")
+    assert plain(REQUEST_TYPES[header.api_key].decode(reader)) == plain(request_)
+
+
+def test_every_api_key_has_its_request_type():
+    assert set(REQUEST_TYPES) == set(ApiKey)
+
+
+def frame_of(correlation_id: int, body) -> Reader:
+    """A response as a client reads it: the frame after its size field."""
+    frame = body_bytes(response_frame(correlation_id, body))
+    assert struct.unpack_from(">i", frame)[0] == len(frame) - 4
+    got_id, code, reader = decode_response_header(frame[4:])
+    assert (got_id, code) == (correlation_id, 0)
+    return reader
+
+
+def test_produce_response_round_trips():
+    reader = frame_of(1, [ProduceResponse(100, 123).encode()])
+    assert ProduceResponse.decode(reader) == ProduceResponse(100, 123)
+    reader.done()
+
+
+def test_fetch_response_round_trips_with_its_set_as_a_separate_part():
+    body = FetchResponse(900, b"messages").encode_parts()
+    assert body[1] == b"messages"  # the broker sends this part with sendfile
+    reader = frame_of(2, body)
+    assert plain(FetchResponse.read(reader)) == plain(FetchResponse(900, b"messages"))
+    reader.done()
+
+
+def test_multifetch_response_round_trips_entries_and_errors():
+    results = [
+        PartitionResult(ErrorCode.NONE, FetchResponse(10, b"abc")),
+        PartitionResult.failed(UnknownTopic("unknown topic 'nope'")),
+        PartitionResult(ErrorCode.NONE, FetchResponse(0, b"")),
+    ]
+    reader = frame_of(3, encode_results(results))
+    assert plain(decode_multifetch(reader)) == plain(results)
+    reader.done()
+
+
+def test_a_file_region_stays_its_own_part_for_sendfile(tmp_path):
+    path = tmp_path / "segment"
+    path.write_bytes(b"..MESSAGES..")
+    with open(path, "rb") as f:
+        region = FileRegion(f, 2, 8)
+        single = FetchResponse(12, region).encode_parts()
+        multi = encode_results([PartitionResult.failed(UnknownTopic("no")), PartitionResult(ErrorCode.NONE, FetchResponse(12, region))])
+        frame = response_frame(1, multi)
+        assert single[1] is region and multi[1] is region and frame[1] is region
+        as_sent = b"".join(p.read() if p is region else p for p in frame)
+    assert as_sent == body_bytes(response_frame(1, encode_results(
+        [PartitionResult.failed(UnknownTopic("no")), PartitionResult(ErrorCode.NONE, FetchResponse(12, b"MESSAGES"))])))
+
+
+def test_multiproduce_response_round_trips_entries_and_errors():
+    results = [PartitionResult(ErrorCode.NONE, ProduceResponse(0, 40)), PartitionResult.failed(UnknownTopic("gone"))]
+    reader = frame_of(4, encode_results(results))
+    decoded = decode_multiproduce(reader)
+    reader.done()
+    assert decoded == results
+    with pytest.raises(UnknownTopic, match="gone"):
+        decoded[1].unwrap()
+
+
+def test_empty_multi_responses_round_trip():
+    assert decode_multifetch(frame_of(5, encode_results([]))) == []
+    assert decode_multiproduce(frame_of(5, encode_results([]))) == []
+
+
+def test_offsets_response_round_trips():
+    reader = frame_of(6, [encode_offsets([500, 300, 0])])
+    assert decode_offsets(reader) == [500, 300, 0]
+    reader.done()
+
+
+def test_metadata_response_round_trips():
+    response = MetadataResponse(
+        [BrokerInfo(0, "127.0.0.1", 9092), BrokerInfo(1, "127.0.0.1", 9093)],
+        [TopicMetadata("events", 0, [PartitionMetadata(0, 1, [1], 0, 44), PartitionMetadata(1, -1, [0])]),
+         TopicMetadata("nope", ErrorCode.UNKNOWN_TOPIC, [])],
+    )
+    reader = frame_of(7, [response.encode()])
+    assert MetadataResponse.decode(reader) == response
+    reader.done()
+
+
+def test_create_topic_response_is_the_header_alone():
+    assert response_frame(8, []) == [struct.pack(">iih", 6, 8, 0)]
+
+
+def test_error_response_carries_its_reason():
+    frame = error_response(9, ErrorCode.UNKNOWN_TOPIC, "unknown topic 'nope'")
+    correlation_id, code, reader = decode_response_header(frame[4:])
+    assert (correlation_id, code) == (9, ErrorCode.UNKNOWN_TOPIC)
+    with pytest.raises(UnknownTopic, match="unknown topic 'nope'"):
+        raise_for_error(code, reader)
+
+
+# ----------------------------------------------------- byte layouts of docs/protocol.md
+
+
+def test_request_frame_layout():
+    # int32 size | int16 api_key | int16 api_version (0) | int32 correlation_id | int16+utf8 client_id | body
+    frame = encode_request(ApiKey.OFFSETS, 0x01020304, "c", OffsetsRequest("t", 1, -1).encode())
+    assert frame == (
+        b"\x00\x00\x00\x1e" b"\x00\x04" b"\x00\x00" b"\x01\x02\x03\x04" b"\x00\x01c"
+        b"\x00\x01t" b"\x00\x00\x00\x01" + b"\xff" * 8 + b"\x00\x00\x00\x01"
+    )
+
+
+def test_produce_request_layout():
+    # int8 acks, int32 timeout_ms, topic, int32 partition, int32 set_size, set
+    assert ProduceRequest(-1, 1000, "ab", 2, b"SET").encode() == (
+        b"\xff" b"\x00\x00\x03\xe8" b"\x00\x02ab" b"\x00\x00\x00\x02" b"\x00\x00\x00\x03SET"
+    )
+
+
+def test_produce_response_frame_layout():
+    # int32 size | int32 correlation_id | int16 error_code | int64 base_offset, int64 next_offset
+    assert body_bytes(response_frame(5, [ProduceResponse(1, 2).encode()])) == (
+        b"\x00\x00\x00\x16" b"\x00\x00\x00\x05" b"\x00\x00" + struct.pack(">qq", 1, 2)
+    )
+
+
+def test_multifetch_response_layout():
+    # int16 n, n × (int16 error_code, FETCH response body or error string)
+    body = encode_results([PartitionResult(ErrorCode.NONE, FetchResponse(7, b"M")), PartitionResult(3, None, "no")])
+    assert body_bytes(body) == (
+        b"\x00\x02" b"\x00\x00" + struct.pack(">qi", 7, 1) + b"M" + b"\x00\x03" b"\x00\x02no"
+    )
+
+
+def test_multiproduce_response_layout():
+    # int16 n, n × (int16 error_code, int64 base, int64 next — or error string)
+    body = encode_results([PartitionResult(ErrorCode.NONE, ProduceResponse(0, 9)), PartitionResult(5, None, "x")])
+    assert body_bytes(body) == b"\x00\x02" b"\x00\x00" + struct.pack(">qq", 0, 9) + b"\x00\x05" b"\x00\x01x"
+
+
+def test_metadata_response_layout():
+    # brokers × (int32 id, host, int32 port); topics × (topic, int16 error_code,
+    # partitions × (int32 partition, int32 leader, int16 n × int32 replica, int64 earliest, int64 latest))
+    response = MetadataResponse([BrokerInfo(1, "h", 2)], [TopicMetadata("t", 0, [PartitionMetadata(0, 1, [1], 3, 4)])])
+    assert response.encode() == (
+        b"\x00\x00\x00\x01" b"\x00\x00\x00\x01" b"\x00\x01h" b"\x00\x00\x00\x02"
+        b"\x00\x00\x00\x01" b"\x00\x01t" b"\x00\x00" b"\x00\x00\x00\x01"
+        b"\x00\x00\x00\x00" b"\x00\x00\x00\x01" b"\x00\x01" b"\x00\x00\x00\x01" + struct.pack(">qq", 3, 4)
+    )
+
+
+# ------------------------------------------------------------------ malformed input
+
+
+def test_a_short_frame_is_an_invalid_request():
+    with pytest.raises(InvalidRequest, match="ends early"):
+        ProduceRequest.decode(Reader(ProduceRequest(1, 0, "t", 0, b"xyz").encode()[:-5]))
+
+
+def test_trailing_bytes_are_an_invalid_request():
+    with pytest.raises(InvalidRequest, match="unexpected bytes"):
+        OffsetsRequest.decode(Reader(OffsetsRequest("t", 0, -1).encode() + b"\x00"))
+
+
+def test_acks_outside_0_1_minus_1_are_refused():
+    with pytest.raises(InvalidRequest, match="acks"):
+        ProduceRequest.decode(Reader(ProduceRequest(2, 0, "t", 0, b"").encode()))
