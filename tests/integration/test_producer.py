@@ -12,6 +12,7 @@ import pytest
 from broker.client.cluster import open_metadata
 from broker.client.errors import ProduceError
 from broker.client.producer import Producer
+from broker.errors import UnknownTopic
 from broker.localcluster import wait_until
 from broker.registry import create_topic
 from tests.integration.clientutil import read_topic, wait_visible
@@ -154,5 +155,6 @@ def test_flush_reports_a_failure_for_a_topic_that_cannot_be_created(cluster, zk_
     producer.send("nowhere", b"v")
     report = producer.flush(10)
     producer.close(5)
-    assert [type(f.error).__name__ for f in report.failed] == ["UnknownTopic"]
+    assert [type(f.error).__name__ for f in report.failed] == ["TopicCreationDisabled"]
+    assert isinstance(report.failed[0].error, UnknownTopic)
     assert read_topic(zk_connect, "nowhere") == {}
