@@ -100,7 +100,8 @@ class RecordAccumulator:
                partition: int | None) -> RecordFuture:
         """Add one message; `partition` is explicit or the key's (None: sticky)."""
         with self._lock:
-            self._admit(1)
+            if self.outstanding >= self.queue_size or self.closed:
+                self._admit(1)
             batch = self._sticky.get(topic) if partition is None else self._open.get((topic, partition))
             if batch is None:
                 batch = self._new_batch(topic, partition)

@@ -53,6 +53,7 @@ from broker.message import Codec, now_ms
 from broker.protocol import Acks, check_topic_name
 
 logger = logging.getLogger(__name__)
+_now_ns = time.time_ns
 
 __all__ = ["DeliveredBatch", "DeliveryReport", "FailedSend", "ManyFuture", "Producer", "RecordFuture",
            "RecordMetadata"]
@@ -166,17 +167,13 @@ class Producer:
              partition: int | None = None) -> RecordFuture | RecordMetadata:
         """Send one message. Async mode: returns its `RecordFuture`. Sync mode:
         returns ``future.result()`` — where it landed — or raises `ProduceError`."""
-        future = self._append(topic, value, key, timestamp, partition)
-        return future.result(self._result_timeout) if self._sync else future
-
-    def _append(self, topic, value, key, timestamp, partition) -> RecordFuture:
         if self._closing:
             raise ProducerClosed("send after close()")
         count = self._partition_counts.get(topic)
         if count is None:
             count = self._find_topic(topic)
             if isinstance(count, BaseException):
-                return self._refused(topic, key, value, timestamp, partition, count)
+                return self._settle(self._refused(topic, key, value, timestamp, partition, count))
         if type(value) is not bytes:
             value = _as_bytes(value, "value")
         if key is not None:
@@ -184,10 +181,14 @@ class Producer:
             if partition is None:
                 partition = partition_for_key(key, count)
         if partition is not None and not 0 <= partition < count:
-            return self._refused(topic, key, value, timestamp, partition,
-                                 UnknownPartition(f"topic {topic!r} has no partition {partition}"))
-        return self.accumulator.append(topic, key, value, now_ms() if timestamp is None else int(timestamp),
-                                       partition)
+            return self._settle(self._refused(topic, key, value, timestamp, partition,
+                                              UnknownPartition(f"topic {topic!r} has no partition {partition}")))
+        future = self.accumulator.append(topic, key, value, _now_ns() // 1_000_000 if timestamp is None
+                                         else int(timestamp), partition)
+        return future.result(self._result_timeout) if self._sync else future
+
+    def _settle(self, future: RecordFuture) -> RecordFuture | RecordMetadata:
+        return future.result(self._result_timeout) if self._sync else future
 
     def send_many(self, topic: str, values: Sequence[bytes | str], timestamp: int | None = None) -> ManyFuture | int:
         """Send many unkeyed messages to `topic` at once: whole slices go into sticky

@@ -11,6 +11,7 @@ FutureProduceResult / FutureRecordMetadata split). `send_many` returns one
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from broker.client.errors import ProduceError
@@ -104,12 +105,17 @@ def produce_error(topic: str, error: BaseException) -> ProduceError:
     return failure
 
 
+# Guards every BatchResult's `_done` and `_event`: an Event is made only for a batch
+# someone waits on (making one costs more than the rest of a batch's bookkeeping).
+_WAITERS = threading.Lock()
+
+
 class BatchResult:
     """The outcome of one produce batch, set once: the partition it went to and its
     base offset (-1 with acks=0), or the error. `exact` says whether a message's
     offset is `base_offset` plus its byte position (uncompressed) or the wrapper's."""
 
-    __slots__ = ("topic", "exact", "partition", "base_offset", "error", "_done")
+    __slots__ = ("topic", "exact", "partition", "base_offset", "error", "_done", "_event")
 
     def __init__(self, topic: str, exact: bool) -> None:
         self.topic = topic
@@ -117,21 +123,37 @@ class BatchResult:
         self.partition = -1
         self.base_offset = -1
         self.error: BaseException | None = None
-        self._done = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
 
     def succeed(self, partition: int, base_offset: int) -> None:
         self.partition, self.base_offset = partition, base_offset
-        self._done.set()
+        self._set()
 
     def fail(self, partition: int | None, error: BaseException) -> None:
         self.partition, self.error = (-1 if partition is None else partition), error
-        self._done.set()
+        self._set()
+
+    def _set(self) -> None:
+        with _WAITERS:
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def wait(self, timeout: float | None) -> None:
-        if not self._done.wait(timeout):
+        if self._done:
+            return
+        with _WAITERS:
+            if self._done:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if not event.wait(timeout):
             raise TimeoutError(f"no outcome for a batch to {self.topic} within {timeout:g}s")
 
 
@@ -192,15 +214,15 @@ class ManyFuture:
         return all(b.done() for b in self._batches)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
         for batch in self._batches:
-            batch.wait(timeout)
+            batch.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if batch.error is not None:
                 return batch.error
         return None
 
     def result(self, timeout: float | None = None) -> int:
-        for batch in self._batches:
-            batch.wait(timeout)
-            if batch.error is not None:
-                raise produce_error(batch.topic, batch.error)
+        error = self.exception(timeout)
+        if error is not None:
+            raise produce_error(self._batches[0].topic, error)
         return self.count
