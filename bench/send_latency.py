@@ -54,7 +54,8 @@ def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> 
     clock = time.perf_counter_ns
     with Producer(zookeeper=zk, mode="async", acks=acks, audit=False) as producer:
         send = producer.send
-        send(topic, value).result(60)  # topic metadata and connection in place before the clock
+        send(topic, value)
+        producer.flush(60)  # topic metadata and connection in place before the clock
         interval = 1e9 / rate
         start = clock()
         for i in range(count):
