@@ -85,7 +85,8 @@ def summary(durations: list[int]) -> tuple[float, float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="paced sending per rate (default 5)")
-    parser.add_argument("--count", type=int, default=200_000, help="messages for the maximum rate (default 200000)")
+    parser.add_argument("--count", type=int, default=1_000_000,
+                        help="messages for the maximum rate, long enough to fill the queue (default 1000000)")
     parser.add_argument("--acks", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

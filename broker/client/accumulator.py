@@ -34,6 +34,9 @@ from broker.client.results import BatchResult, ManyFuture, RecordFuture
 from broker.message import HEADER_SIZE
 
 Record = tuple  # (key: bytes | None, value: bytes, timestamp: int)
+# At most this much goes into one sender round: the round's requests are written and
+# answered before the next drain, and `drain` holds the lock callers append under.
+DRAIN_BYTES = 4 << 20
 Leaders = dict[int, int]
 
 
@@ -103,7 +106,8 @@ class RecordAccumulator:
             if self.outstanding >= self.queue_size or self.closed:
                 self._admit(1)
             batch = self._sticky.get(topic) if partition is None else self._open.get((topic, partition))
-            if batch is None:
+            opened = batch is None
+            if opened:
                 batch = self._new_batch(topic, partition)
             position = batch.bytes
             batch.records.append((key, value, timestamp))
@@ -111,6 +115,8 @@ class RecordAccumulator:
             self.outstanding += 1
             if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
                 self._close(batch)
+            elif opened:
+                self._work.notify()  # the sender times this batch's linger
         return RecordFuture(batch.result, position)
 
     def append_many(self, topic: str, values: list[bytes], timestamp: int) -> ManyFuture:
@@ -121,7 +127,10 @@ class RecordAccumulator:
         while done < len(values):
             with self._lock:
                 self._admit(min(self.batch_size, len(values) - done))
-                batch = self._sticky.get(topic) or self._new_batch(topic, None)
+                batch = self._sticky.get(topic)
+                if batch is None:
+                    batch = self._new_batch(topic, None)
+                    self._work.notify()
                 take = values[done:done + self.batch_size - len(batch.records)]
                 batch.records.extend(zip(repeat(None), take, repeat(timestamp)))
                 batch.bytes += HEADER_SIZE * len(take) + sum(map(len, take))
@@ -174,7 +183,6 @@ class RecordAccumulator:
         else:
             batch = ProducerBatch(topic, partition, False, self.exact_offsets)
             self._open[(topic, partition)] = batch
-        self._work.notify()  # the sender times this batch's linger
         return batch
 
     def _sticky_partition(self, topic: str, avoid: int | None) -> int:
@@ -214,7 +222,11 @@ class RecordAccumulator:
             blocked: set[tuple[str, int]] = set()
             keep: deque[ProducerBatch] = deque()
             out: list[tuple[ProducerBatch, int]] = []
+            taken = 0
             for batch in self._ready:
+                if taken >= DRAIN_BYTES:
+                    keep.append(batch)
+                    continue
                 if batch.topic not in leaders:
                     leaders[batch.topic] = leaders_of(batch.topic) or {}
                 tp_leaders = leaders[batch.topic]
@@ -231,6 +243,7 @@ class RecordAccumulator:
                         blocked.add(key)  # a later batch of the partition must not overtake it
                     continue
                 out.append((batch, leader))
+                taken += batch.bytes
             self._ready = keep
             self._in_flight = [b for b, _ in out]
             return out
@@ -259,19 +272,19 @@ class RecordAccumulator:
                     expired.append(batch)
             return expired
 
-    def claim(self, batch: ProducerBatch) -> bool:
-        """Take the right to settle a batch, once; False if it is taken (close() gave
-        up on it while the sender still held it)."""
+    def claim(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
+        """Take the right to settle batches, once each: those not taken yet (close()
+        may have given up on some while the sender still held them)."""
         with self._lock:
-            if batch.finished:
-                return False
-            batch.finished = True
-            return True
+            mine = [b for b in batches if not b.finished]
+            for batch in mine:
+                batch.finished = True
+            return mine
 
-    def release(self, batch: ProducerBatch) -> None:
-        """A settled batch's messages leave the queue (blocked senders and flushes wake)."""
+    def release(self, batches: list[ProducerBatch]) -> None:
+        """Settled batches' messages leave the queue (blocked senders and flushes wake)."""
         with self._lock:
-            self.outstanding -= len(batch.records)
+            self.outstanding -= sum(len(b.records) for b in batches)
             self._space.notify_all()
 
     def abandon(self) -> list[ProducerBatch]:

@@ -207,11 +207,12 @@ class Sender:
             for batch, leader in drained
         ])
         now = time.monotonic()
+        delivered: list[tuple[ProducerBatch, int]] = []
         again: list[ProducerBatch] = []
         refreshed: set[str] = set()
         for batch, base_offset, error in outcomes:
             if error is None:
-                self._deliver(batch, base_offset)
+                delivered.append((batch, base_offset))
                 continue
             retry = (retriable(error, batch) and batch.attempts < self.retries
                      and now - batch.created < self.delivery_timeout)
@@ -224,28 +225,37 @@ class Sender:
                 refreshed.add(batch.topic)
                 self.metadata.refresh(batch.topic)
             again.append(batch)
+        if delivered:
+            self._deliver(delivered)
         if again:
             self.accumulator.retry(again, now)
 
     # ------------------------------------------------------------------ outcomes
 
-    def _deliver(self, batch: ProducerBatch, base_offset: int) -> None:
-        if not self.accumulator.claim(batch):
-            return
-        if not batch.internal:
-            count = len(batch.records)
-            if self.audit is not None:
+    def _deliver(self, delivered: list[tuple[ProducerBatch, int]]) -> None:
+        """Count, then release, then resolve a round's delivered batches (one lock each
+        for the round: per-batch locking made callers queue behind this thread)."""
+        mine = self.accumulator.claim([batch for batch, _ in delivered])
+        if len(mine) < len(delivered):
+            settled = set(mine)
+            delivered = [(b, offset) for b, offset in delivered if b in settled]
+        user = [(b, offset) for b, offset in delivered if not b.internal]
+        if self.audit is not None:
+            for batch, _ in user:
                 self.audit.record(batch.topic, map(_Message._make, batch.records))
-            self.report.delivered(count)
-        self.accumulator.release(batch)  # after counting: a flush that sees nothing outstanding sees the counts
-        batch.result.succeed(batch.partition, base_offset)
-        if self.on_delivery is not None and not batch.internal:
-            self.on_delivery(DeliveredBatch(batch.topic, batch.partition, base_offset, len(batch.records),
-                                            batch.bytes - HEADER_SIZE * len(batch.records), batch.created))
+        self.report.delivered(sum(len(b.records) for b, _ in user))
+        self.accumulator.release(mine)  # after counting: a flush that sees nothing outstanding sees the counts
+        for batch, base_offset in delivered:
+            batch.result.succeed(batch.partition, base_offset)
+        if self.on_delivery is not None:
+            for batch, base_offset in user:
+                count = len(batch.records)
+                self.on_delivery(DeliveredBatch(batch.topic, batch.partition, base_offset, count,
+                                                batch.bytes - HEADER_SIZE * count, batch.created))
 
     def fail(self, batch: ProducerBatch, error: BaseException) -> None:
         """Give up on a batch (thread-safe: close() fails what the sender still holds)."""
-        if not self.accumulator.claim(batch):
+        if not self.accumulator.claim([batch]):
             return
         failures = []
         if batch.internal:
@@ -254,7 +264,7 @@ class Sender:
             failures = [FailedSend(batch.topic, key, value, ts, batch.partition, error)
                         for key, value, ts in batch.records]
             self.report.failed(failures)
-        self.accumulator.release(batch)
+        self.accumulator.release([batch])
         batch.result.fail(batch.partition, error)
         if failures and self.on_error is not None:
             self.on_error(failures)

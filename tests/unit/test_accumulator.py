@@ -208,8 +208,8 @@ def test_released_batches_make_room_and_abandon_takes_the_rest():
     for _ in range(3):
         acc.append("t", None, b"v", 1, 0)
     [(batch, _)] = drain(acc, 0.0)
-    assert acc.claim(batch) and not acc.claim(batch)
-    acc.release(batch)
+    assert acc.claim([batch]) == [batch] and acc.claim([batch]) == []
+    acc.release([batch])
     assert acc.outstanding == 1
     [left] = acc.abandon()
     assert len(left.records) == 1
