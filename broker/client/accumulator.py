@@ -120,8 +120,8 @@ class RecordAccumulator:
         return RecordFuture(batch.result, position)
 
     def append_many(self, topic: str, values: list[bytes], timestamp: int) -> ManyFuture:
-        """Add unkeyed messages to sticky batches: one lock and one future per call,
-        whole slices per batch."""
+        """Add unkeyed messages to sticky batches, a whole slice per batch under one
+        lock, with one future for the call."""
         results: list[BatchResult] = []
         done = 0
         while done < len(values):
@@ -132,8 +132,11 @@ class RecordAccumulator:
                     batch = self._new_batch(topic, None)
                     self._work.notify()
                 take = values[done:done + self.batch_size - len(batch.records)]
+                size = HEADER_SIZE * len(take) + sum(map(len, take))
+                if batch.bytes + size > self.batch_bytes and len(take) > 1:
+                    take, size = self._within_bytes(batch.bytes, take)
                 batch.records.extend(zip(repeat(None), take, repeat(timestamp)))
-                batch.bytes += HEADER_SIZE * len(take) + sum(map(len, take))
+                batch.bytes += size
                 self.outstanding += len(take)
                 if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
                     self._close(batch)
@@ -142,7 +145,17 @@ class RecordAccumulator:
             done += len(take)
         return ManyFuture(results, len(values))
 
-    def append_internal(self, topic: str, records: Iterable[tuple[int, Record]]) -> int:
+    def _within_bytes(self, filled: int, values: list[bytes]) -> tuple[list[bytes], int]:
+        """The first of `values` that fill a batch holding `filled` bytes to
+        `batch_bytes` (at least one, as `append` would), and their size."""
+        size = 0
+        for count, value in enumerate(values, 1):
+            size += HEADER_SIZE + len(value)
+            if filled + size >= self.batch_bytes:
+                return values[:count], size
+        return values, size
+
+    def append_internal(self, topic: str, records: Iterable[tuple[int, Record]]) -> None:
         """Add the producer's own (partition, record)s as ready batches of their own;
         they count as outstanding (a flush waits for them) but not against the queue."""
         batches: dict[int, ProducerBatch] = {}
@@ -157,7 +170,6 @@ class RecordAccumulator:
                 self.outstanding += len(batch.records)
                 self._ready.append(batch)
             self._work.notify()
-        return sum(len(b.records) for b in batches.values())
 
     def _admit(self, count: int) -> None:
         """Wait (or raise) until `count` more messages fit in `queue_size`."""

@@ -184,6 +184,14 @@ def test_send_many_fills_batches_and_resolves_one_future_for_the_call():
     assert acc.outstanding == 7  # until the sender releases them
 
 
+def test_send_many_keeps_batches_within_batch_bytes():
+    acc = accumulator(batch_size=100, batch_bytes=3 * (HEADER_SIZE + 10))
+    future = acc.append_many("t", [b"x" * 10] * 7, 1)
+    acc.begin_flush()
+    assert [len(b.records) for b, _ in drain(acc, 0.0)] == [3, 3, 1]
+    assert future.count == 7
+
+
 def test_send_many_raises_the_first_failure():
     acc = accumulator(batch_size=2)
     future = acc.append_many("t", [b"a", b"b", b"c"], 1)
