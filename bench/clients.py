@@ -2,7 +2,11 @@
 local broker, in the paper's setting — 200-byte messages, batch 1 and batch 50, acks 0
 and 1 — and one consumer reading everything back.
 
-    .venv/bin/python -m bench.clients --count 200000
+    .venv/bin/python -m bench.clients --count 200000 [--send-many]
+
+`--send-many` adds the batch-50 runs through `Producer.send_many` (lists of
+`MANY_CHUNK` messages per call), the entry point for callers that have many messages
+at once; the five figures of the paper's setting use `send` one message at a time.
 
 The paper (Kafka, NetDB 2011) measured 50,000 msg/s (batch 1) and 400,000 msg/s
 (batch 50) for the producer and 22,000 msg/s for the consumer, on two dedicated Linux
@@ -28,15 +32,22 @@ from harness.zookeeper import ZooKeeperServer
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
 SIZE = 200
+MANY_CHUNK = 1000
 
 
-def produce(zk: str, topic: str, count: int, batch: int, acks: int) -> float:
+def produce(zk: str, topic: str, count: int, batch: int, acks: int, many: bool = False) -> float:
     value = b"x" * SIZE
     producer = Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, audit=False,
                         queue_size=50_000)
     start = time.perf_counter()
-    for _ in range(count):
-        producer.send(topic, value, partition=0)
+    if many:
+        chunk = [value] * MANY_CHUNK
+        count -= count % MANY_CHUNK
+        for _ in range(count // MANY_CHUNK):
+            producer.send_many(topic, chunk)
+    else:
+        for _ in range(count):
+            producer.send(topic, value, partition=0)
     report = producer.close(300)
     elapsed = time.perf_counter() - start
     assert not report.failed, report
@@ -55,6 +66,7 @@ def consume(zk: str, topic: str, count: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200_000, help="messages per producer run (default 200000)")
+    parser.add_argument("--send-many", action="store_true", help="also the batch-50 runs through send_many")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="logbus-bench-clients-"))
@@ -72,6 +84,12 @@ def main() -> None:
                 rate = produce(zookeeper.connect_string, topic, args.count, batch, acks)
                 paper = PAPER[f"batch {batch}"]
                 rows.append((f"producer batch {batch} acks {acks}", rate, paper))
+        if args.send_many:
+            for acks in (0, 1):
+                topic = f"bench-many-a{acks}"
+                create_topic(zk, topic, 1)
+                rate = produce(zookeeper.connect_string, topic, args.count, 50, acks, many=True)
+                rows.append((f"producer batch 50 acks {acks} send_many", rate, PAPER["batch 50"]))
         zk.stop()
         rate = consume(zookeeper.connect_string, "bench-b50-a1", args.count)
         rows.append(("consumer (one partition, 1 MiB fetches)", rate, PAPER["consumer"]))

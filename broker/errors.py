@@ -25,6 +25,7 @@ class ErrorCode(enum.IntEnum):
     NOT_LEADER_FOR_PARTITION = 11
     TOPIC_ALREADY_EXISTS = 12
     STORAGE_ERROR = 13
+    TOPIC_CREATION_DISABLED = 14
 
 
 class LogbusError(Exception):
@@ -51,6 +52,14 @@ class MessageTooLarge(LogbusError):
 
 class UnknownTopic(LogbusError):
     code = ErrorCode.UNKNOWN_TOPIC
+
+
+class TopicCreationDisabled(UnknownTopic):
+    """The topic does not exist and this broker will not create it (`auto.create.topics`
+    is off): retrying cannot help, so a producer fails such messages at once. A kind of
+    UnknownTopic, so code that catches UnknownTopic still catches it."""
+
+    code = ErrorCode.TOPIC_CREATION_DISABLED
 
 
 class InvalidTopicName(LogbusError):
@@ -87,7 +96,6 @@ class StorageError(LogbusError):
     request was appended, so a producer may retry it later without duplicates."""
 
     code = ErrorCode.STORAGE_ERROR
-    retriable = True  # the producer's delivery retries it with backoff until its timeout
 
 
 class UnknownError(LogbusError):
@@ -99,7 +107,7 @@ _BY_CODE: dict[int, type[LogbusError]] = {
     for cls in (
         OffsetOutOfRange, InvalidMessage, UnknownPartition, MessageTooLarge, UnknownTopic,
         InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
-        NotLeaderForPartition, TopicAlreadyExists, StorageError, UnknownError,
+        NotLeaderForPartition, TopicAlreadyExists, StorageError, TopicCreationDisabled, UnknownError,
     )
 }
 

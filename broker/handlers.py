@@ -20,7 +20,7 @@ from typing import Callable, Coroutine
 from broker.config import BrokerConfig
 from broker.errors import (
     BrokerShuttingDown, ErrorCode, InvalidRequest, LogbusError, NotLeaderForPartition,
-    UnknownPartition, UnknownTopic, UnsupportedApi,
+    TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
 )
 from broker.log.log import Log
 from broker.log.manager import LogManager
@@ -111,7 +111,7 @@ class RequestHandler:
     async def _auto_create(self, topic: str) -> None:
         check_topic_name(topic)
         if not self.config.auto_create_topics:
-            raise UnknownTopic(f"unknown topic {topic!r} (auto.create.topics is off)")
+            raise TopicCreationDisabled(f"unknown topic {topic!r} (auto.create.topics is off)")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions)
 

@@ -68,7 +68,7 @@ def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampl
 
     def on_delivery(b) -> None:  # in the producer's sender thread
         nonlocal delivered
-        delivered += len(b.records)
+        delivered += b.count
         while delivered - sampler.done >= every:
             sampler.tick(every)
 

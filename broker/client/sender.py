@@ -1,167 +1,270 @@
-"""Sending encoded batches to partition leaders, pipelined (DESIGN §4, §11).
+"""The producer's sender: the one thread that talks to brokers (kafka-python's Sender
+is the model).
 
-A `Batch` is the messages bound for one partition, encoded once into one message set.
-`BatchSender.send` groups batches by their leader broker, packs at most one batch per
-partition into each request (a PRODUCE for one part, a MULTIPRODUCE for several), and
-keeps up to `max_in_flight` requests outstanding on every connection before reading
-answers. Each batch ends with either `base_offset` set or `error` set; retrying is the
-producer's business.
+Each round it creates or finds topics callers are waiting for, publishes monitoring
+events when due, drains the ready batches from the accumulator, encodes each once,
+writes them through the `Pipeline` and settles each outcome:
+
+- delivered: counted (report, monitoring counts, `on_delivery`), its future resolved;
+- a retriable error — by its class, which the wire error code names: leader moved,
+  broker down or shutting down, connection lost, storage error, topic not yet
+  visible — refreshes the topic's metadata and puts the batch back after
+  `retry_backoff`, up to `retries` times and while it is younger than
+  `delivery_timeout`;
+- any other error (TopicCreationDisabled, MessageTooLarge, InvalidMessage, ...) or
+  the last attempt: failed, its future resolved with the error.
+
+A batch that waited longer than `delivery_timeout` (no live leader) fails too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict, deque
-from dataclasses import dataclass
+import threading
+import time
+from typing import Callable, NamedTuple
 
-from broker.client.cluster import ConnectionPool
-from broker.errors import ErrorCode, LogbusError, error_for
-from broker.message import Codec, encode_message_set
-from broker.protocol import (
-    Acks, ApiKey, MultiProduceRequest, ProducePart, ProduceRequest, ProduceResponse, decode_multiproduce,
+from broker.client.audit import AuditCounter
+from broker.client.accumulator import ProducerBatch, RecordAccumulator
+from broker.client.cluster import ClusterMetadata, ConnectionPool, ensure_topic
+from broker.client.errors import PartitionUnavailable
+from broker.client.partitioner import partition_for_key
+from broker.client.pipeline import Outgoing, Pipeline
+from broker.client.results import DeliveredBatch, FailedSend, ReportBook
+from broker.errors import (
+    BrokerShuttingDown, LogbusError, NotLeaderForPartition, StorageError, TopicCreationDisabled, UnknownPartition,
+    UnknownTopic,
 )
+from broker.message import HEADER_SIZE, Codec, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
 
-# Fewer than the broker's max.in.flight.requests.per.connection (100), so the broker
-# never stops reading while we are still writing: no deadlock of two full buffers.
-MAX_IN_FLIGHT = 32
-# Requests written together in one syscall stop growing past this many bytes.
-WRITE_BYTES = 1 << 20
+# Errors that may go away: the leader moved or restarted, the disk got space back,
+# a just-created topic is not yet known to the broker that leads it.
+RETRIABLE = (ConnectionError, OSError, NotLeaderForPartition, BrokerShuttingDown, StorageError, UnknownTopic,
+             PartitionUnavailable)
 
 
-@dataclass(eq=False)
-class Batch:
-    """Messages for one partition; `records` are `ProducerRecord`s (key, value, timestamp)."""
-
-    topic: str
-    partition: int
-    records: list
-    payload: bytes = b""
-    leader: int = -1
-    base_offset: int | None = None
-    error: BaseException | None = None
-    sent: bool = False  # the request was written (all acks=0 can promise)
-
-    def encode(self, codec: Codec) -> None:
-        self.payload = encode_message_set(((r.key, r.value, r.timestamp) for r in self.records), codec)
+def retriable(error: BaseException, batch: ProducerBatch) -> bool:
+    if isinstance(error, TopicCreationDisabled):
+        return False
+    if isinstance(error, UnknownPartition):
+        return batch.movable  # another partition may do; a placed message has no other
+    return isinstance(error, RETRIABLE)
 
 
-@dataclass
-class _Request:
-    batches: list[Batch]
-    body: bytes = b""
-    api: ApiKey = ApiKey.PRODUCE
+class _Message(NamedTuple):
+    """A delivered message as `AuditCounter.record` reads it."""
+
+    key: bytes | None
+    value: bytes
+    timestamp: int
 
 
-class BatchSender:
-    """Writes batches to leaders through a `ConnectionPool` it does not own."""
+class Sender:
+    """The sender thread and what it owns: the connection pool, the in-flight
+    requests (through the `Pipeline`) and retries."""
 
-    def __init__(self, pool: ConnectionPool, acks: int, timeout_ms: int, max_in_flight: int = MAX_IN_FLIGHT,
-                 durable_topics: frozenset[str] = frozenset()) -> None:
+    def __init__(self, accumulator: RecordAccumulator, metadata: ClusterMetadata, pool: ConnectionPool,
+                 pipeline: Pipeline, codec: Codec, report: ReportBook, *, retries: int, retry_backoff: float,
+                 delivery_timeout: float, audit: AuditCounter | None = None,
+                 on_delivery: Callable[[DeliveredBatch], None] | None = None,
+                 on_error: Callable[[list[FailedSend]], None] | None = None, name: str = "logbus-sender") -> None:
+        self.accumulator = accumulator
+        self.metadata = metadata
         self.pool = pool
-        self.acks = int(acks)
-        self.timeout_ms = timeout_ms
-        self.max_in_flight = max_in_flight
-        # Topics always sent with acks=-1 whatever `acks` is: the monitoring topic, whose
-        # events are the audit's ground truth and must not vanish with an acks=0 producer.
-        self.durable_topics = durable_topics
+        self.pipeline = pipeline
+        self.codec = codec
+        self.report = report
+        self.retries = retries
+        self.retry_backoff = retry_backoff
+        self.delivery_timeout = delivery_timeout
+        self.audit = audit
+        self.on_delivery = on_delivery
+        self.on_error = on_error
+        self.publish_requested = False  # set by flush/close; cleared once events are queued
+        self._stop_at = float("inf")
+        self._closing = False
+        # Topics callers wait for (`topic_partitions`), guarded by `_topics`.
+        self._topics = threading.Condition()
+        self._wanted: set[str] = set()
+        self._topic_errors: dict[str, BaseException] = {}
+        self._topic_retry_at: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def send(self, batches: list[Batch]) -> None:
-        """Send every batch (its `leader` must be set); sets `base_offset` or `error`."""
-        by_leader: dict[int, list[Batch]] = defaultdict(list)
-        for batch in batches:
-            by_leader[batch.leader].append(batch)
-        for leader, group in by_leader.items():
-            durable = [b for b in group if b.topic in self.durable_topics] if self.durable_topics else []
-            if len(durable) < len(group):
-                ordinary = [b for b in group if b.topic not in self.durable_topics] if durable else group
-                self._send_to(leader, self._requests(ordinary, self.acks), self.acks)
-            if durable:
-                self._send_to(leader, self._requests(durable, Acks.FLUSHED), Acks.FLUSHED)
+    # ------------------------------------------------------------ from other threads
 
-    def _requests(self, batches: list[Batch], acks: int) -> list[_Request]:
-        """Round k holds the k-th batch of every partition, so one request never has
-        two batches of a partition and their order on the broker is kept."""
-        queues: dict[tuple[str, int], deque[Batch]] = defaultdict(deque)
-        for batch in batches:
-            queues[(batch.topic, batch.partition)].append(batch)
-        if len(queues) == 1:  # one partition: a PRODUCE per batch, in order
-            timeout = self.timeout_ms
-            return [_Request([b], ProduceRequest(acks, timeout, b.topic, b.partition, b.payload).encode(), ApiKey.PRODUCE)
-                    for b in batches]
-        requests = []
-        while queues:
-            round_ = [q.popleft() for q in queues.values()]
-            queues = {k: q for k, q in queues.items() if q}
-            if len(round_) == 1:
-                b = round_[0]
-                body = ProduceRequest(acks, self.timeout_ms, b.topic, b.partition, b.payload).encode()
-                requests.append(_Request(round_, body, ApiKey.PRODUCE))
-            else:
-                parts = [ProducePart(b.topic, b.partition, b.payload) for b in round_]
-                body = MultiProduceRequest(acks, self.timeout_ms, parts).encode()
-                requests.append(_Request(round_, body, ApiKey.MULTIPRODUCE))
-        return requests
+    def start(self) -> None:
+        self._thread.start()
 
-    def _send_to(self, leader: int, requests: list[_Request], acks: int) -> None:
-        try:
-            conn = self.pool.get(leader)
-        except (ConnectionError, OSError) as exc:
-            self._fail(requests, ConnectionError(str(exc)))
-            return
-        expects = acks != Acks.NONE
-        waiting: deque[_Request] = deque()
-        pending = deque(requests)
-        try:
-            while pending or waiting:
-                # Write as many requests as the window allows in one syscall (at most
-                # about WRITE_BYTES), then read answers until the window is half empty.
-                room = self.max_in_flight - len(waiting) if expects else len(pending)
-                if pending and room > 0:
-                    group, size = [], 0
-                    for request in pending:
-                        if len(group) >= room or (group and size >= WRITE_BYTES):
-                            break
-                        group.append(request)
-                        size += len(request.body)
-                    conn.send_many([(r.api, r.body) for r in group], expects_response=expects)
-                    for request in group:
-                        pending.popleft()
-                        for b in request.batches:
-                            b.sent = True
-                    if expects:
-                        waiting.extend(group)
-                low = self.max_in_flight // 2 if pending else 0
-                while len(waiting) > low:
-                    error_code, reader = conn.receive()
-                    self._answer(waiting.popleft(), error_code, reader)  # popped after: a failed read fails it
-        except (ConnectionError, OSError) as exc:
-            self.pool.drop(leader)
-            self._fail(list(waiting) + list(pending), ConnectionError(str(exc)))
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
-    def _answer(self, request: _Request, error_code: int, reader) -> None:
-        if error_code != ErrorCode.NONE:
+    def request_publish(self) -> None:
+        self.publish_requested = True
+        self.accumulator.wake()
+
+    def stop(self, deadline: float) -> None:
+        """Finish what is outstanding, then stop; stop anyway at `deadline`."""
+        self._closing = True
+        self._stop_at = deadline
+        self.request_publish()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(max(0.0, timeout))
+
+    def topic_partitions(self, topic: str, deadline: float) -> int:
+        """The partition count of `topic`, once the sender has found or created it.
+        Raises TopicCreationDisabled at once, PartitionUnavailable at `deadline`."""
+        with self._topics:
+            self._topic_errors.pop(topic, None)
+            self._wanted.add(topic)
+        self.accumulator.wake()
+        while True:
+            leaders = self.metadata.partitions(topic)
+            if leaders:
+                return len(leaders)
+            with self._topics:
+                error = self._topic_errors.get(topic)
+                if error is not None:
+                    raise error
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.alive():
+                    raise PartitionUnavailable(f"topic {topic!r} is unknown and could not be created in time")
+                self._topics.wait(min(left, 0.1))
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        accumulator = self.accumulator
+        while True:
+            now = time.monotonic()
+            if now >= self._stop_at:
+                return  # close() fails what is left
+            if self._wanted:
+                self._find_topics(now)
+            if self.publish_requested or (self.audit is not None and self.audit.due()):
+                self._publish_audit()
+            drained = accumulator.drain(now, self.metadata.partitions)
+            for batch in accumulator.expire(now, self.delivery_timeout):
+                self.fail(batch, PartitionUnavailable(
+                    f"not delivered within {self.delivery_timeout:g}s: no live leader for the partition, "
+                    "or every attempt failed"))
+            if drained:
+                try:
+                    self._send(drained)
+                except Exception as exc:  # a bug must not silently stop delivery: fail the round, go on
+                    logger.exception("producer sender round failed")
+                    for batch, _ in drained:
+                        self.fail(batch, exc)
+                continue
+            if self._closing and not accumulator.outstanding and not self.publish_requested:
+                if self.audit is None or not self.audit.pending():
+                    return
+                self.publish_requested = True  # messages delivered after the last publish
+                continue
+            longest = min(self.retry_backoff if self._wanted else 1.0, self._stop_at - now)
+            accumulator.wait_for_work(now, longest)
+
+    def _find_topics(self, now: float) -> None:
+        with self._topics:
+            wanted = [t for t in self._wanted if self._topic_retry_at.get(t, 0.0) <= now]
+        for topic in wanted:
+            error = None
             try:
-                message = reader.string()
-            except LogbusError:
-                message = ""
-            error = error_for(error_code, message)
-            for b in request.batches:
-                b.error = error
-            return
-        if request.api == ApiKey.PRODUCE:
-            request.batches[0].base_offset = ProduceResponse.decode(reader).base_offset
-            return
-        for b, result in zip(request.batches, decode_multiproduce(reader)):
-            if result.error_code == ErrorCode.NONE:
-                b.base_offset = result.value.base_offset
-            else:
-                b.error = error_for(result.error_code, result.message)
+                ensure_topic(self.metadata, self.pool, topic)
+            except TopicCreationDisabled as exc:
+                error = exc
+            except (ConnectionError, OSError, LogbusError) as exc:
+                logger.info("cannot create or find topic %s yet: %s", topic, exc)
+                self._topic_retry_at[topic] = now + self.retry_backoff
+                continue
+            with self._topics:
+                self._wanted.discard(topic)
+                if error is not None:
+                    self._topic_errors[topic] = error
+                self._topics.notify_all()
 
-    @staticmethod
-    def _fail(requests: list[_Request], error: BaseException) -> None:
-        for request in requests:
-            for b in request.batches:
-                if b.base_offset is None and b.error is None:
-                    b.error = error
+    def _publish_audit(self) -> None:
+        """Queue monitoring events for the windows whose counts changed."""
+        events = self.audit.events() if self.audit is not None else []
+        if events:
+            topic = self.audit.audit_topic
+            try:
+                count = len(ensure_topic(self.metadata, self.pool, topic))
+            except (ConnectionError, OSError, LogbusError) as exc:
+                logger.warning("could not publish %d monitoring events: %s", len(events), exc)
+            else:
+                ts = now_ms()
+                self.accumulator.append_internal(
+                    topic, [(partition_for_key(key, count), (key, value, ts)) for key, value in events])
+        self.accumulator.notify_idle_waiters(lambda: setattr(self, "publish_requested", False))
+
+    def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:
+        codec = self.codec
+        outcomes = self.pipeline.send([
+            Outgoing(batch, batch.topic, batch.partition, leader, encode_message_set(batch.records, codec))
+            for batch, leader in drained
+        ])
+        now = time.monotonic()
+        delivered: list[tuple[ProducerBatch, int]] = []
+        again: list[ProducerBatch] = []
+        refreshed: set[str] = set()
+        for batch, base_offset, error in outcomes:
+            if error is None:
+                delivered.append((batch, base_offset))
+                continue
+            retry = (retriable(error, batch) and batch.attempts < self.retries
+                     and now - batch.created < self.delivery_timeout)
+            logger.info("produce to %s-%d failed (%s: %s)%s", batch.topic, batch.partition, type(error).__name__,
+                        error, "; retrying" if retry else "")
+            if not retry:
+                self.fail(batch, error)
+                continue
+            if batch.topic not in refreshed:
+                refreshed.add(batch.topic)
+                self.metadata.refresh(batch.topic)
+            again.append(batch)
+        if delivered:
+            self._deliver(delivered)
+        if again:
+            self.accumulator.retry(again, now)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _deliver(self, delivered: list[tuple[ProducerBatch, int]]) -> None:
+        """Count, then release, then resolve a round's delivered batches (one lock each
+        for the round: per-batch locking made callers queue behind this thread)."""
+        mine = self.accumulator.claim([batch for batch, _ in delivered])
+        if len(mine) < len(delivered):
+            settled = set(mine)
+            delivered = [(b, offset) for b, offset in delivered if b in settled]
+        user = [(b, offset) for b, offset in delivered if not b.internal]
+        if self.audit is not None:
+            for batch, _ in user:
+                self.audit.record(batch.topic, map(_Message._make, batch.records))
+        self.report.delivered(sum(len(b.records) for b, _ in user))
+        self.accumulator.release(mine)  # after counting: a flush that sees nothing outstanding sees the counts
+        for batch, base_offset in delivered:
+            batch.result.succeed(batch.partition, base_offset)
+        if self.on_delivery is not None:
+            for batch, base_offset in user:
+                count = len(batch.records)
+                self.on_delivery(DeliveredBatch(batch.topic, batch.partition, base_offset, count,
+                                                batch.bytes - HEADER_SIZE * count, batch.created))
+
+    def fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        """Give up on a batch (thread-safe: close() fails what the sender still holds)."""
+        if not self.accumulator.claim([batch]):
+            return
+        failures = []
+        if batch.internal:
+            logger.warning("could not publish %d monitoring events: %s", len(batch.records), error)
+        else:
+            failures = [FailedSend(batch.topic, key, value, ts, batch.partition, error)
+                        for key, value, ts in batch.records]
+            self.report.failed(failures)
+        self.accumulator.release([batch])
+        batch.result.fail(batch.partition, error)
+        if failures and self.on_error is not None:
+            self.on_error(failures)

@@ -12,6 +12,7 @@ import pytest
 from broker.client.cluster import open_metadata
 from broker.client.errors import ProduceError
 from broker.client.producer import Producer
+from broker.errors import ErrorCode, MessageTooLarge, TopicCreationDisabled, UnknownTopic
 from broker.zklayout import create_topic
 from harness.process import wait_until
 from tests.integration.clientutil import read_topic, wait_visible
@@ -154,5 +155,59 @@ def test_flush_reports_a_failure_for_a_topic_that_cannot_be_created(cluster, zk_
     producer.send("nowhere", b"v")
     report = producer.flush(10)
     producer.close(5)
-    assert [type(f.error).__name__ for f in report.failed] == ["UnknownTopic"]
+    assert [type(f.error).__name__ for f in report.failed] == ["TopicCreationDisabled"]
+    assert isinstance(report.failed[0].error, UnknownTopic)
     assert read_topic(zk_connect, "nowhere") == {}
+
+
+def test_sync_send_raises_the_broker_error_by_its_code(cluster, zk, zk_connect):
+    cluster.start_broker(0, {"message.max.bytes": 1024})
+    create_topic(zk, "small", 1)
+    with Producer(zookeeper=zk_connect, audit=False) as producer:
+        with pytest.raises(ProduceError, match="MessageTooLarge") as raised:
+            producer.send("small", b"x" * 4096, partition=0)
+        assert type(raised.value.cause) is MessageTooLarge
+        assert raised.value.cause.code == ErrorCode.MESSAGE_TOO_LARGE
+        assert producer.send("small", b"fits", partition=0).offset == 0  # one refused message spoils nothing
+
+
+def test_an_unknown_topic_with_auto_create_off_fails_at_once_with_its_own_error(cluster, zk_connect):
+    cluster.start_broker(0, {"auto.create.topics": "false"})
+    # a delivery timeout far beyond the test's: only a failure by code can end these sends
+    with Producer(zookeeper=zk_connect, audit=False, delivery_timeout_ms=3_600_000, max_block_ms=3_600_000) as sync:
+        with pytest.raises(ProduceError, match="auto.create.topics is off") as raised:
+            sync.send("nowhere", b"v")
+        assert type(raised.value.cause) is TopicCreationDisabled
+    producer = Producer(zookeeper=zk_connect, mode="async", audit=False, delivery_timeout_ms=3_600_000,
+                        max_block_ms=3_600_000)
+    future = producer.send("nowhere", b"v")
+    assert isinstance(future.exception(60), TopicCreationDisabled)
+    with pytest.raises(ProduceError):
+        producer.send_many("nowhere", [b"a", b"b"]).result(60)
+    report = producer.close(10)
+    assert [f.value for f in report.failed] == [b"v", b"a", b"b"]
+
+
+def test_futures_resolve_after_the_broker_restarts(cluster, zk, zk_connect):
+    broker = cluster.start_broker(0)
+    create_topic(zk, "restarted", 2)
+    producer = Producer(zookeeper=zk_connect, mode="async", acks=1, audit=False, retries=1000,
+                        retry_backoff_ms=50, delivery_timeout_ms=120_000)
+    try:
+        before = [producer.send("restarted", b"before %d" % i, key=b"%d" % i) for i in range(20)]
+        assert all(f.result(60).offset >= 0 for f in before)
+        broker.stop()  # sends fail (connection refused) and retry until it is back, registered or not
+        during = [producer.send("restarted", b"during %d" % i, key=b"%d" % i) for i in range(20)]
+        many = producer.send_many("restarted", [b"many %d" % i for i in range(30)])
+        assert not any(f.done() for f in during)
+        broker.start()
+        landed = [f.result(60) for f in during]
+        assert many.result(60) == 30
+        assert producer.flush(60).ok
+    finally:
+        producer.close(10)
+    assert {m.partition for m in landed} <= {0, 1}
+    values = {m.value for ms in wait_visible(zk_connect, "restarted", 70).values() for m in ms}
+    assert {b"during %d" % i for i in range(20)} | {b"many %d" % i for i in range(30)} <= values
+    by_offset = {(p, m.offset): m.value for p, ms in wait_visible(zk_connect, "restarted", 70).items() for m in ms}
+    assert all(by_offset[(m.partition, m.offset)] == b"during %d" % i for i, m in enumerate(landed))

@@ -1,0 +1,116 @@
+"""How long one async `send()` call takes at rates from 1% to 100% of the producer's
+maximum — the Kafka 0.8 study's latency experiment, for our users' web servers, which
+call `send` inside a request and must not stall on it (benchmark, not a test).
+
+    .venv/bin/python -m bench.send_latency --seconds 5
+
+First the maximum: one async producer sends `--count` messages as fast as it can
+(the clock stops when `flush` returns). Then, for each fraction of that rate, the
+producer sends paced messages for `--seconds` and the time of every `send` call is
+taken with `perf_counter_ns`: mean, p99, p99.9 and max. At 100% and above the queue
+fills (`queue_size`) and `send` blocks until the sender makes room: that is
+saturation, where the caller's time is the broker's pace.
+
+The study saw 0.02 ms on average but 120 ms outliers at any rate. One broker, one
+partition, 200-byte messages, acks=1, the producer's default batching (200 messages,
+linger 5 ms), ZooKeeper and broker on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from broker.client.producer import Producer
+from broker.zklayout import create_topic
+from harness.cluster import LocalCluster
+from harness.zookeeper import ZooKeeperServer
+
+SIZE = 200
+FRACTIONS = (0.01, 0.1, 0.5, 0.9, 1.0)
+
+
+def maximum_rate(zk: str, topic: str, count: int, acks: int) -> float:
+    value = b"x" * SIZE
+    with Producer(zookeeper=zk, mode="async", acks=acks, audit=False) as producer:
+        start = time.perf_counter()
+        for _ in range(count):
+            producer.send(topic, value)
+        report = producer.flush(300)
+        elapsed = time.perf_counter() - start
+    assert report.ok, report
+    return count / elapsed
+
+
+def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> tuple[list[int], float]:
+    """Send at `rate` messages/s for `seconds`; the duration of each `send` in ns, and
+    the rate reached."""
+    value = b"x" * SIZE
+    count = max(1, int(rate * seconds))
+    durations = [0] * count
+    clock = time.perf_counter_ns
+    with Producer(zookeeper=zk, mode="async", acks=acks, audit=False) as producer:
+        send = producer.send
+        send(topic, value)
+        producer.flush(60)  # topic metadata and connection in place before the clock
+        interval = 1e9 / rate
+        start = clock()
+        for i in range(count):
+            due = start + i * interval
+            ahead = due - clock()
+            if ahead > 200_000:  # sleep when well ahead of schedule, else go on at once
+                time.sleep(ahead / 1e9)
+            before = clock()
+            send(topic, value)
+            durations[i] = clock() - before
+        reached = count / ((clock() - start) / 1e9)
+        report = producer.flush(300)
+    assert report.ok, report
+    return durations, reached
+
+
+def summary(durations: list[int]) -> tuple[float, float, float, float]:
+    """(mean, p99, p99.9, max) in ms."""
+    ordered = sorted(durations)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))] / 1e6
+
+    return statistics.fmean(ordered) / 1e6, pct(0.99), pct(0.999), ordered[-1] / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="paced sending per rate (default 5)")
+    parser.add_argument("--count", type=int, default=1_000_000,
+                        help="messages for the maximum rate, long enough to fill the queue (default 1000000)")
+    parser.add_argument("--acks", type=int, default=1)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    work = Path(tempfile.mkdtemp(prefix="logbus-bench-latency-"))
+    with ZooKeeperServer(work / "zookeeper") as zookeeper, LocalCluster(zookeeper.connect_string, work) as cluster:
+        cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
+        from kazoo.client import KazooClient
+
+        zk = KazooClient(zookeeper.connect_string)
+        zk.start(30)
+        create_topic(zk, "latency", 1)
+        zk.stop()
+        top = maximum_rate(zookeeper.connect_string, "latency", args.count, args.acks)
+        rows = []
+        for fraction in FRACTIONS:
+            durations, reached = paced_sends(zookeeper.connect_string, "latency", fraction * top, args.seconds,
+                                             args.acks)
+            rows.append((fraction, reached, len(durations), *summary(durations)))
+    print(f"async send() latency, {SIZE}-byte messages, acks={args.acks}, maximum {top:,.0f} msg/s")
+    print(f"{'target':>7} {'msg/s':>9} {'sends':>8} {'mean ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8}")
+    for fraction, reached, n, mean, p99, p999, worst in rows:
+        print(f"{fraction:7.0%} {reached:9,.0f} {n:8d} {mean:8.4f} {p99:8.3f} {p999:9.3f} {worst:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""The producer's accumulator: messages grouped into per-partition batches until the
+sender takes them (DESIGN §6; kafka-python's RecordAccumulator is the model).
+
+A batch is *open* while it takes messages and *ready* once it is full (`batch_size`
+messages or `batch_bytes`), its oldest message is `linger` old, or a flush asks for
+everything. `drain` hands the sender the ready batches whose partition has a live
+leader, oldest first and never two of a partition out of order; a batch that failed
+with a retriable error comes back through `retry` and waits out its back-off at the
+front. The accumulator also bounds how many messages may be undelivered
+(`queue_size`: block or raise) and knows when nothing is left (`flush`).
+
+Partitions (`broker.client.partitioner`): an explicit partition, else the key's
+CRC-32, else *sticky*: unkeyed messages fill one batch on a random available
+partition, and the next batch picks again. One choice per batch instead of one per
+message, and fuller batches at low rates (Kafka's sticky partitioner). Such a batch
+is *movable*: when its leader is down, or a send of it fails, it may go to another
+available partition, since none of its messages asked for one.
+
+Messages are `(key, value, timestamp)` tuples, what `encode_message_set` takes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from itertools import repeat
+from typing import Callable, Iterable
+
+from broker.client.cluster import ClusterMetadata, available
+from broker.client.errors import ProducerClosed, QueueFull
+from broker.client.partitioner import choose_partition
+from broker.client.results import BatchResult, ManyFuture, RecordFuture
+from broker.message import HEADER_SIZE
+
+Record = tuple  # (key: bytes | None, value: bytes, timestamp: int)
+# At most this much goes into one sender round: the round's requests are written and
+# answered before the next drain, and `drain` holds the lock callers append under.
+DRAIN_BYTES = 4 << 20
+Leaders = dict[int, int]
+
+
+class ProducerBatch:
+    """Messages bound for one partition, in send order. `internal` batches carry the
+    producer's own monitoring events."""
+
+    __slots__ = ("topic", "partition", "records", "bytes", "created", "movable", "internal", "attempts",
+                 "not_before", "finished", "result")
+
+    def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.records: list[Record] = []
+        self.bytes = 0  # encoded size without compression: HEADER_SIZE + key + value per message
+        self.created = time.monotonic()
+        self.movable = movable
+        self.internal = internal
+        self.attempts = 0
+        self.not_before = 0.0
+        self.finished = False
+        self.result = BatchResult(topic, exact)
+
+    def __repr__(self) -> str:
+        return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
+
+
+def record_size(key: bytes | None, value: bytes) -> int:
+    return HEADER_SIZE + len(value) + (len(key) if key is not None else 0)
+
+
+class RecordAccumulator:
+    """Thread-safe: callers append, the sender drains. `_lock` guards everything;
+    `_work` wakes the sender, `_space` wakes callers blocked on a full queue and
+    flushes waiting for the last message."""
+
+    def __init__(self, metadata: ClusterMetadata, *, batch_size: int, batch_bytes: int, linger: float,
+                 queue_size: int, queue_full: str = "block", max_block: float = 60.0, exact_offsets: bool = True,
+                 retry_backoff: float = 0.1) -> None:
+        self.metadata = metadata
+        self.batch_size = max(1, batch_size)
+        self.batch_bytes = batch_bytes
+        self.linger = linger
+        self.queue_size = queue_size
+        self.queue_full = queue_full
+        self.max_block = max_block
+        self.exact_offsets = exact_offsets
+        self.retry_backoff = retry_backoff
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._space = threading.Condition(self._lock)
+        self._open: dict[tuple[str, int], ProducerBatch] = {}  # keyed or explicitly placed messages
+        self._sticky: dict[str, ProducerBatch] = {}  # unkeyed messages, per topic
+        self._ready: deque[ProducerBatch] = deque()
+        self._in_flight: list[ProducerBatch] = []
+        self._woken = False
+        self.outstanding = 0  # messages appended and not yet delivered or failed
+        self.flushing = 0  # flushes in progress (or a close): open batches are ready at once
+        self.closed = False
+
+    # ------------------------------------------------------------------ appending
+
+    def append(self, topic: str, key: bytes | None, value: bytes, timestamp: int,
+               partition: int | None) -> RecordFuture:
+        """Add one message; `partition` is explicit or the key's (None: sticky)."""
+        with self._lock:
+            if self.outstanding >= self.queue_size or self.closed:
+                self._admit(1)
+            batch = self._sticky.get(topic) if partition is None else self._open.get((topic, partition))
+            opened = batch is None
+            if opened:
+                batch = self._new_batch(topic, partition)
+            position = batch.bytes
+            batch.records.append((key, value, timestamp))
+            batch.bytes += HEADER_SIZE + len(value) + (len(key) if key is not None else 0)
+            self.outstanding += 1
+            if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
+                self._close(batch)
+            elif opened:
+                self._work.notify()  # the sender times this batch's linger
+        return RecordFuture(batch.result, position)
+
+    def append_many(self, topic: str, values: list[bytes], timestamp: int) -> ManyFuture:
+        """Add unkeyed messages to sticky batches, a whole slice per batch under one
+        lock, with one future for the call."""
+        results: list[BatchResult] = []
+        done = 0
+        while done < len(values):
+            with self._lock:
+                self._admit(min(self.batch_size, len(values) - done))
+                batch = self._sticky.get(topic)
+                if batch is None:
+                    batch = self._new_batch(topic, None)
+                    self._work.notify()
+                take = values[done:done + self.batch_size - len(batch.records)]
+                size = HEADER_SIZE * len(take) + sum(map(len, take))
+                if batch.bytes + size > self.batch_bytes and len(take) > 1:
+                    take, size = self._within_bytes(batch.bytes, take)
+                batch.records.extend(zip(repeat(None), take, repeat(timestamp)))
+                batch.bytes += size
+                self.outstanding += len(take)
+                if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
+                    self._close(batch)
+            if not results or results[-1] is not batch.result:
+                results.append(batch.result)
+            done += len(take)
+        return ManyFuture(results, len(values))
+
+    def _within_bytes(self, filled: int, values: list[bytes]) -> tuple[list[bytes], int]:
+        """The first of `values` that fill a batch holding `filled` bytes to
+        `batch_bytes` (at least one, as `append` would), and their size."""
+        size = 0
+        for count, value in enumerate(values, 1):
+            size += HEADER_SIZE + len(value)
+            if filled + size >= self.batch_bytes:
+                return values[:count], size
+        return values, size
+
+    def append_internal(self, topic: str, records: Iterable[tuple[int, Record]]) -> None:
+        """Add the producer's own (partition, record)s as ready batches of their own;
+        they count as outstanding (a flush waits for them) but not against the queue."""
+        batches: dict[int, ProducerBatch] = {}
+        for partition, (key, value, timestamp) in records:
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = ProducerBatch(topic, partition, False, self.exact_offsets, internal=True)
+            batch.records.append((key, value, timestamp))
+            batch.bytes += record_size(key, value)
+        with self._lock:
+            for batch in batches.values():
+                self.outstanding += len(batch.records)
+                self._ready.append(batch)
+            self._work.notify()
+
+    def _admit(self, count: int) -> None:
+        """Wait (or raise) until `count` more messages fit in `queue_size`."""
+        if self.closed:
+            raise ProducerClosed("send after close()")
+        if self.outstanding + count <= self.queue_size or self.outstanding == 0:
+            return
+        if self.queue_full == "raise":
+            raise QueueFull(f"{self.outstanding} messages are waiting to be sent (queue_size={self.queue_size})")
+        deadline = time.monotonic() + self.max_block
+        while self.outstanding + count > self.queue_size and self.outstanding and not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise QueueFull(f"queue still full after blocking {self.max_block:g}s")
+            self._space.wait(left)
+        if self.closed:
+            raise ProducerClosed("send after close()")
+
+    def _new_batch(self, topic: str, partition: int | None) -> ProducerBatch:
+        if partition is None:
+            batch = ProducerBatch(topic, self._sticky_partition(topic, None), True, self.exact_offsets)
+            self._sticky[topic] = batch
+        else:
+            batch = ProducerBatch(topic, partition, False, self.exact_offsets)
+            self._open[(topic, partition)] = batch
+        return batch
+
+    def _sticky_partition(self, topic: str, avoid: int | None) -> int:
+        """A random available partition (preferring not `avoid`); any partition while
+        none is available — `drain` moves the batch once one is."""
+        leaders = self.metadata.partitions(topic) or {0: -1}
+        partition = choose_partition(None, leaders, avoid)
+        return partition if partition is not None else choose_partition(None, dict.fromkeys(leaders, 0), avoid)
+
+    def _detach(self, batch: ProducerBatch) -> None:
+        """An open batch stops taking messages."""
+        if batch.movable:
+            if self._sticky.get(batch.topic) is batch:
+                del self._sticky[batch.topic]
+        elif self._open.get((batch.topic, batch.partition)) is batch:
+            del self._open[(batch.topic, batch.partition)]
+
+    def _close(self, batch: ProducerBatch) -> None:
+        self._detach(batch)
+        self._ready.append(batch)
+        self._work.notify()
+
+    # -------------------------------------------------------------------- draining
+
+    def drain(self, now: float, leaders_of: Callable[[str], Leaders | None]) -> list[tuple[ProducerBatch, int]]:
+        """Take the ready batches that can go now, with their leader's broker id.
+        Lingered open batches (all of them while flushing) become ready first."""
+        with self._lock:
+            lingered = now - self.linger
+            for batch in [*self._sticky.values(), *self._open.values()]:
+                if self.flushing or batch.created <= lingered:
+                    self._close(batch)
+            self._woken = False
+            if not self._ready:
+                return []
+            leaders: dict[str, Leaders] = {}
+            blocked: set[tuple[str, int]] = set()
+            keep: deque[ProducerBatch] = deque()
+            out: list[tuple[ProducerBatch, int]] = []
+            taken = 0
+            for batch in self._ready:
+                if taken >= DRAIN_BYTES:
+                    keep.append(batch)
+                    continue
+                if batch.topic not in leaders:
+                    leaders[batch.topic] = leaders_of(batch.topic) or {}
+                tp_leaders = leaders[batch.topic]
+                leader = tp_leaders.get(batch.partition, -1)
+                if batch.movable and leader < 0:
+                    live = available(tp_leaders)
+                    if live:
+                        batch.partition = self._sticky_partition(batch.topic, batch.partition)
+                        leader = tp_leaders.get(batch.partition, -1)
+                key = (batch.topic, batch.partition)
+                if batch.not_before > now or leader < 0 or key in blocked:
+                    keep.append(batch)
+                    if not batch.movable:
+                        blocked.add(key)  # a later batch of the partition must not overtake it
+                    continue
+                out.append((batch, leader))
+                taken += batch.bytes
+            self._ready = keep
+            self._in_flight = [b for b, _ in out]
+            return out
+
+    def retry(self, batches: list[ProducerBatch], now: float) -> None:
+        """Put batches that failed with a retriable error back in front, in their
+        order, to wait `retry_backoff`; a movable one will avoid its partition."""
+        with self._lock:
+            for batch in reversed(batches):
+                batch.attempts += 1
+                batch.not_before = now + self.retry_backoff
+                if batch.movable:
+                    batch.partition = self._sticky_partition(batch.topic, batch.partition)
+                self._ready.appendleft(batch)
+
+    def expire(self, now: float, delivery_timeout: float) -> list[ProducerBatch]:
+        """Take the batches (ready or open) created more than `delivery_timeout` ago."""
+        limit = now - delivery_timeout
+        with self._lock:
+            expired = [b for b in self._ready if b.created < limit]
+            if expired:
+                self._ready = deque(b for b in self._ready if b.created >= limit)
+            for batch in [*self._sticky.values(), *self._open.values()]:
+                if batch.created < limit:
+                    self._detach(batch)
+                    expired.append(batch)
+            return expired
+
+    def claim(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
+        """Take the right to settle batches, once each: those not taken yet (close()
+        may have given up on some while the sender still held them)."""
+        with self._lock:
+            mine = [b for b in batches if not b.finished]
+            for batch in mine:
+                batch.finished = True
+            return mine
+
+    def release(self, batches: list[ProducerBatch]) -> None:
+        """Settled batches' messages leave the queue (blocked senders and flushes wake)."""
+        with self._lock:
+            self.outstanding -= sum(len(b.records) for b in batches)
+            self._space.notify_all()
+
+    def abandon(self) -> list[ProducerBatch]:
+        """Close: take every batch not finished yet, in flight or not."""
+        with self._lock:
+            self.closed = True
+            batches = [*self._in_flight, *self._ready, *self._sticky.values(), *self._open.values()]
+            self._in_flight, self._ready = [], deque()
+            self._sticky.clear()
+            self._open.clear()
+            self._space.notify_all()
+            return [b for b in batches if not b.finished]
+
+    # --------------------------------------------------------------------- waiting
+
+    def begin_flush(self) -> None:
+        """Until `end_flush`, open batches are ready at once, linger or not."""
+        with self._lock:
+            self.flushing += 1
+            self._woken = True
+            self._work.notify()
+
+    def end_flush(self) -> None:
+        with self._lock:
+            self.flushing -= 1
+
+    def wake(self) -> None:
+        with self._lock:
+            self._woken = True
+            self._work.notify()
+
+    def wait_for_work(self, now: float, longest: float) -> None:
+        """The sender's nap: until a batch is ready or opened, a linger or back-off
+        ends, `wake()`, or `longest` seconds."""
+        with self._lock:
+            if self._woken:
+                return
+            due = now + longest
+            for batch in self._ready:  # waiting for its back-off to end, or for a leader
+                due = min(due, batch.not_before if batch.not_before > now else now + self.retry_backoff)
+            for batch in [*self._sticky.values(), *self._open.values()]:
+                due = min(due, batch.created + self.linger)
+            if due > now:
+                self._work.wait(due - now)
+
+    def wait_until_idle(self, deadline: float, busy: Callable[[], bool] = lambda: False) -> bool:
+        """A flush's wait: until nothing is outstanding and `busy()` is false, or the
+        deadline. True when idle."""
+        with self._lock:
+            while self.outstanding or busy():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._space.wait(left)
+            return True
+
+    def notify_idle_waiters(self, change: Callable[[], None]) -> None:
+        """Run `change` (what a flush's `busy` reads) under the lock, then wake flushes."""
+        with self._lock:
+            change()
+            self._space.notify_all()

@@ -1,0 +1,255 @@
+"""The producer's accumulator and futures, without brokers: batching by count, bytes
+and linger, partition choice, drain order, retries, and futures resolving."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.client.accumulator import ProducerBatch, RecordAccumulator
+from broker.client.errors import ProduceError, QueueFull
+from broker.client.results import RecordMetadata
+from broker.client.sender import retriable
+from broker.errors import (
+    BrokerShuttingDown, ErrorCode, MessageTooLarge, NotLeaderForPartition, StorageError, TopicCreationDisabled,
+    UnknownPartition, UnknownTopic, error_for,
+)
+from broker.message import HEADER_SIZE
+
+
+class Leaders:
+    """Partition leaders as `ClusterMetadata.partitions` gives them (-1: leader down)."""
+
+    def __init__(self, **topics: dict[int, int]) -> None:
+        self.topics = topics
+
+    def partitions(self, topic: str) -> dict[int, int] | None:
+        return self.topics.get(topic)
+
+
+def accumulator(metadata=None, **settings) -> RecordAccumulator:
+    defaults = dict(batch_size=3, batch_bytes=1 << 20, linger=10.0, queue_size=1000, retry_backoff=1.0)
+    return RecordAccumulator(metadata or Leaders(t={0: 7, 1: 8}), **{**defaults, **settings})
+
+
+def drain(acc: RecordAccumulator, now: float, metadata=None):
+    return acc.drain(now, (metadata or acc.metadata).partitions)
+
+
+def test_a_batch_is_ready_when_it_holds_batch_size_messages():
+    acc = accumulator()
+    for i in range(4):
+        acc.append("t", None, b"v%d" % i, 1, 0)
+    [(batch, leader)] = drain(acc, 0.0)
+    assert (batch.partition, leader, [r[1] for r in batch.records]) == (0, 7, [b"v0", b"v1", b"v2"])
+    assert drain(acc, 0.0) == []  # the fourth message lingers
+
+
+def test_a_batch_is_ready_when_it_reaches_batch_bytes():
+    acc = accumulator(batch_size=100, batch_bytes=2 * (HEADER_SIZE + 10))
+    acc.append("t", None, b"x" * 10, 1, 1)
+    assert drain(acc, 0.0) == []
+    acc.append("t", None, b"y" * 10, 1, 1)
+    [(batch, _)] = drain(acc, 0.0)
+    assert len(batch.records) == 2 and batch.bytes == 2 * (HEADER_SIZE + 10)
+
+
+def test_an_open_batch_is_ready_once_its_first_message_lingered():
+    acc = accumulator(linger=0.5)
+    acc.append("t", None, b"v", 1, 0)
+    [batch] = acc._open.values()
+    assert drain(acc, batch.created + 0.4) == []
+    assert [b for b, _ in drain(acc, batch.created + 0.5)] == [batch]
+
+
+def test_a_flush_makes_open_batches_ready_at_once():
+    acc = accumulator()
+    acc.append("t", None, b"v", 1, 0)
+    acc.begin_flush()
+    assert len(drain(acc, 0.0)) == 1
+    acc.end_flush()
+
+
+def test_unkeyed_messages_stick_to_one_available_partition_per_batch():
+    metadata = Leaders(t={0: -1, 1: 5, 2: -1, 3: 6})
+    acc = accumulator(metadata, batch_size=10)
+    for i in range(200):
+        acc.append("t", None, b"v", 1, None)
+    batches = [b for b, _ in drain(acc, 0.0)]
+    assert len(batches) == 20
+    assert all(len({b.partition}) == 1 for b in batches)
+    assert {b.partition for b in batches} == {1, 3}  # never a partition whose leader is down
+
+
+def test_explicit_partitions_get_their_own_batches():
+    acc = accumulator(batch_size=2)
+    for p in (0, 1, 0, 1):
+        acc.append("t", b"k", b"v%d" % p, 1, p)
+    assert sorted((b.partition, leader) for b, leader in drain(acc, 0.0)) == [(0, 7), (1, 8)]
+
+
+def test_a_partition_without_leader_holds_its_batches_in_order_and_others_go():
+    metadata = Leaders(t={0: -1, 1: 8})
+    acc = accumulator(metadata, batch_size=1)
+    acc.append("t", b"k", b"first", 1, 0)
+    acc.append("t", b"k", b"second", 1, 0)
+    acc.append("t", b"k", b"other", 1, 1)
+    assert [b.records[0][1] for b, _ in drain(acc, 0.0)] == [b"other"]
+    metadata.topics["t"] = {0: 7, 1: 8}
+    assert [b.records[0][1] for b, _ in drain(acc, 0.0)] == [b"first", b"second"]
+
+
+def test_an_unkeyed_batch_whose_leader_died_moves_to_an_available_partition():
+    metadata = Leaders(t={0: 7, 1: 8})
+    acc = accumulator(metadata, batch_size=1)
+    acc.append("t", None, b"v", 1, None)
+    [batch] = list(acc._ready)
+    dead = batch.partition
+    metadata.topics["t"] = {p: (-1 if p == dead else 9) for p in (0, 1)}
+    [(moved, leader)] = drain(acc, 0.0)
+    assert (moved, moved.partition, leader) == (batch, 1 - dead, 9)
+
+
+def test_a_retried_batch_goes_first_after_its_backoff_and_an_unkeyed_one_avoids_its_partition():
+    acc = accumulator(batch_size=1, retry_backoff=1.0)
+    acc.append("t", b"k", b"placed", 1, 0)
+    acc.append("t", None, b"movable", 1, None)
+    placed, movable = [b for b, _ in drain(acc, 0.0)]
+    failed_on = movable.partition
+    acc.append("t", b"k", b"later", 1, 0)
+    acc.retry([placed, movable], now=0.0)
+    assert drain(acc, 0.5) == []  # the retried batch of partition 0 also holds back "later"
+    out = [b for b, _ in drain(acc, 1.0)]
+    assert out[0] is placed and placed.attempts == 1
+    assert [b.records[0][1] for b in out].index(b"later") > out.index(placed)
+    assert movable.partition != failed_on
+
+
+def test_futures_resolve_to_offsets_from_the_batch_base_offset():
+    acc = accumulator()
+    futures = [acc.append("t", None, b"x" * n, 1, 0) for n in (1, 10, 100)]
+    [(batch, _)] = drain(acc, 0.0)
+    assert not futures[0].done()
+    batch.result.succeed(0, 1000)
+    assert [f.result(0) for f in futures] == [
+        RecordMetadata("t", 0, 1000),
+        RecordMetadata("t", 0, 1000 + HEADER_SIZE + 1),
+        RecordMetadata("t", 0, 1000 + 2 * HEADER_SIZE + 11),
+    ]
+
+
+def test_compressed_or_unacknowledged_batches_give_the_wrapper_offset_or_minus_one():
+    acc = accumulator(exact_offsets=False)
+    futures = [acc.append("t", None, b"v", 1, 0) for _ in range(3)]
+    [(batch, _)] = drain(acc, 0.0)
+    batch.result.succeed(0, 500)
+    assert {f.result(0).offset for f in futures} == {500}
+    acks0 = accumulator()
+    future = acks0.append("t", None, b"v", 1, 0)
+    acks0.begin_flush()
+    [(batch, _)] = drain(acks0, 0.0)
+    batch.result.succeed(0, -1)
+    assert future.result(0).offset == -1
+
+
+def test_a_failed_batch_fails_each_future_with_the_broker_error_as_cause():
+    acc = accumulator()
+    futures = [acc.append("t", None, b"v", 1, 0) for _ in range(3)]
+    [(batch, _)] = drain(acc, 0.0)
+    batch.result.fail(0, MessageTooLarge("too big"))
+    for future in futures:
+        with pytest.raises(ProduceError, match="MessageTooLarge: too big") as raised:
+            future.result(0)
+        assert raised.value.cause.code == ErrorCode.MESSAGE_TOO_LARGE
+        assert isinstance(future.exception(0), MessageTooLarge)
+
+
+def test_a_future_waits_at_most_its_timeout():
+    future = accumulator().append("t", None, b"v", 1, 0)
+    with pytest.raises(TimeoutError):
+        future.result(0.01)
+
+
+def test_send_many_fills_batches_and_resolves_one_future_for_the_call():
+    acc = accumulator(batch_size=3)
+    future = acc.append_many("t", [b"v%d" % i for i in range(7)], 1)
+    acc.begin_flush()
+    batches = [b for b, _ in drain(acc, 0.0)]
+    assert [len(b.records) for b in batches] == [3, 3, 1]
+    assert len({b.partition for b in batches[:1]}) == 1
+    for b in batches[:-1]:
+        b.result.succeed(b.partition, 0)
+    assert not future.done()
+    batches[-1].result.succeed(batches[-1].partition, 0)
+    assert future.result(0) == 7
+    assert acc.outstanding == 7  # until the sender releases them
+
+
+def test_send_many_keeps_batches_within_batch_bytes():
+    acc = accumulator(batch_size=100, batch_bytes=3 * (HEADER_SIZE + 10))
+    future = acc.append_many("t", [b"x" * 10] * 7, 1)
+    acc.begin_flush()
+    assert [len(b.records) for b, _ in drain(acc, 0.0)] == [3, 3, 1]
+    assert future.count == 7
+
+
+def test_send_many_raises_the_first_failure():
+    acc = accumulator(batch_size=2)
+    future = acc.append_many("t", [b"a", b"b", b"c"], 1)
+    acc.begin_flush()
+    first, second = [b for b, _ in drain(acc, 0.0)]
+    first.result.succeed(0, 0)
+    second.result.fail(1, StorageError("disk full"))
+    with pytest.raises(ProduceError, match="disk full"):
+        future.result(0)
+
+
+def test_a_full_queue_raises_with_queue_full_raise():
+    acc = accumulator(queue_size=2, queue_full="raise")
+    acc.append("t", None, b"v", 1, 0)
+    acc.append("t", None, b"v", 1, 0)
+    with pytest.raises(QueueFull):
+        acc.append("t", None, b"v", 1, 0)
+
+
+def test_released_batches_make_room_and_abandon_takes_the_rest():
+    acc = accumulator(batch_size=2)
+    for _ in range(3):
+        acc.append("t", None, b"v", 1, 0)
+    [(batch, _)] = drain(acc, 0.0)
+    assert acc.claim([batch]) == [batch] and acc.claim([batch]) == []
+    acc.release([batch])
+    assert acc.outstanding == 1
+    [left] = acc.abandon()
+    assert len(left.records) == 1
+
+
+def test_batches_older_than_the_delivery_timeout_expire():
+    acc = accumulator(metadata=Leaders(t={0: -1}))
+    acc.append("t", b"k", b"v", 1, 0)
+    [batch] = acc._open.values()
+    assert acc.expire(batch.created + 5, delivery_timeout=10) == []
+    assert acc.expire(batch.created + 11, delivery_timeout=10) == [batch]
+
+
+@pytest.mark.parametrize("code, again", [
+    (ErrorCode.NOT_LEADER_FOR_PARTITION, True), (ErrorCode.BROKER_SHUTTING_DOWN, True),
+    (ErrorCode.STORAGE_ERROR, True), (ErrorCode.UNKNOWN_TOPIC, True),
+    (ErrorCode.TOPIC_CREATION_DISABLED, False), (ErrorCode.MESSAGE_TOO_LARGE, False),
+    (ErrorCode.INVALID_MESSAGE, False), (ErrorCode.UNKNOWN, False),
+])
+def test_errors_are_retried_by_their_code(code, again):
+    batch = ProducerBatch("t", 0, movable=False, exact=True)
+    assert retriable(error_for(code, "x"), batch) is again
+
+
+def test_an_unknown_partition_is_retried_only_for_unkeyed_batches():
+    unkeyed, placed = (ProducerBatch("t", 0, movable=m, exact=True) for m in (True, False))
+    assert retriable(UnknownPartition("x"), unkeyed)
+    assert not retriable(UnknownPartition("x"), placed)
+    assert retriable(ConnectionError("reset"), placed)
+
+
+def test_topic_creation_disabled_is_an_unknown_topic():
+    assert isinstance(error_for(ErrorCode.TOPIC_CREATION_DISABLED), UnknownTopic)
+    assert {type(error_for(c)) for c in (10, 11)} == {BrokerShuttingDown, NotLeaderForPartition}
+    assert TopicCreationDisabled.code == 14
