@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from airflow_provider_logbus.completeness import build_report, judge, newly_complete_hours, offset_gaps
+from airflow_provider_logbus.plan import Range
 from airflow_provider_logbus.targets.base import BatchRecord
 
 H = 3_600_000
@@ -13,7 +14,7 @@ def record(batch_id: str, ranges: list[tuple[int, int, int]], counts: dict[int, 
            rejected: dict[int, int] | None = None) -> BatchRecord:
     return BatchRecord(
         table="tbl", batch_id=batch_id, interval_start="", interval_end=batch_id, run_id="r",
-        ranges=[{"topic": "t", "partition": p, "start": s, "end": e} for p, s, e in ranges],
+        ranges=[Range("t", p, s, e) for p, s, e in ranges],
         counts=[{"topic": "t", "window_start": w, "count": n} for w, n in counts.items()],
         row_count=sum(counts.values()),
         rejected=[{"topic": "t", "window_start": w, "count": n} for w, n in (rejected or {}).items()],
