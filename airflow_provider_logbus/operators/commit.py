@@ -10,6 +10,7 @@ from airflow.providers.common.compat.sdk import Asset, BaseOperator
 from airflow_provider_logbus.batch import commit_batch
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan
 
 
@@ -18,7 +19,7 @@ def table_asset(table: str) -> Asset:
     return Asset(uri=f"logbus-table://{table}", name=f"logbus_table_{table}")
 
 
-class LogbusCommitOperator(BaseOperator):
+class LogbusCommitOperator(ReportsBatchLineage, BaseOperator):
     """Publishes the load task's staged batch with the ranges from the snapshot — data
     and offsets in one atomic step, and only if the batch starts where the table's
     committed offsets end (a compare-and-swap). A batch whose ranges another run
@@ -49,6 +50,9 @@ class LogbusCommitOperator(BaseOperator):
         try:
             result = commit_batch(target, plan, load.get("staging"), context["run_id"],
                                   cluster=hook.get_conn() if self.group else None, group=self.group)
+            self.batch_lineage = {"address": hook.cluster_address(), "table": target.dataset(),
+                                  "batch_id": plan.batch_id, "ranges": result.record.ranges, "published": True,
+                                  "row_count": result.record.row_count}
         finally:
             target.close()
             hook.close()

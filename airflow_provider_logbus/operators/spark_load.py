@@ -15,6 +15,7 @@ from airflow.sdk import Connection
 
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
 
@@ -72,7 +73,7 @@ def python_environment() -> dict[str, str]:
     }
 
 
-class LogbusSparkLoadOperator(BaseOperator):
+class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     """Loads the ranges from `snapshot_task_id`'s XCom into
     `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
     Skips the work when the snapshot says the batch is already committed. Before Spark
@@ -150,6 +151,7 @@ class LogbusSparkLoadOperator(BaseOperator):
             target.ensure_schema(self.value_schema().to_arrow() if self.schema else None)
             staging = target.prepare_staging(plan.batch_id, context["ti"].try_number)
             layout = self.layout or target.layout
+            table = target.dataset()
         finally:
             target.close()
         env = python_environment()
@@ -169,7 +171,8 @@ class LogbusSparkLoadOperator(BaseOperator):
             raise LogbusLoadError(self.failure_message(Path(staging), Path(spark_log), exc)) from exc
         finally:
             Path(spark_log).unlink(missing_ok=True)
-        self.staged = plan, str(staging)  # what get_openlineage_facets_on_complete reports
+        self.batch_lineage = {"address": LogbusHook(self.logbus_conn_id).cluster_address(), "table": table,
+                              "batch_id": plan.batch_id, "ranges": plan.ranges}
         return {"batch_id": plan.batch_id, "staging": str(staging), "committed": False}
 
     def failure_message(self, staging: Path, spark_log: Path, exc: Exception) -> str:

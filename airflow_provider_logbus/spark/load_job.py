@@ -463,9 +463,6 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("load failed: %s", exc)
         _record_failure(args.staging, exc)
         return 1
-    except BaseException as exc:  # interrupted: still say why
-        _record_failure(args.staging, exc)
-        raise
     except Exception as exc:  # the traceback to the log (and its file), the cause to staging
         logger.exception("load failed")
         _record_failure(args.staging, exc)

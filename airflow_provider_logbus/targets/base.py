@@ -139,6 +139,10 @@ class CommitTarget(ABC):
     def batches(self) -> list[BatchRecord]:
         """Every committed batch, oldest interval first (the audit's input)."""
 
+    @abstractmethod
+    def dataset(self) -> tuple[str, str]:
+        """(namespace, name) of this table in lineage events, after OpenLineage's naming."""
+
     def exists(self) -> bool:
         return self.state().exists
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,13 @@ class IcebergTarget(CommitTarget):
         self.warehouse = warehouse
         self.catalog_properties = dict(catalog_properties)
         self.catalog = load_catalog(catalog_name, **{k: str(v) for k, v in self.catalog_properties.items()})
+
+    def dataset(self) -> tuple[str, str]:
+        """The catalog's warehouse location (else its URI without credentials) and the
+        table's identifier."""
+        location = self.catalog_properties.get("warehouse") or re.sub(
+            r"//[^/@]*@", "//", str(self.catalog_properties.get("uri", "")))
+        return str(location), self.identifier
 
     def __repr__(self) -> str:
         return f"IcebergTarget({self.identifier!r}, catalog={self.catalog_properties.get('uri')!r})"
