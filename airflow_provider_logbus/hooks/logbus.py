@@ -15,15 +15,12 @@ Usable from plain Python without a connection: `LogbusHook(zookeeper="127.0.0.1:
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook
 
 from airflow_provider_logbus.cluster import ClusterConfigError, LogbusCluster
 from airflow_provider_logbus.connections import LOGBUS
-
-log = logging.getLogger(__name__)
 
 
 class LogbusConnectionError(AirflowException):
