@@ -29,7 +29,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[airflow,test,fast,postgres]"
+	$(PY) -m pip install -q -e ".[airflow,test,fast,postgres,openlineage]"
 	touch $(STAMP)
 
 venv: $(STAMP)

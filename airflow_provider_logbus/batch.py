@@ -1,5 +1,7 @@
-"""The batch protocol's two cluster-facing steps, apart from Airflow: fixing a run's
-ranges (the offset snapshot) and committing a loaded batch with its offsets.
+"""The batch protocol's cluster-facing steps, apart from Airflow: fixing a run's ranges
+(the offset snapshot), committing a loaded batch with its offsets, and reading what the
+audit compares. Operators call these with the cluster their `LogbusHook` built; plans
+and records stay typed here and become dicts only in the operators' XCom.
 
 The table is the source of truth for where a batch starts; ZooKeeper group offsets are
 read only for a table that has no batch yet, and written after a commit only as a mirror
@@ -14,7 +16,7 @@ from datetime import datetime
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.plan import BatchPlan, Range, batch_id_for
-from airflow_provider_logbus.targets import CommitResult, CommitTarget
+from airflow_provider_logbus.targets import BatchRecord, CommitResult, CommitTarget
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ def plan_batch(cluster: LogbusCluster, target: CommitTarget, topic: str, interva
     committed = target.batch(plan.batch_id)
     if committed is not None:
         logger.info("batch %s is already committed; reusing its ranges", plan.batch_id)
-        return replace(plan, ranges=tuple(r for r in committed.range_list() if r.topic == topic), committed=True)
+        return replace(plan, ranges=tuple(r for r in committed.ranges if r.topic == topic), committed=True)
     state = target.state()
     starts = {p: end for (t, p), end in state.ends.items() if t == topic}
     source = "table"
@@ -88,7 +90,7 @@ def commit_batch(target: CommitTarget, plan: BatchPlan, staging: str | None, run
     result = target.commit(plan, staging, run_id)
     if cluster is not None and group:
         ends: dict[str, dict[int, int]] = {}
-        for r in result.record.range_list():
+        for r in result.record.ranges:
             ends.setdefault(r.topic, {})[r.partition] = r.end
         for topic, offsets in ends.items():
             try:
@@ -98,3 +100,12 @@ def commit_batch(target: CommitTarget, plan: BatchPlan, staging: str | None, run
                                "ZooKeeper (lag monitoring only): %s: %s", plan.batch_id, offsets, topic, group,
                                type(exc).__name__, exc)
     return result
+
+
+def audit_inputs(cluster: LogbusCluster, target: CommitTarget,
+                 monitoring_topic: str | None = None) -> tuple[dict[tuple[str, int], int], list[BatchRecord]]:
+    """(messages produced per (topic, window) from the producers' monitoring events, the
+    table's committed batches): what `completeness.build_report` compares."""
+    from airflow_provider_logbus.monitoring import MONITORING_TOPIC, read_produced_counts
+
+    return read_produced_counts(cluster, monitoring_topic or MONITORING_TOPIC), target.batches()

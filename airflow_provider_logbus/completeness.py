@@ -143,9 +143,9 @@ def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], 
 def data_losses(batches: list[BatchRecord], topic: str) -> list[dict]:
     """Byte ranges retention deleted before they were loaded (on_data_loss="skip")."""
     return [
-        {"batch_id": r.batch_id, "partition": int(x["partition"]), "lost_start": int(x["lost_start"]),
-         "lost_end": int(x["lost_end"]), "bytes": int(x["lost_end"]) - int(x["lost_start"])}
-        for r in batches for x in r.ranges if x["topic"] == topic and x.get("lost_start") is not None
+        {"batch_id": record.batch_id, "partition": r.partition, "lost_start": r.lost_start,
+         "lost_end": r.lost_end, "bytes": r.lost_end - r.lost_start}
+        for record in batches for r in record.ranges if r.topic == topic and r.lost_start is not None
     ]
 
 
@@ -156,7 +156,7 @@ def offset_gaps(batches: list[BatchRecord], topic: str) -> list[dict]:
     batches it involves."""
     per_partition: dict[int, list[tuple[int, int, bool, str]]] = {}
     for record in batches:
-        for r in record.range_list():
+        for r in record.ranges:
             if r.topic == topic and r.end > r.start:
                 per_partition.setdefault(r.partition, []).append((r.start, r.end, r.lost_start is not None,
                                                                   record.batch_id))

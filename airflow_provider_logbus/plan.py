@@ -6,8 +6,10 @@ Typed records travel through the provider; they are turned into dicts only at th
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from typing import Iterable
 
 
 def batch_id_for(start: datetime, end: datetime) -> str:
@@ -56,6 +58,16 @@ class Range:
     @property
     def key(self) -> tuple[str, int]:
         return self.topic, self.partition
+
+
+def ranges_to_json(ranges: Iterable[Range]) -> str:
+    """The JSON list the load job's `--ranges`, the data source's `ranges` option and an
+    Iceberg snapshot's `logbus.ranges` hold."""
+    return json.dumps([r.to_dict() for r in ranges])
+
+
+def ranges_from_json(text: str) -> list[Range]:
+    return [Range.from_dict(d) for d in json.loads(text)]
 
 
 def rebase(ranges: list[Range], committed: dict[tuple[str, int], int]) -> list[Range]:

@@ -245,7 +245,7 @@ def one_batch(spark, cluster, zookeeper: str, target, topic: str, hour: datetime
     target.ensure_schema(value_schema())
     staging = target.prepare_staging(plan.batch_id, 1)
     t2 = time.perf_counter()
-    result = run_load(spark, [r.to_dict() for r in plan.ranges], staging, zookeeper=zookeeper, value_format="json",
+    result = run_load(spark, plan.ranges, staging, zookeeper=zookeeper, value_format="json",
                       schema=SCHEMA, layout=target.layout)
     t3 = time.perf_counter()
     files = len(StagedBatch.read(staging).data_files())  # not timed
@@ -431,7 +431,7 @@ def build_directory_year(target, hours: int) -> None:
         counts, n = count_windows([path])
         record = BatchRecord(table=target.table, batch_id=plan.batch_id, interval_start=plan.interval_start,
                              interval_end=plan.interval_end, run_id=f"scheduled__{hour.isoformat()}",
-                             ranges=[r.to_dict() for r in plan.ranges], counts=counts, row_count=n,
+                             ranges=list(plan.ranges), counts=counts, row_count=n,
                              committed_at=(hour + timedelta(hours=1, minutes=5)).isoformat(),
                              attempt=f"{plan.batch_id}.1", schema=SCHEMA, schema_source="declared")
         (batch / BATCH_RECORD).write_text(json.dumps(record.to_dict(), indent=1, sort_keys=True))

@@ -81,10 +81,10 @@ def main() -> int:
                         conn.produce("bench", p, encode_message_set(rest))
             total = args.messages * (22 + 200)
             wait_until(lambda: sum(lc.latest("bench", p) for p in range(args.partitions)) == total, 60, "flush")
-            ranges = []
-            for p, o in lc.partition_offsets("bench").items():
-                ranges.append({"topic": "bench", "partition": p, "start": o.earliest, "end": o.latest})
-            size = sum(r["end"] - r["start"] for r in ranges)
+            from airflow_provider_logbus.plan import Range
+
+            ranges = [Range("bench", p, o.earliest, o.latest) for p, o in lc.partition_offsets("bench").items()]
+            size = sum(r.end - r.start for r in ranges)
             print(f"{args.messages} messages, {size / 1e6:.0f} MB in the broker, {jsonl.stat().st_size / 1e6:.0f} MB JSON-lines")
 
             from pyspark.sql import SparkSession
@@ -100,7 +100,8 @@ def main() -> int:
             # workers with their imports (pyarrow, numpy, the data source) — the second
             # path would otherwise pay for starting them inside its measurement
             spark.read.json(str(jsonl)).limit(10).collect()
-            tiny = [{**r, "end": min(r["end"], r["start"] + 100 * (200 + 22))} for r in ranges]  # 100 whole entries
+            tiny = [Range(r.topic, r.partition, r.start, min(r.end, r.start + 100 * (200 + 22)))
+                    for r in ranges]  # 100 whole entries
             decode(spark, read_ranges(spark, tiny, zookeeper=connect), "json", SCHEMA).count()
 
             def from_broker(out: str) -> None:

@@ -91,7 +91,7 @@ def describe_table(target, warehouse: Path) -> str:
         lines.append(f"Parquet table: {warehouse / target.table}  (spark.read.parquet('{warehouse / target.table}'))")
         for record in target.batches():
             lines.append(f"  batch {record.batch_id}: {record.row_count} rows, ranges "
-                         + ", ".join(f"p{r['partition']}[{r['start']},{r['end']})" for r in record.ranges))
+                         + ", ".join(f"p{r.partition}[{r.start},{r.end})" for r in record.ranges))
     audits = sorted((warehouse / "_audit").rglob("*.json"))
     lines.append(f"audit reports written by the DAG: {len(audits)} under {warehouse / '_audit'}")
     return "\n".join(lines)
@@ -148,14 +148,16 @@ def main() -> int:
             airflow(env, "dags", "test", "logbus_hourly_load", end.isoformat(), log=log)
 
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW", "LOGBUS"))})
-        from airflow_provider_logbus.completeness import format_report, judge
+        from airflow_provider_logbus.batch import audit_inputs
+        from airflow_provider_logbus.completeness import build_report, format_report, judge
         from airflow_provider_logbus.hooks.logbus import LogbusHook
         from airflow_provider_logbus.targets import open_target
 
         target = open_target(args.target, table, warehouse=str(warehouse))
         hook = LogbusHook(zookeeper=connect)
-        report = judge(hook.audit(target=target, table=table, topic=topic, start_ms=first, end_ms=now + 60_000,
-                                  threshold=0.999), now_ms=int(time.time() * 1000), grace_ms=0)
+        produced, batches = audit_inputs(hook.get_conn(), target)
+        report = judge(build_report(table, topic, first, now + 60_000, produced, batches, 0.999),
+                       now_ms=int(time.time() * 1000), grace_ms=0)
         hook.close()
         print()
         print(format_report(report))

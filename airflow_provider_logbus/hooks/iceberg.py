@@ -19,6 +19,8 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook
 
+from airflow_provider_logbus.connections import ICEBERG
+
 DEFAULT_CONN_ID = "logbus_iceberg_default"
 
 
@@ -30,9 +32,11 @@ class IcebergCatalogHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        from airflow_provider_logbus import ICEBERG_UI_FIELD_BEHAVIOUR
+        return ICEBERG.ui_field_behaviour()
 
-        return ICEBERG_UI_FIELD_BEHAVIOUR
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        return ICEBERG.form_widgets()
 
     def __init__(self, catalog_conn_id: str = DEFAULT_CONN_ID) -> None:
         super().__init__()

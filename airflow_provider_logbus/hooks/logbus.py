@@ -1,4 +1,7 @@
-"""LogbusHook: the provider's one door to a logbus cluster (DESIGN §7).
+"""LogbusHook: the provider's one door to a logbus cluster (DESIGN §7): it turns an
+Airflow connection into the cluster's access (`get_conn()`, a `LogbusCluster`) and into
+clients on the same cluster. What the provider does with the cluster lives elsewhere:
+the batch protocol in `batch.py`, the form's fields in `connections.py`.
 
 Connection `logbus` (default id `logbus_default`):
 
@@ -12,27 +15,16 @@ Usable from plain Python without a connection: `LogbusHook(zookeeper="127.0.0.1:
 
 from __future__ import annotations
 
-import logging
-from datetime import datetime
 from typing import Any
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook
 
-from airflow_provider_logbus.cluster import ClusterConfigError, LogbusCluster, PartitionOffsets
-from airflow_provider_logbus.batch import DataLossError, PlanError, commit_batch, plan_batch
-from airflow_provider_logbus.plan import BatchPlan
-from airflow_provider_logbus.targets import CommitTarget
-from airflow_provider_logbus.targets.directory import DirectoryTarget
-
-log = logging.getLogger(__name__)
+from airflow_provider_logbus.cluster import ClusterConfigError, LogbusCluster
+from airflow_provider_logbus.connections import LOGBUS
 
 
 class LogbusConnectionError(AirflowException):
     """The logbus connection is missing or unusable; the message names it and the fix."""
-
-
-class LogbusDataLossError(AirflowException):
-    """Retention deleted bytes that were never loaded."""
 
 
 class LogbusHook(BaseHook):
@@ -43,36 +35,11 @@ class LogbusHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden-fields": ["login", "password"],
-            "relabeling": {"host": "ZooKeeper host", "port": "ZooKeeper port", "schema": "ZooKeeper chroot"},
-            "placeholders": {
-                "host": "127.0.0.1",
-                "port": "2181",
-                "schema": "logbus (optional chroot)",
-                "extra": '{"zookeeper": "zk1:2181,zk2:2181/logbus"} or {"brokers": "b1:9092,b2:9092"}, '
-                         '"timeout": 15',
-            },
-        }
+        return LOGBUS.ui_field_behaviour()
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
-        try:
-            from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
-            from flask_babel import lazy_gettext
-            from wtforms import IntegerField, StringField
-            from wtforms.validators import Optional
-        except ImportError:  # Airflow 3 UI without the FAB stack: provider info's conn-fields serve it
-            return {}
-        return {
-            "zookeeper": StringField(lazy_gettext("ZooKeeper connect string"), widget=BS3TextFieldWidget(),
-                                     description="h1:2181,h2:2181/chroot (overrides host/port)",
-                                     validators=[Optional()]),
-            "brokers": StringField(lazy_gettext("Static brokers"), widget=BS3TextFieldWidget(),
-                                   description="h:9092,h:9093 when ZooKeeper is not reachable", validators=[Optional()]),
-            "timeout": IntegerField(lazy_gettext("Timeout (s)"), widget=BS3TextFieldWidget(), default=15,
-                                    validators=[Optional()]),
-        }
+        return LOGBUS.form_widgets()
 
     def __init__(self, logbus_conn_id: str = default_conn_name, *, zookeeper: str | None = None,
                  brokers: str | None = None, timeout: float | None = None) -> None:
@@ -145,26 +112,7 @@ class LogbusHook(BaseHook):
         finally:
             self.close()
 
-    # ------------------------------------------------------------------ cluster facts
-
-    def topics(self) -> list[str]:
-        return self.get_conn().topics()
-
-    def partitions(self, topic: str) -> list[int]:
-        return self.get_conn().partitions(topic)
-
-    def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
-        """Earliest and latest offsets of every partition, from each partition's leader."""
-        return self.get_conn().partition_offsets(topic)
-
-    def group_offsets(self, group: str, topic: str) -> dict[int, int]:
-        return self.get_conn().group_offsets(group, topic)
-
-    def set_group_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        self.get_conn().set_group_offsets(group, topic, offsets)
-
-    def lag(self, group: str, topic: str) -> dict[int, int]:
-        return self.get_conn().lag(group, topic)
+    # ------------------------------------------------------------------ clients on the same cluster
 
     def producer(self, **kwargs):
         """A `broker.client.producer.Producer` on this cluster."""
@@ -188,47 +136,3 @@ class LogbusHook(BaseHook):
         from broker.client.group import ConsumerGroup
 
         return ConsumerGroup(group, topics, zookeeper=self.cluster_address()["zookeeper"], **kwargs)
-
-    # ------------------------------------------------------------------ the batch protocol (batch.py)
-
-    def snapshot_ranges(self, *, table: str, topic: str, interval_start: datetime, interval_end: datetime,
-                        warehouse: str | None = None, target: CommitTarget | None = None, group: str | None = None,
-                        auto_offset_reset: str = "earliest", max_bytes_per_partition: int | None = None,
-                        on_data_loss: str = "fail") -> dict:
-        """The ranges of this interval's batch as XCom wants them (`batch.plan_batch`)."""
-        target = target or DirectoryTarget(warehouse or "", table)
-        try:
-            plan = plan_batch(self.get_conn(), target, topic, interval_start, interval_end, group=group,
-                              auto_offset_reset=auto_offset_reset, max_bytes_per_partition=max_bytes_per_partition,
-                              on_data_loss=on_data_loss)
-        except DataLossError as exc:
-            raise LogbusDataLossError(str(exc)) from None
-        except PlanError as exc:
-            raise AirflowException(str(exc)) from None
-        return {**plan.to_dict(), "warehouse": str(warehouse or "")}
-
-    def commit_batch(self, *, table: str, plan: dict, staging: str | None, run_id: str,
-                     warehouse: str | None = None, target: CommitTarget | None = None,
-                     group: str | None = None) -> dict:
-        """Publish the staged batch (compare-and-swap on the table's offsets), then mirror
-        the offsets to the group in ZooKeeper (lag monitoring only)."""
-        target = target or DirectoryTarget(warehouse or "", table)
-        result = commit_batch(target, BatchPlan.from_dict(plan), staging, run_id,
-                              cluster=self.get_conn() if group else None, group=group)
-        return {**result.record.to_dict(), "published_now": result.published_now}
-
-    def audit(self, *, table: str, topic: str, start_ms: int, end_ms: int, threshold: float,
-              warehouse: str | None = None, target: CommitTarget | None = None,
-              monitoring_topic: str = "_logbus_audit") -> dict:
-        from airflow_provider_logbus.completeness import build_report
-
-        target = target or DirectoryTarget(warehouse or "", table)
-        produced, batches = self.audit_inputs(target, monitoring_topic)
-        return build_report(table, topic, start_ms, end_ms, produced, batches, threshold)
-
-    def audit_inputs(self, target: CommitTarget, monitoring_topic: str = "_logbus_audit"):
-        """(messages produced per (topic, window) from the monitoring events, the
-        table's committed batches): what the audit compares."""
-        from airflow_provider_logbus.monitoring import read_produced_counts
-
-        return read_produced_counts(self.get_conn(), monitoring_topic), target.batches()

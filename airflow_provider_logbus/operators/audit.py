@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOperator
 
+from airflow_provider_logbus.batch import audit_inputs
 from airflow_provider_logbus.completeness import announce_complete_hours, build_report, format_report, judge
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
@@ -62,7 +63,7 @@ class LogbusAuditOperator(BaseOperator):
         target = resolve_target(self.target, self.table, warehouse=self.warehouse,
                                 catalog_conn_id=self.catalog_conn_id)
         try:
-            produced, batches = hook.audit_inputs(target, self.monitoring_topic)
+            produced, batches = audit_inputs(hook.get_conn(), target, self.monitoring_topic)
             now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
             report = judge(build_report(self.table, self.topic, start_ms, end_ms, produced, batches, threshold),
                            now_ms, grace_ms)

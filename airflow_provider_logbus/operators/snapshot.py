@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from airflow.providers.common.compat.sdk import BaseOperator
+from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
 
+from airflow_provider_logbus.batch import DataLossError, PlanError, plan_batch
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+
+
+class LogbusDataLossError(AirflowException):
+    """Retention deleted bytes that were never loaded."""
 
 
 class LogbusOffsetSnapshotOperator(BaseOperator):
@@ -43,11 +48,15 @@ class LogbusOffsetSnapshotOperator(BaseOperator):
                                 catalog_conn_id=self.catalog_conn_id)
         try:
             cap = int(self.max_bytes_per_partition) if self.max_bytes_per_partition not in (None, "", "None") else None
-            return hook.snapshot_ranges(
-                warehouse=self.warehouse, target=target, table=self.table, topic=self.topic,
-                interval_start=context["data_interval_start"], interval_end=context["data_interval_end"],
-                group=self.group, auto_offset_reset=self.auto_offset_reset, max_bytes_per_partition=cap,
-                on_data_loss=self.on_data_loss)
+            plan = plan_batch(hook.get_conn(), target, self.topic, context["data_interval_start"],
+                              context["data_interval_end"], group=self.group,
+                              auto_offset_reset=self.auto_offset_reset, max_bytes_per_partition=cap,
+                              on_data_loss=self.on_data_loss)
+        except DataLossError as exc:
+            raise LogbusDataLossError(str(exc)) from None
+        except PlanError as exc:
+            raise AirflowException(str(exc)) from None
         finally:
             target.close()
             hook.close()
+        return {**plan.to_dict(), "warehouse": str(self.warehouse or "")}

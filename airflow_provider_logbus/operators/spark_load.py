@@ -7,13 +7,16 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseOperator
+from airflow.sdk import Connection
 
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
+from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
 
 LOAD_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "load_job.py")
@@ -35,43 +38,30 @@ def is_local_master(master: str | None) -> bool:
 class LogbusSparkSubmitHook(SparkSubmitHook):
     """SparkSubmitHook whose missing connection means the embedded `local[*]` master
     (the stock hook falls back to YARN). On a local master it binds Spark to loopback
-    (`LOCAL_CONF` and `SPARK_LOCAL_IP`, for what the conf does not set). With
-    `spark_log`, spark-submit's output is also written to that file."""
+    (`LOCAL_CONF` and `SPARK_LOCAL_IP`, for what `conf` and `env_vars` do not set).
+    Only public means: the connection through `get_connection`, the binding through
+    the constructor's `conf` and `env_vars`."""
 
-    def __init__(self, *args: Any, spark_log: str | Path | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.spark_log = Path(spark_log) if spark_log else None
-        if self.is_local():
-            for key, value in LOCAL_CONF.items():
-                self._conf.setdefault(key, value)
-            if self._env_vars is not None:
-                self._env_vars.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    def __init__(self, *args: Any, conf: dict[str, Any] | None = None, conn_id: str = "spark_default",
+                 env_vars: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        conn = self.get_connection(conn_id)
+        self.local = conn.conn_type == "spark" and is_local_master(conn.host)  # its host holds the master URL
+        if self.local:
+            conf = {**LOCAL_CONF, **(conf or {})}
+            if env_vars is not None:
+                env_vars = {"SPARK_LOCAL_IP": LOOPBACK, **env_vars}
+        super().__init__(*args, conf=conf, conn_id=conn_id, env_vars=env_vars, **kwargs)
+
+    @classmethod
+    def get_connection(cls, conn_id: str) -> Connection:
+        try:
+            return super().get_connection(conn_id)
+        except AirflowNotFoundException:
+            cls.logger().info("no connection %r: running Spark embedded (%s)", conn_id, EMBEDDED_MASTER)
+            return Connection(conn_id=conn_id, conn_type="spark", host=EMBEDDED_MASTER)
 
     def is_local(self) -> bool:
-        return is_local_master(self._connection.get("master"))
-
-    def _resolve_connection(self) -> dict[str, Any]:
-        try:
-            self.get_connection(self._conn_id)
-        except AirflowNotFoundException:
-            self.log.info("no connection %r: running Spark embedded (%s)", self._conn_id, EMBEDDED_MASTER)
-            data = super()._resolve_connection()
-            data["master"] = EMBEDDED_MASTER
-            return data
-        return super()._resolve_connection()
-
-    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
-        if self.spark_log is None:
-            return super()._process_spark_submit_log(itr)
-        with open(self.spark_log, "w", encoding="utf-8", errors="replace") as out:
-            return super()._process_spark_submit_log(_tee(itr, out))
-
-
-def _tee(lines: Iterator[Any], out: IO[str]) -> Iterator[Any]:
-    for line in lines:
-        out.write(line if isinstance(line, str) else line.decode("utf-8", "replace"))
-        out.flush()
-        yield line
+        return self.local
 
 
 def python_environment() -> dict[str, str]:
@@ -83,7 +73,7 @@ def python_environment() -> dict[str, str]:
     }
 
 
-class LogbusSparkLoadOperator(BaseOperator):
+class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     """Loads the ranges from `snapshot_task_id`'s XCom into
     `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
     Skips the work when the snapshot says the batch is already committed. Before Spark
@@ -120,11 +110,10 @@ class LogbusSparkLoadOperator(BaseOperator):
         self.fetch_bytes, self.split_bytes = fetch_bytes, split_bytes
         self._hook: SparkSubmitHook | None = None
 
-    def application_args(self, plan: dict, staging: Path, layout: str | None = None) -> list[str]:
-        import json
-
+    def application_args(self, ranges: Sequence[Range], staging: Path, layout: str | None = None,
+                         log_file: str | None = None) -> list[str]:
         address = LogbusHook(self.logbus_conn_id).cluster_address()
-        args = ["--ranges", json.dumps(plan["ranges"]), "--staging", str(staging), "--format", self.value_format,
+        args = ["--ranges", ranges_to_json(ranges), "--staging", str(staging), "--format", self.value_format,
                 "--fetch-bytes", str(self.fetch_bytes), "--split-bytes", str(self.split_bytes)]
         if address["zookeeper"]:
             args += ["--zookeeper", address["zookeeper"]]
@@ -134,6 +123,8 @@ class LogbusSparkLoadOperator(BaseOperator):
             args += ["--schema", self.value_schema().to_ddl()]  # a bad schema fails here, before Spark
         args += ["--layout", layout or self.layout or "directory",
                  "--max-reject-rate", str(float(self.max_reject_rate))]
+        if log_file:
+            args += ["--log-file", log_file]
         return args
 
     def value_schema(self):
@@ -146,38 +137,43 @@ class LogbusSparkLoadOperator(BaseOperator):
         return self._value_schema
 
     def execute(self, context) -> dict:
-        plan = context["ti"].xcom_pull(task_ids=self.snapshot_task_id)
-        if not plan:
+        snapshot = context["ti"].xcom_pull(task_ids=self.snapshot_task_id)
+        if not snapshot:
             raise ValueError(f"no ranges in the XCom of task {self.snapshot_task_id!r}")
-        if plan.get("committed"):
-            self.log.info("batch %s is already committed; nothing to load", plan["batch_id"])
-            return {"batch_id": plan["batch_id"], "staging": None, "committed": True}
+        plan = BatchPlan.from_dict(snapshot)
+        if plan.committed:
+            self.log.info("batch %s is already committed; nothing to load", plan.batch_id)
+            return {"batch_id": plan.batch_id, "staging": None, "committed": True}
         target = resolve_target(self.target, self.table, warehouse=self.warehouse, catalog_conn_id=self.catalog_conn_id)
         try:
             # create or evolve the table from the declared schema; an incompatible change
             # stops here, before Spark starts and before anything is written
             target.ensure_schema(self.value_schema().to_arrow() if self.schema else None)
-            staging = target.prepare_staging(plan["batch_id"], context["ti"].try_number)
+            staging = target.prepare_staging(plan.batch_id, context["ti"].try_number)
             layout = self.layout or target.layout
+            table = target.dataset()
         finally:
             target.close()
         env = python_environment()
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
                 "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}
-        # spark-submit's output goes to the task log and to this file; the job starts by
-        # emptying the staging directory, so the file joins it only when the job failed
+        # spark-submit's output goes to the task log; the job also writes its own log and
+        # the traceback of its failure to this file. The job starts by emptying the
+        # staging directory, so the file joins it only when the job failed.
         fd, spark_log = tempfile.mkstemp(prefix=f"logbus-spark-{Path(staging).name}-", suffix=".log")
         os.close(fd)
         self._hook = LogbusSparkSubmitHook(
-            conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan['batch_id']}",
-            application_args=self.application_args(plan, staging, layout), env_vars=env, spark_log=spark_log)
+            conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan.batch_id}",
+            application_args=self.application_args(plan.ranges, staging, layout, spark_log), env_vars=env)
         try:
             self._hook.submit(LOAD_JOB)
         except AirflowException as exc:  # spark-submit failed: say why, from what the job recorded
             raise LogbusLoadError(self.failure_message(Path(staging), Path(spark_log), exc)) from exc
         finally:
             Path(spark_log).unlink(missing_ok=True)
-        return {"batch_id": plan["batch_id"], "staging": str(staging), "committed": False}
+        self.batch_lineage = {"address": LogbusHook(self.logbus_conn_id).cluster_address(), "table": table,
+                              "batch_id": plan.batch_id, "ranges": plan.ranges}
+        return {"batch_id": plan.batch_id, "staging": str(staging), "committed": False}
 
     def failure_message(self, staging: Path, spark_log: Path, exc: Exception) -> str:
         """`<ExceptionType>: <message> (Spark log: <path>)` from what the job recorded in

@@ -25,15 +25,17 @@ from typing import Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from airflow_provider_logbus.plan import Range, ranges_from_json
+
 SCHEMA = "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"
 
 
 class RangePartition(InputPartition):
-    """Bytes [start, end) of one partition; `end` is a message boundary."""
+    """One Spark input partition: a `Range` whose `end` is a message boundary."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
-        super().__init__(json.dumps([topic, partition, start, end]))
+    def __init__(self, span: Range) -> None:
+        self.span = span
+        super().__init__(json.dumps(span.to_dict()))
 
 
 class LogbusDataSource(DataSource):
@@ -55,7 +57,7 @@ class LogbusReader(DataSourceReader):
     def __init__(self, options: dict) -> None:
         if "ranges" not in options:
             raise ValueError("the logbus data source needs option 'ranges' (JSON list of {topic, partition, start, end})")
-        self.ranges = json.loads(options["ranges"])
+        self.ranges = ranges_from_json(options["ranges"])
         self.zookeeper = options.get("zookeeper") or None
         self.brokers = options.get("brokers") or None
         if not self.zookeeper and not self.brokers:
@@ -70,40 +72,38 @@ class LogbusReader(DataSourceReader):
         return LogbusCluster(zookeeper=self.zookeeper, brokers=self.brokers)
 
     def partitions(self) -> list[RangePartition]:
-        parts: list[RangePartition] = []
-        needs_split = [r for r in self.ranges if int(r["end"]) - int(r["start"]) > self.split_bytes]
+        spans: list[Range] = []
+        needs_split = [r for r in self.ranges if r.end - r.start > self.split_bytes]
         starts_cache: dict[tuple[str, int], list[int]] = {}
         cluster = self._cluster() if needs_split else None
         try:
             for r in self.ranges:
-                topic, p, start, end = r["topic"], int(r["partition"]), int(r["start"]), int(r["end"])
-                if end <= start:
+                if r.end <= r.start:
                     continue
-                cuts = [start]
-                if end - start > self.split_bytes and cluster is not None:
-                    key = (topic, p)
-                    if key not in starts_cache:
-                        starts_cache[key] = cluster.segment_starts(topic, p)
-                    for boundary in starts_cache[key]:
-                        if start < boundary < end and boundary - cuts[-1] >= self.split_bytes // 2:
+                cuts = [r.start]
+                if r.end - r.start > self.split_bytes and cluster is not None:
+                    if r.key not in starts_cache:
+                        starts_cache[r.key] = cluster.segment_starts(r.topic, r.partition)
+                    for boundary in starts_cache[r.key]:
+                        if r.start < boundary < r.end and boundary - cuts[-1] >= self.split_bytes // 2:
                             cuts.append(boundary)
-                cuts.append(end)
-                parts += [RangePartition(topic, p, a, b) for a, b in zip(cuts, cuts[1:])]
+                cuts.append(r.end)
+                spans += [Range(r.topic, r.partition, a, b) for a, b in zip(cuts, cuts[1:])]
         finally:
             if cluster is not None:
                 cluster.close()
-        if not parts:  # Spark needs at least one partition; an empty one reads nothing
-            parts.append(RangePartition("", 0, 0, 0))
-        return parts
+        if not spans:  # Spark needs at least one partition; an empty one reads nothing
+            spans.append(Range("", 0, 0, 0))
+        return [RangePartition(span) for span in spans]
 
     def read(self, partition: RangePartition) -> Iterator:
-        if partition.end <= partition.start:
+        r = partition.span
+        if r.end <= r.start:
             return
         cluster = self._cluster()
         try:
-            for base, buf in cluster.read_range(partition.topic, partition.partition, partition.start,
-                                                partition.end, self.fetch_bytes):
-                yield decode_record_batch(partition.topic, partition.partition, base, buf, self.verify_crc)
+            for base, buf in cluster.read_range(r.topic, r.partition, r.start, r.end, self.fetch_bytes):
+                yield decode_record_batch(r.topic, r.partition, base, buf, self.verify_crc)
         finally:
             cluster.close()
 

@@ -45,10 +45,13 @@ import sys
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
+from typing import Sequence
 
+from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
 from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, write_json_atomic
 
 logger = logging.getLogger("logbus.load_job")
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
 
 META_COLUMNS = ("topic", "partition", "offset", "timestamp", "key")
 WINDOW_MS = 600_000
@@ -76,12 +79,12 @@ class JsonSchema:
     arrow: object = None  # pyarrow.Schema of a declared schema (nested required fields)
 
 
-def read_ranges(spark, ranges: list[dict], zookeeper: str | None = None, brokers: str | None = None,
+def read_ranges(spark, ranges: Sequence[Range], zookeeper: str | None = None, brokers: str | None = None,
                 fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20):
     from airflow_provider_logbus.spark.datasource import LogbusDataSource
 
     spark.dataSource.register(LogbusDataSource)
-    reader = spark.read.format("logbus").option("ranges", json.dumps(ranges))
+    reader = spark.read.format("logbus").option("ranges", ranges_to_json(ranges))
     if zookeeper:
         reader = reader.option("zookeeper", zookeeper)
     if brokers:
@@ -334,7 +337,7 @@ def check_reject_rate(spark, counts: list[dict], rejected: list[dict], max_rejec
 # ------------------------------------------------------------------ the job
 
 
-def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = None, brokers: str | None = None,
+def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None = None, brokers: str | None = None,
              value_format: str = "json", schema: str | None = None, fetch_bytes: int = 8 << 20,
              split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS, layout: str = "directory",
              max_reject_rate: float = 1.0) -> dict:
@@ -399,7 +402,7 @@ def run_load(spark, ranges: list[dict], staging: str, zookeeper: str | None = No
         rejected_counts, rejected_count = window_counts(spark, str(rejects_path), window_ms)
     if rejected_count == 0 and rejects_path.exists():
         shutil.rmtree(rejects_path)
-    result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": ranges,
+    result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": [r.to_dict() for r in ranges],
               "format": value_format, "layout": layout, "rejected": rejected_counts,
               "rejected_count": rejected_count, "schema": schema_ddl, "schema_source": schema_source}
     if rejected_count:
@@ -435,14 +438,19 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--fetch-bytes", type=int, default=8 << 20)
     parser.add_argument("--split-bytes", type=int, default=256 << 20)
     parser.add_argument("--window-ms", type=int, default=WINDOW_MS)
+    parser.add_argument("--log-file", help="also write the job's log, and the traceback of its failure, here")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     args = arguments().parse_args(argv)
+    if args.log_file:
+        handler = logging.FileHandler(args.log_file, encoding="utf-8")
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logging.getLogger().addHandler(handler)
     text = Path(args.ranges[1:]).read_text() if args.ranges.startswith("@") else args.ranges
-    ranges = json.loads(text)
+    ranges = ranges_from_json(text)
     from pyspark.sql import SparkSession
 
     from airflow_provider_logbus.schema import SchemaError
@@ -455,7 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("load failed: %s", exc)
         _record_failure(args.staging, exc)
         return 1
-    except BaseException as exc:
+    except Exception as exc:  # the traceback to the log (and its file), the cause to staging
+        logger.exception("load failed")
+        _record_failure(args.staging, exc)
+        return 1
+    except BaseException as exc:  # interrupted: still say why
         _record_failure(args.staging, exc)
         raise
     finally:

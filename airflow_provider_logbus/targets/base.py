@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -52,7 +53,7 @@ class BatchRecord:
     interval_start: str
     interval_end: str
     run_id: str
-    ranges: list[dict]
+    ranges: list[Range]
     counts: list[dict]  # {"topic", "window_start", "count"}
     row_count: int
     committed_at: str = ""
@@ -62,22 +63,28 @@ class BatchRecord:
     rejected_count: int = 0
     schema: str | None = None
     schema_source: str | None = None
-    planned_ranges: list[dict] | None = None
+    planned_ranges: list[Range] | None = None
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> "BatchRecord":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """From the record's file form (`_logbus_batch.json`, a snapshot summary)."""
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["ranges"] = [Range.from_dict(r) for r in known.get("ranges", ())]
+        if known.get("planned_ranges") is not None:
+            known["planned_ranges"] = [Range.from_dict(r) for r in known["planned_ranges"]]
+        return cls(**known)
 
     def to_dict(self) -> dict:
-        return asdict(self)
-
-    def range_list(self) -> list[Range]:
-        return [Range.from_dict(r) for r in self.ranges]
+        """The record's file and XCom form; ranges as `Range.to_dict` writes them."""
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        d["ranges"] = [r.to_dict() for r in self.ranges]
+        if self.planned_ranges is not None:
+            d["planned_ranges"] = [r.to_dict() for r in self.planned_ranges]
+        return copy.deepcopy(d)
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        return {r.partition: r.end for r in self.range_list() if r.topic == topic}
+        return {r.partition: r.end for r in self.ranges if r.topic == topic}
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ def committed_ends(records: list[BatchRecord]) -> dict[tuple[str, int], int]:
     """Per (topic, partition), the largest end any committed batch recorded."""
     ends: dict[tuple[str, int], int] = {}
     for record in records:
-        for r in record.range_list():
+        for r in record.ranges:
             ends[r.key] = max(r.end, ends.get(r.key, r.end))
     return ends
 
@@ -131,6 +138,10 @@ class CommitTarget(ABC):
     @abstractmethod
     def batches(self) -> list[BatchRecord]:
         """Every committed batch, oldest interval first (the audit's input)."""
+
+    @abstractmethod
+    def dataset(self) -> tuple[str, str]:
+        """(namespace, name) of this table in lineage events, after OpenLineage's naming."""
 
     def exists(self) -> bool:
         return self.state().exists
@@ -222,8 +233,7 @@ class CommitTarget(ABC):
         return rebased, (record if self.publish(state, record, staged) else None)
 
     def _record(self, plan: BatchPlan, ranges: list[Range], staged: StagedBatch, run_id: str) -> BatchRecord:
-        planned = [r.to_dict() for r in plan.ranges]
-        final = [r.to_dict() for r in ranges]
+        planned, final = list(plan.ranges), list(ranges)
         return BatchRecord(
             table=self.table, batch_id=plan.batch_id, interval_start=plan.interval_start,
             interval_end=plan.interval_end, run_id=run_id, ranges=final, counts=staged.counts,

@@ -92,6 +92,9 @@ class DirectoryTarget(CommitTarget):
         return sorted(child.name[len(BATCH_PREFIX):] for child in self.table_dir.iterdir()
                       if child.name.startswith(BATCH_PREFIX) and (child / BATCH_RECORD).exists())
 
+    def dataset(self) -> tuple[str, str]:
+        return "file", str(self.table_dir.resolve())
+
     def batch(self, batch_id: str) -> BatchRecord | None:
         path = self.batch_dir(batch_id) / BATCH_RECORD
         try:

@@ -29,10 +29,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_logbus.plan import ranges_from_json, ranges_to_json
 from airflow_provider_logbus.staged import StagedBatch, reject_files, write_json_atomic
 from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget, TableState, TargetError, committed_ends
 
@@ -141,6 +143,13 @@ class IcebergTarget(CommitTarget):
         self.catalog_properties = dict(catalog_properties)
         self.catalog = load_catalog(catalog_name, **{k: str(v) for k, v in self.catalog_properties.items()})
 
+    def dataset(self) -> tuple[str, str]:
+        """The catalog's warehouse location (else its URI without credentials) and the
+        table's identifier."""
+        location = self.catalog_properties.get("warehouse") or re.sub(
+            r"//[^/@]*@", "//", str(self.catalog_properties.get("uri", "")))
+        return str(location), self.identifier
+
     def __repr__(self) -> str:
         return f"IcebergTarget({self.identifier!r}, catalog={self.catalog_properties.get('uri')!r})"
 
@@ -241,12 +250,12 @@ class IcebergTarget(CommitTarget):
         return BatchRecord(
             table=self.table, batch_id=s[PREFIX + "batch-id"], interval_start=s.get(PREFIX + "interval-start", ""),
             interval_end=s.get(PREFIX + "interval-end", ""), run_id=s.get(PREFIX + "run-id", ""),
-            ranges=json.loads(s.get(PREFIX + "ranges", "[]")), counts=json.loads(s.get(PREFIX + "counts", "[]")),
+            ranges=ranges_from_json(s.get(PREFIX + "ranges", "[]")), counts=json.loads(s.get(PREFIX + "counts", "[]")),
             row_count=int(s.get(PREFIX + "row-count", 0)), committed_at=s.get(PREFIX + "committed-at", ""),
             attempt=s.get(PREFIX + "attempt", ""), window_ms=int(s.get(PREFIX + "window-ms", 600_000)),
             rejected=json.loads(s.get(PREFIX + "rejected", "[]")),
             rejected_count=int(s.get(PREFIX + "rejected-count", 0)), schema=s.get(PREFIX + "schema"),
-            schema_source=s.get(PREFIX + "schema-source"), planned_ranges=json.loads(planned) if planned else None,
+            schema_source=s.get(PREFIX + "schema-source"), planned_ranges=ranges_from_json(planned) if planned else None,
             extra={"snapshot_id": snapshot.snapshot_id, "staging": s.get(PREFIX + "staging", "")})
 
     def state(self) -> TableState:
@@ -302,7 +311,7 @@ class IcebergTarget(CommitTarget):
     def _summary_of(self, record: BatchRecord, staged: StagedBatch) -> dict[str, str]:
         summary = {
             "batch-id": record.batch_id, "interval-start": record.interval_start,
-            "interval-end": record.interval_end, "run-id": record.run_id, "ranges": json.dumps(record.ranges),
+            "interval-end": record.interval_end, "run-id": record.run_id, "ranges": ranges_to_json(record.ranges),
             "counts": json.dumps(record.counts), "row-count": str(record.row_count),
             "rejected": json.dumps(record.rejected), "rejected-count": str(record.rejected_count),
             "committed-at": record.committed_at, "attempt": record.attempt, "window-ms": str(record.window_ms),
@@ -313,7 +322,7 @@ class IcebergTarget(CommitTarget):
         if record.schema_source:
             summary["schema-source"] = record.schema_source
         if record.planned_ranges is not None:
-            summary["planned-ranges"] = json.dumps(record.planned_ranges)
+            summary["planned-ranges"] = ranges_to_json(record.planned_ranges)
         return {PREFIX + k: v for k, v in summary.items()}
 
     def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
@@ -324,7 +333,7 @@ class IcebergTarget(CommitTarget):
         if (current.snapshot_id if current else None) != state.token:
             return False
         ends = dict(state.ends)
-        for r in record.range_list():
+        for r in record.ranges:
             ends[r.key] = r.end
         offsets: dict[str, dict[str, int]] = {}
         for (topic, partition), end in sorted(ends.items()):

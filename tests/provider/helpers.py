@@ -48,3 +48,14 @@ def table_rows(table_dir) -> list[dict]:
         return []
     return ds.dataset(str(table_dir), format="parquet", partitioning="hive").to_table(
         columns=["partition", "offset", "batch_id"]).to_pylist()
+
+
+class FakeTaskInstance:
+    """What an operator's `execute()` asks of `context["ti"]`: earlier tasks' XComs and
+    the try number, for running operators in-process without a scheduler."""
+
+    def __init__(self, xcoms: dict[str, dict]) -> None:
+        self.xcoms, self.try_number = xcoms, 1
+
+    def xcom_pull(self, task_ids: str) -> dict | None:
+        return self.xcoms.get(task_ids)

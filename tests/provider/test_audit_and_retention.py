@@ -11,7 +11,9 @@ import pytest
 
 
 from airflow_provider_logbus.cluster import LogbusCluster
-from airflow_provider_logbus.hooks.logbus import LogbusDataLossError, LogbusHook
+from airflow_provider_logbus.batch import DataLossError, audit_inputs, commit_batch, plan_batch
+from airflow_provider_logbus.completeness import build_report
+from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.spark.load_job import run_load
 from airflow_provider_logbus.targets.directory import DirectoryTarget
 from harness.process import wait_until
@@ -28,14 +30,21 @@ SCHEMA = "server string, n long, ts_ms long, pad string"
 
 def load_batch(hook: LogbusHook, spark, warehouse, table: str, topic: str, start: datetime, end: datetime,
                **snapshot_kwargs) -> dict:
-    """snapshot → load job (in-process Spark) → commit, as the DAG's tasks do."""
-    plan = hook.snapshot_ranges(warehouse=str(warehouse), table=table, topic=topic, interval_start=start,
-                                interval_end=end, **snapshot_kwargs)
-    staging = DirectoryTarget(warehouse, table).prepare_staging(plan["batch_id"], 1)
-    run_load(spark, plan["ranges"], str(staging), zookeeper=hook.cluster_address()["zookeeper"],
+    """snapshot → load job (in-process Spark) → commit, as the DAG's tasks do; the
+    commit's record in its XCom form."""
+    target = DirectoryTarget(warehouse, table)
+    plan = plan_batch(hook.get_conn(), target, topic, start, end, **snapshot_kwargs)
+    staging = target.prepare_staging(plan.batch_id, 1)
+    run_load(spark, plan.ranges, str(staging), zookeeper=hook.cluster_address()["zookeeper"],
              value_format="json", schema=SCHEMA)
-    return hook.commit_batch(warehouse=str(warehouse), table=table, plan=plan, staging=str(staging),
-                             run_id="test", group="loader")
+    return commit_batch(target, plan, str(staging), "test", cluster=hook.get_conn(), group="loader").record.to_dict()
+
+
+def audit(hook: LogbusHook, warehouse, table: str, start: datetime, end: datetime) -> dict:
+    """The audit report of `table` (topic of the same name) over [start, end)."""
+    produced, batches = audit_inputs(hook.get_conn(), DirectoryTarget(warehouse, table))
+    return build_report(table, table, int(start.timestamp() * 1000), int(end.timestamp() * 1000), produced, batches,
+                        0.999)
 
 
 def daily_audit(zk: str, warehouse, table: str, day: tuple[datetime, datetime], grace_minutes: int) -> tuple[str, dict]:
@@ -78,8 +87,7 @@ def test_audit_finds_nothing_missing_when_everything_is_loaded(cluster, spark, t
     start, end = yesterday
     hook = LogbusHook(zookeeper=zk)
     load_batch(hook, spark, tmp_path, "clicks", "clicks", start, end)
-    report = hook.audit(warehouse=str(tmp_path), table="clicks", topic="clicks",
-                        start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000), threshold=0.999)
+    report = audit(hook, tmp_path, "clicks", start, end)
     hook.close()
     assert (report["produced"], report["loaded"], report["missing"], report["duplicated"]) == (n, n, 0, 0)
     assert report["completeness"] == 1.0 and not report["offset_gaps"] and not report["data_loss"]
@@ -135,9 +143,8 @@ def test_data_loss_fails_by_default_naming_the_lost_range(cluster, tmp_path, yes
     zk, earliest = _topic_with_deleted_segments(cluster)
     hook = LogbusHook(zookeeper=zk)
     start, end = yesterday
-    with pytest.raises(LogbusDataLossError, match=rf"bytes \[0, {earliest}\) \({earliest} bytes\) were deleted"):
-        hook.snapshot_ranges(warehouse=str(tmp_path), table="old", topic="old", interval_start=start,
-                             interval_end=end, group="loader")
+    with pytest.raises(DataLossError, match=rf"bytes \[0, {earliest}\) \({earliest} bytes\) were deleted"):
+        plan_batch(hook.get_conn(), DirectoryTarget(tmp_path, "old"), "old", start, end, group="loader")
     hook.close()
     assert not (tmp_path / "old").exists()
 
@@ -149,8 +156,7 @@ def test_data_loss_skip_loads_from_earliest_and_the_audit_reports_the_loss(clust
     record = load_batch(hook, spark, tmp_path, "old", "old", start, end, group="loader", on_data_loss="skip")
     (r,) = record["ranges"]
     assert (r["lost_start"], r["lost_end"], r["start"]) == (0, earliest, earliest)
-    report = hook.audit(warehouse=str(tmp_path), table="old", topic="old",
-                        start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000), threshold=0.999)
+    report = audit(hook, tmp_path, "old", start, end)
     hook.close()
     assert report["data_loss"] == [{"batch_id": record["batch_id"], "partition": 0, "lost_start": 0,
                                     "lost_end": earliest, "bytes": earliest}]

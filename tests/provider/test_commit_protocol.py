@@ -70,7 +70,8 @@ def test_a_batch_that_lost_the_race_keeps_only_the_rows_past_the_committed_end(t
     target.commit(BatchPlan.from_dict(plan("b1", first)), staged(target, "b1", 1, first), "r1")
     wider = ranges((0, 0, 2500))  # planned before b1 committed
     result = target.commit(BatchPlan.from_dict(plan("b2", wider)), staged(target, "b2", 1, wider), "r2")
-    assert result.record.ranges == ranges((0, 1000, 2500)) and result.record.planned_ranges == wider
+    record = result.record.to_dict()
+    assert record["ranges"] == ranges((0, 1000, 2500)) and record["planned_ranges"] == wider
     assert result.record.row_count == 15
     assert rows(tmp_path) == [(0, o) for o in offsets(0, 2500)]
 

@@ -115,7 +115,7 @@ def test_every_message_is_in_the_table_or_its_rejects_exactly_once(scenario):
 
 def test_each_batch_is_one_snapshot_and_the_second_starts_where_the_first_ended(scenario):
     first, second = scenario["batches"]
-    assert first.end_offsets(TOPIC) == {r.partition: r.start for r in second.range_list()}
+    assert first.end_offsets(TOPIC) == {r.partition: r.start for r in second.ranges}
     assert first.row_count + second.row_count == len(scenario["rows_after_2"])
     assert second.rejected_count == len(BAD_VALUES)
     assert json.loads(scenario["table"].properties["logbus.committed-offsets"])[TOPIC] == {

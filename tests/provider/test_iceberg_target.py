@@ -157,7 +157,7 @@ def test_a_batch_loads_end_to_end_into_an_iceberg_table_on_postgresql(module_clu
     with LogbusCluster(zk) as cluster:
         plan = plan_batch(cluster, target, "pg_events", now - timedelta(hours=2), now - timedelta(hours=1))
     staging = target.prepare_staging(plan.batch_id, 1)
-    run_load(spark, [r.to_dict() for r in plan.ranges], staging, zookeeper=zk, value_format="json",
+    run_load(spark, plan.ranges, staging, zookeeper=zk, value_format="json",
              schema="server string, n long", layout="iceberg")
     result = target.commit(plan, staging, "end-to-end")
     offsets = all_offsets(zk, "pg_events")

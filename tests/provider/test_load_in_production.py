@@ -11,28 +11,21 @@ from pathlib import Path
 
 import pytest
 
-
+from airflow_provider_logbus.batch import plan_batch
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.spark_load import LogbusLoadError, LogbusSparkLoadOperator
 from airflow_provider_logbus.spark.failure import ERROR_FILE, SPARK_LOG
+from airflow_provider_logbus.targets.directory import DirectoryTarget
 from harness.process import wait_until
 
 from .conftest import use_logbus_connection
-from .helpers import produce
+from .helpers import FakeTaskInstance, produce
 from .netlisten import listeners
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000
 TOPIC = TABLE = "clicks"
-
-
-class FakeTaskInstance:
-    def __init__(self, plan: dict) -> None:
-        self.plan, self.try_number = plan, 1
-
-    def xcom_pull(self, task_ids: str) -> dict:
-        return self.plan
 
 
 @pytest.fixture
@@ -51,9 +44,9 @@ def loadable(cluster, airflow_db, tmp_path):
     warehouse = tmp_path / "warehouse"
     hook = LogbusHook()
     try:
-        plan = hook.snapshot_ranges(table=TABLE, topic=TOPIC, warehouse=str(warehouse),
-                                    interval_start=datetime.fromtimestamp(start / 1000, timezone.utc),
-                                    interval_end=datetime.fromtimestamp(start / 1000, timezone.utc) + timedelta(hours=1))
+        interval_start = datetime.fromtimestamp(start / 1000, timezone.utc)
+        plan = plan_batch(hook.get_conn(), DirectoryTarget(warehouse, TABLE), TOPIC, interval_start,
+                          interval_start + timedelta(hours=1)).to_dict()  # the snapshot task's XCom
     finally:
         hook.close()
     operator = LogbusSparkLoadOperator(task_id="load", table=TABLE, warehouse=str(warehouse),
@@ -67,7 +60,7 @@ def test_a_load_whose_leader_is_down_fails_naming_the_partition_and_the_broker(l
     with LogbusCluster(loadable["zk"]) as c:
         wait_until(lambda: 1 not in c.brokers(), 30, "broker 1 deregistered")
     with pytest.raises(LogbusLoadError) as failed:
-        loadable["operator"].execute({"ti": FakeTaskInstance(loadable["plan"])})
+        loadable["operator"].execute({"ti": FakeTaskInstance({"snapshot": loadable["plan"]})})
     message = str(failed.value)
     assert message.startswith(f"ConnectionError: leader broker 1 of {TOPIC}-{partition} is not live"), message
     assert "Cannot execute" not in message and "--ranges" not in message
@@ -87,7 +80,7 @@ def test_embedded_spark_zookeeper_and_brokers_listen_on_loopback_only(loadable):
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        result = loadable["operator"].execute({"ti": FakeTaskInstance(loadable["plan"])})
+        result = loadable["operator"].execute({"ti": FakeTaskInstance({"snapshot": loadable["plan"]})})
     finally:
         done.set()
         sampler.join(10)

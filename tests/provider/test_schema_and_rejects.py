@@ -17,6 +17,7 @@ from broker.client.producer import Producer
 from broker.message import iter_messages
 
 from airflow_provider_logbus.cluster import LogbusCluster
+from airflow_provider_logbus.plan import Range, ranges_to_json
 from airflow_provider_logbus.schema import load_schema
 from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, arguments, main, run_load
 from harness.process import wait_until
@@ -56,10 +57,9 @@ def _visible(zookeeper: str, topic: str, count: int) -> dict | None:
     return found if len(found) == count else None
 
 
-def ranges_of(zookeeper: str, topic: str) -> list[dict]:
+def ranges_of(zookeeper: str, topic: str) -> list[Range]:
     with LogbusCluster(zookeeper) as cluster:
-        return [{"topic": topic, "partition": p, "start": o.earliest, "end": o.latest}
-                for p, o in sorted(cluster.partition_offsets(topic).items())]
+        return [Range(topic, p, o.earliest, o.latest) for p, o in sorted(cluster.partition_offsets(topic).items())]
 
 
 def rows(path, columns=None) -> list[dict]:
@@ -113,7 +113,7 @@ def test_reject_rate_over_the_limit_fails_the_job_and_names_the_first_errors(spa
     monkeypatch.setattr(spark, "stop", lambda: None)  # main() gets the shared session and stops it at the end
     limit = len(BAD) / len(messages) - 0.01  # 6 of 18 rejected: 33.33% > 32.33%
     with caplog.at_level(logging.ERROR, logger="logbus.load_job"):
-        exit_code = main(["--ranges", json.dumps(ranges_of(zookeeper, "mixed")), "--zookeeper", zookeeper,
+        exit_code = main(["--ranges", ranges_to_json(ranges_of(zookeeper, "mixed")), "--zookeeper", zookeeper,
                           "--staging", str(tmp_path / "s"), "--schema", SCHEMA, "--max-reject-rate", str(limit)])
     assert exit_code == 1
     assert (f"{len(BAD)} of {len(messages)} values of mixed rejected (33.33%) — over max_reject_rate 32.33%; "
@@ -138,7 +138,7 @@ def test_the_operator_passes_layout_reject_rate_and_a_schema_file_as_ddl(tmp_pat
     schema_file.write_text(json.dumps({"type": "record", "name": "e", "fields": [{"name": "n", "type": "long"}]}))
     operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path), schema=str(schema_file),
                                        max_reject_rate="0.05")
-    args = operator.application_args({"ranges": []}, tmp_path / "staging", "iceberg")
+    args = operator.application_args([], tmp_path / "staging", "iceberg")
     options = dict(zip(args[::2], args[1::2]))
     assert options["--schema"] == "`n` bigint NOT NULL"
     assert options["--layout"] == "iceberg" and options["--max-reject-rate"] == "0.05"

@@ -121,18 +121,19 @@ def test_hook_test_connection_reports_an_unreachable_zookeeper(airflow_db, monke
     assert not ok and "cannot connect to ZooKeeper" in message
 
 
-def test_hook_reads_offsets_group_offsets_and_lag(cluster):
+def test_hook_builds_a_cluster_that_reads_offsets_group_offsets_and_lag(cluster):
     cluster.start_broker(0, {"num.partitions": 2})
     connect = cluster.zookeeper
     produce(connect, "facts", [int(time.time() * 1000)] * 30)
     hook = LogbusHook(zookeeper=connect)
     try:
-        offsets = wait_until(lambda: (o := hook.offsets("facts")) and sum(x.latest for x in o.values()) > 0 and o,
-                             30, "flush")
+        c = hook.get_conn()
+        offsets = wait_until(lambda: (o := c.partition_offsets("facts")) and sum(x.latest for x in o.values()) > 0
+                             and o, 30, "flush")
         assert sorted(offsets) == [0, 1] and all(o.earliest == 0 for o in offsets.values())
-        hook.set_group_offsets("g", "facts", {0: offsets[0].latest})
-        assert hook.group_offsets("g", "facts") == {0: offsets[0].latest}
-        assert hook.lag("g", "facts") == {0: 0, 1: offsets[1].latest}
+        c.set_group_offsets("g", "facts", {0: offsets[0].latest})
+        assert c.group_offsets("g", "facts") == {0: offsets[0].latest}
+        assert c.lag("g", "facts") == {0: 0, 1: offsets[1].latest}
         assert hook.test_connection()[0]
     finally:
         hook.close()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_provider_logbus.completeness import build_report, judge, newly_complete_hours, offset_gaps
+from airflow_provider_logbus.completeness import build_report, data_losses, judge, newly_complete_hours, offset_gaps
+from airflow_provider_logbus.plan import Range
 from airflow_provider_logbus.targets.base import BatchRecord
 
 H = 3_600_000
@@ -13,7 +14,7 @@ def record(batch_id: str, ranges: list[tuple[int, int, int]], counts: dict[int, 
            rejected: dict[int, int] | None = None) -> BatchRecord:
     return BatchRecord(
         table="tbl", batch_id=batch_id, interval_start="", interval_end=batch_id, run_id="r",
-        ranges=[{"topic": "t", "partition": p, "start": s, "end": e} for p, s, e in ranges],
+        ranges=[Range("t", p, s, e) for p, s, e in ranges],
         counts=[{"topic": "t", "window_start": w, "count": n} for w, n in counts.items()],
         row_count=sum(counts.values()),
         rejected=[{"topic": "t", "window_start": w, "count": n} for w, n in (rejected or {}).items()],
@@ -107,3 +108,18 @@ def test_empty_hours_are_passed_over_not_announced():
     r = judge(build_report("tbl", "t", T0, T0 + 3 * H, {("t", T0): 10, ("t", T0 + 2 * H): 10}, batches, 0.999),
               now_ms=T0 + 9 * H, grace_ms=0)
     assert [h["hour_ms"] for h in newly_complete_hours(r, None)] == [T0, T0 + 2 * H]
+
+
+def test_bytes_lost_to_retention_are_reported_per_batch_and_are_not_a_hole():
+    lossy = BatchRecord(table="tbl", batch_id="b2", interval_start="", interval_end="b2", run_id="r",
+                        ranges=[Range("t", 0, 300, 400, lost_start=100, lost_end=300)], counts=[], row_count=0)
+    batches = [record("b1", [(0, 0, 100)], {}), lossy]
+    assert data_losses(batches, "t") == [{"batch_id": "b2", "partition": 0, "lost_start": 100, "lost_end": 300,
+                                         "bytes": 200}]
+    assert offset_gaps(batches, "t") == []
+    assert data_losses(batches, "other") == []
+
+
+def test_a_hole_between_batches_is_reported_with_both_batch_ids():
+    gaps = offset_gaps([record("a", [(0, 0, 100)], {}), record("b", [(0, 150, 200)], {})], "t")
+    assert gaps == [{"partition": 0, "kind": "hole", "start": 100, "end": 150, "after": "a", "before": "b"}]
