@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.localcluster import wait_until
+from harness.process import wait_until
 
 from airflow_provider_logbus.cluster import LogbusCluster
 

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.process import wait_until
-from harness.spark import SparkStandalone
-
+from airflow_provider_logbus.batch import plan_batch
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.commit import LogbusCommitOperator
 from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
+from airflow_provider_logbus.targets.directory import DirectoryTarget
+from harness.process import wait_until
+from harness.spark import SparkStandalone
 
 from .conftest import ROOT, use_logbus_connection
 from .helpers import all_offsets, produce, table_rows
@@ -80,9 +81,11 @@ class Listening(threading.Thread):
 
 
 def snapshot(hook: LogbusHook, warehouse: Path, start_ms: int) -> dict:
+    """The snapshot task's XCom: the batch plan of the hour starting at `start_ms`."""
     interval_start = datetime.fromtimestamp(start_ms / 1000, timezone.utc)
-    return hook.snapshot_ranges(table=TABLE, topic=TOPIC, warehouse=str(warehouse), interval_start=interval_start,
-                                interval_end=interval_start + timedelta(hours=1))
+    target = DirectoryTarget(warehouse, TABLE)
+    plan = plan_batch(hook.get_conn(), target, TOPIC, interval_start, interval_start + timedelta(hours=1))
+    return {**plan.to_dict(), "warehouse": str(warehouse)}
 
 
 def source_scan(event_log: Path) -> tuple[dict[str, str], list[dict]]:

@@ -15,7 +15,7 @@ from harness.cluster import LocalCluster
 from harness.process import wait_until
 
 from .helpers import produce, table_rows
-from .test_audit_and_retention import VALUE_BYTES, load_batch, wait_flushed
+from .test_audit_and_retention import VALUE_BYTES, audit, load_batch, wait_flushed
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000
@@ -47,9 +47,7 @@ def test_a_load_and_audit_with_one_of_three_zookeeper_servers_stopped(zookeeper_
             record = load_batch(hook, spark, tmp_path, TABLE, TOPIC, start, end)
             stopper.join(60)
             assert ensemble.servers[leader].process is None, "the leader was not stopped during the load"
-            report = hook.audit(warehouse=str(tmp_path), table=TABLE, topic=TOPIC,
-                                start_ms=int(start.timestamp() * 1000), end_ms=int(end.timestamp() * 1000),
-                                threshold=0.999)
+            report = audit(hook, tmp_path, TABLE, start, end)
         finally:
             hook.close()
             stopper.join(60)
