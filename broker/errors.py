@@ -26,6 +26,7 @@ class ErrorCode(enum.IntEnum):
     TOPIC_ALREADY_EXISTS = 12
     STORAGE_ERROR = 13
     TOPIC_CREATION_DISABLED = 14
+    INVALID_REPLICATION_FACTOR = 18  # provisional until i-replica lands
 
 
 class LogbusError(Exception):
@@ -98,6 +99,10 @@ class StorageError(LogbusError):
     code = ErrorCode.STORAGE_ERROR
 
 
+class InvalidReplicationFactor(InvalidRequest):  # provisional until i-replica lands
+    code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
 class UnknownError(LogbusError):
     code = ErrorCode.UNKNOWN
 
@@ -108,6 +113,7 @@ _BY_CODE: dict[int, type[LogbusError]] = {
         OffsetOutOfRange, InvalidMessage, UnknownPartition, MessageTooLarge, UnknownTopic,
         InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
         NotLeaderForPartition, TopicAlreadyExists, StorageError, TopicCreationDisabled, UnknownError,
+        InvalidReplicationFactor,
     )
 }
 

@@ -166,10 +166,11 @@ class RequestHeader:
     client_id: str
 
 
-def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: bytes | bytearray) -> bytes:
+def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: bytes | bytearray,
+                   api_version: int = API_VERSION) -> bytes:
     w = Writer()
     w.buf += SIZE.pack(0)
-    w.buf += REQUEST_HEADER.pack(api_key, API_VERSION, correlation_id)
+    w.buf += REQUEST_HEADER.pack(api_key, api_version, correlation_id)
     w.string(client_id)
     w.raw(body)
     SIZE.pack_into(w.buf, 0, len(w.buf) - 4)
@@ -520,10 +521,12 @@ class BrokerInfo:
 @dataclass(frozen=True)
 class PartitionMetadata:
     partition: int
-    leader: int  # -1 while the leader broker is not live
+    leader: int  # -1 while the partition has no live leader (offline)
     replicas: list[int]
     earliest: int = -1  # offsets only from the partition's leader, -1 elsewhere
     latest: int = -1
+    leader_epoch: int = 0  # version 1 only (a version 0 answer decodes as 0)
+    isr: list[int] = field(default_factory=list)  # version 1 only (a version 0 answer decodes as [])
 
 
 @dataclass(frozen=True)
@@ -533,12 +536,15 @@ class TopicMetadata:
     partitions: list[PartitionMetadata]
 
 
+METADATA_VERSION = 1  # clients ask for version 1: leader epoch and ISR per partition
+
+
 @dataclass(frozen=True)
 class MetadataResponse:
     brokers: list[BrokerInfo]
     topics: list[TopicMetadata]
 
-    def encode(self) -> bytes:
+    def encode(self, version: int = 0) -> bytes:
         w = Writer().int32(len(self.brokers))
         for b in self.brokers:
             w.int32(b.broker_id).string(b.host).int32(b.port)
@@ -550,10 +556,14 @@ class MetadataResponse:
                 for replica in p.replicas:
                     w.int32(replica)
                 w.int64(p.earliest).int64(p.latest)
+                if version >= 1:
+                    w.int32(p.leader_epoch).int16(len(p.isr))
+                    for member in p.isr:
+                        w.int32(member)
         return bytes(w.buf)
 
     @classmethod
-    def decode(cls, r: Reader) -> "MetadataResponse":
+    def decode(cls, r: Reader, version: int = 0) -> "MetadataResponse":
         brokers = [BrokerInfo(r.int32(), r.string(), r.int32()) for _ in range(r.count())]
         topics = []
         for _ in range(r.count()):
@@ -562,6 +572,11 @@ class MetadataResponse:
             for _ in range(r.count()):
                 partition, leader = r.int32(), r.int32()
                 replicas = [r.int32() for _ in range(r.int16())]
-                partitions.append(PartitionMetadata(partition, leader, replicas, r.int64(), r.int64()))
+                earliest, latest = r.int64(), r.int64()
+                epoch, isr = 0, []
+                if version >= 1:
+                    epoch = r.int32()
+                    isr = [r.int32() for _ in range(r.int16())]
+                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest, epoch, isr))
             topics.append(TopicMetadata(topic, code, partitions))
         return cls(brokers, topics)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import zlib
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from broker.errors import TopicAlreadyExists, UnknownError
+from broker.errors import InvalidReplicationFactor, TopicAlreadyExists, UnknownError
 from broker.protocol import BrokerInfo, check_topic_name
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,43 @@ def offset_path(group: str, topic: str, partition: int) -> str:
     return f"{CONSUMERS}/{group}/offsets/{topic}/{partition}"
 
 
+# ---------------------------------------- replication (provisional until i-replica lands)
+
+controller_path = "/controller"
+controller_epoch_path = "/controller_epoch"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions/{partition}/state"
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    controller_epoch: int = 0
+    version: int = 1
+
+    def encode(self) -> bytes:
+        return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
+                           "controller_epoch": self.controller_epoch, "version": self.version}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "PartitionState":
+        d = json.loads(data)
+        return cls(int(d["leader"]), int(d["leader_epoch"]), [int(b) for b in d["isr"]],
+                   int(d.get("controller_epoch", 0)), int(d.get("version", 1)))
+
+
+def read_partition_state(zk: KazooClient, topic: str, partition: int) -> tuple[PartitionState, int] | None:
+    try:
+        data, stat = zk.get(partition_state_path(topic, partition))
+    except NoNodeError:
+        return None
+    return PartitionState.decode(data), stat.version
+
+
 # -------------------------------------------------------------------------- codecs
 
 Assignment = dict[int, list[int]]  # partition -> replica broker ids, leader first
@@ -112,14 +150,29 @@ def decode_offset(data: bytes) -> int:
 # ------------------------------------------------------------------ brokers, topics
 
 
-def assign_round_robin(topic: str, partitions: int, broker_ids: list[int]) -> Assignment:
-    """Spread partitions over the live brokers; the starting broker depends on the topic
-    (a stable hash) so that many small topics do not all lead on the lowest id."""
+def assign_round_robin(topic: str, partitions: int, broker_ids: list[int], replication_factor: int = 1) -> Assignment:
+    """Spread partitions and their replicas over the live brokers, preferred leader first.
+
+    Leaders go round-robin from a start that depends on the topic (a stable hash), so
+    that many small topics do not all lead on the lowest id. A partition's followers
+    follow its leader at a shift that grows every len(brokers) partitions (Kafka's
+    placement), so the followers of one broker's partitions spread over the others and
+    a broker's loss moves its leaderships to several brokers, not one. Replicas of a
+    partition are distinct brokers; `replication_factor` must be 1..len(broker_ids)."""
     if not broker_ids:
         raise UnknownError("no live brokers to assign partitions to")
     ids = sorted(broker_ids)
-    start = zlib.crc32(topic.encode()) % len(ids)
-    return {p: [ids[(start + p) % len(ids)]] for p in range(partitions)}
+    n = len(ids)
+    if not 1 <= replication_factor <= n:
+        raise ValueError(f"replication factor {replication_factor} needs 1..{n} brokers")
+    start = zlib.crc32(topic.encode()) % n
+    assignment = {}
+    for p in range(partitions):
+        first = (start + p) % n
+        shift = (start + p // n) % (n - 1) if n > 1 else 0
+        followers = [(first + 1 + (shift + j) % (n - 1)) % n for j in range(replication_factor - 1)]
+        assignment[p] = [ids[first]] + [ids[i] for i in followers]
+    return assignment
 
 
 def read_brokers(zk: KazooClient, children: list[str] | None = None) -> dict[int, BrokerInfo]:
@@ -143,15 +196,43 @@ def read_assignment(zk: KazooClient, topic: str) -> Assignment | None:
     return decode_assignment(data)
 
 
-def create_topic(zk: KazooClient, topic: str, partitions: int) -> Assignment:
-    """Write a topic's assignment once; a concurrent creator gets TopicAlreadyExists."""
+STATE_NODES_PER_TRANSACTION = 500  # ZooKeeper bounds a request (jute.maxbuffer, 1 MB)
+
+
+def create_topic(zk: KazooClient, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
+    """Write a topic's assignment and the first state node of each partition (leader =
+    first replica, epoch 0, ISR = all replicas) in one transaction, so no reader sees
+    the topic without its state; a concurrent creator gets TopicAlreadyExists. Past
+    STATE_NODES_PER_TRANSACTION partitions the rest follow in further transactions —
+    meanwhile such a partition reads as a topic from before replication (leader =
+    first replica), which is the same leader."""
     check_topic_name(topic)
-    assignment = assign_round_robin(topic, partitions, list(read_brokers(zk)))
-    try:
-        zk.create(topic_path(topic), encode_assignment(assignment), makepath=True)
-    except NodeExistsError:
-        raise TopicAlreadyExists(f"topic {topic!r} already exists") from None
-    logger.info("created topic %s: %s", topic, assignment)
+    live = sorted(read_brokers(zk))
+    if not 1 <= replication_factor <= len(live):
+        raise InvalidReplicationFactor(
+            f"replication factor {replication_factor} for topic {topic!r}: it must be at least 1 and at most the "
+            f"number of live brokers, {len(live)} ({live})")
+    assignment = assign_round_robin(topic, partitions, live, replication_factor)
+    zk.ensure_path(BROKER_TOPICS)
+    first = True
+    items = sorted(assignment.items())
+    for start in range(0, len(items), STATE_NODES_PER_TRANSACTION):
+        transaction = zk.transaction()
+        if first:
+            transaction.create(topic_path(topic), encode_assignment(assignment))
+            transaction.create(f"{topic_path(topic)}/partitions")
+        for partition, replicas in items[start:start + STATE_NODES_PER_TRANSACTION]:
+            initial = PartitionState(leader=replicas[0], leader_epoch=0, isr=list(replicas), controller_epoch=0)
+            transaction.create(f"{topic_path(topic)}/partitions/{partition}")
+            transaction.create(partition_state_path(topic, partition), initial.encode())
+        results = transaction.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if first and isinstance(results[0], NodeExistsError):
+            raise TopicAlreadyExists(f"topic {topic!r} already exists") from None
+        if failed:
+            raise UnknownError(f"creating topic {topic!r} in ZooKeeper failed: {failed[0]!r}")
+        first = False
+    logger.info("created topic %s with replication factor %d: %s", topic, replication_factor, assignment)
     return assignment
 
 

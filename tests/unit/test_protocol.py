@@ -135,6 +135,21 @@ def test_metadata_response_round_trips():
     reader.done()
 
 
+def test_metadata_version_1_adds_leader_epoch_and_isr_and_version_0_is_unchanged():
+    response = MetadataResponse(
+        [BrokerInfo(0, "127.0.0.1", 9092)],
+        [TopicMetadata("events", 0, [PartitionMetadata(0, 2, [2, 0, 1], 0, 44, 7, [2, 0]),
+                                     PartitionMetadata(1, -1, [0, 1, 2], -1, -1, 3, [0])])],
+    )
+    reader = frame_of(7, [response.encode(1)])
+    assert MetadataResponse.decode(reader, 1) == response
+    reader.done()
+    v0 = response.encode(0)
+    assert len(response.encode(1)) - len(v0) == (4 + 2 + 2 * 4) + (4 + 2 + 4)
+    decoded = MetadataResponse.decode(frame_of(7, [v0]))
+    assert [(p.leader, p.leader_epoch, p.isr) for p in decoded.topics[0].partitions] == [(2, 0, []), (-1, 0, [])]
+
+
 def test_create_topic_response_is_the_header_alone():
     assert response_frame(8, []) == [struct.pack(">iih", 6, 8, 0)]
 
