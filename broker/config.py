@@ -102,6 +102,9 @@ class BrokerConfig:
     max_in_flight_requests: int = _setting("max.in.flight.requests.per.connection", 100, int, *_positive)
     socket_send_buffer_max_bytes: int = _setting("socket.send.buffer.max.bytes", 1 * MiB, int, lambda v: v >= 64 * KiB, "must be >= 65536")
     queued_max_request_bytes: int = _setting("queued.max.request.bytes", 128 * MiB, int, lambda v: v >= 1 * MiB, "must be >= 1048576")
+    # replication, the controller's part (docs/replication.md)
+    default_replication_factor: int = _setting("default.replication.factor", 1, int, *_positive)
+    unclean_leader_election_enable: bool = _setting("unclean.leader.election.enable", False, _bool)
 
     @classmethod
     def keys(cls) -> dict[str, dataclasses.Field]:

@@ -19,7 +19,7 @@ from typing import Callable, Coroutine
 
 from broker.config import BrokerConfig
 from broker.errors import (
-    BrokerShuttingDown, ErrorCode, InvalidRequest, LogbusError, NotLeaderForPartition,
+    BrokerShuttingDown, ErrorCode, InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition,
     TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
 )
 from broker.log.log import Log
@@ -27,16 +27,18 @@ from broker.log.manager import LogManager
 from broker.log.scheduler import FlushScheduler
 from broker.message import validate_message_set
 from broker.protocol import (
-    AUTO_PARTITIONS, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
+    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest,
     ProduceResponse, Reader, RequestHeader, TopicMetadata, check_topic_name, encode_offsets, encode_results,
 )
+from broker.partitionstates import live_leader
 from broker.registration import BrokerRegistry
 
 logger = logging.getLogger(__name__)
 
 Reply = asyncio.Future  # of Body | None
 MAX_PARTITIONS = 10_000
+MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
 
 
 def answered(body: Body | None) -> Reply:
@@ -71,10 +73,12 @@ class RequestHandler:
 
     def handle(self, header: RequestHeader, reader: Reader) -> Reply:
         handler = self._handlers.get(header.api_key)
-        if handler is None or header.api_version != 0:
+        if handler is None or header.api_version > MAX_API_VERSIONS.get(header.api_key, 0) or header.api_version < 0:
             raise UnsupportedApi(f"api {header.api_key} version {header.api_version} is not supported")
         if self.shutting_down:
             raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
+        if header.api_key == ApiKey.METADATA:
+            return self.metadata(reader, header.api_version)
         return handler(reader)
 
     @functools.cached_property
@@ -113,7 +117,8 @@ class RequestHandler:
         if not self.config.auto_create_topics:
             raise TopicCreationDisabled(f"unknown topic {topic!r} (auto.create.topics is off)")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions)
+        await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions,
+                                   self.config.default_replication_factor)
 
     def _append(self, topic: str, partition: int, messages, acks: int) -> tuple[Log, int, int]:
         """Validate and append. An acknowledged append is in the page cache before its
@@ -235,7 +240,10 @@ class RequestHandler:
         log = self.leader_log(req.topic, req.partition)
         return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
 
-    def metadata(self, reader: Reader) -> Reply:
+    def metadata(self, reader: Reader, version: int = 0) -> Reply:
+        """Leaders come from the partition state nodes (the controller's decisions): -1
+        for an offline partition or a leader that is not registered. Version 1 adds
+        each partition's leader epoch and ISR."""
         req = MetadataRequest.decode(reader)
         view = self.registry.view
         topics = []
@@ -251,13 +259,15 @@ class RequestHandler:
                 continue
             partitions = []
             for partition, replicas in sorted(assignment.items()):
-                leader = replicas[0] if replicas[0] in view.brokers else -1
+                state = self.registry.states.get(topic, partition, replicas)
+                leader = live_leader(state, view.brokers)
                 log = self.logs.get(topic, partition) if leader == self.config.broker_id else None
                 earliest, latest = (log.start_offset, log.flushed_offset) if log else (-1, -1)
-                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest))
+                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest,
+                                                    state.leader_epoch, list(state.isr)))
             topics.append(TopicMetadata(topic, 0, partitions))
         brokers = sorted(view.brokers.values(), key=lambda b: b.broker_id)
-        return answered([MetadataResponse(brokers, topics).encode()])
+        return answered([MetadataResponse(brokers, topics).encode(version)])
 
     def create_topic(self, reader: Reader) -> Reply:
         req = CreateTopicRequest.decode(reader)
@@ -269,8 +279,9 @@ class RequestHandler:
                 f"partitions must be 1..{MAX_PARTITIONS}, or {AUTO_PARTITIONS} for the broker's num.partitions, "
                 f"not {req.partitions}"
             )
-        if req.replication_factor != 1:
-            raise InvalidRequest(f"replication factor {req.replication_factor} is not supported yet (only 1)")
+        if req.replication_factor < -1:
+            raise InvalidReplicationFactor(
+                f"replication factor {req.replication_factor}: must be >= 1, or 0/-1 for default.replication.factor")
         return later(self._create_topic(req))
 
     async def _auto_create_topic(self, topic: str) -> Body:
@@ -283,5 +294,6 @@ class RequestHandler:
 
     async def _create_topic(self, req: CreateTopicRequest) -> Body:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.create_topic, req.topic, req.partitions)
+        factor = req.replication_factor if req.replication_factor > 0 else self.config.default_replication_factor
+        await loop.run_in_executor(None, self.registry.create_topic, req.topic, req.partitions, factor)
         return []

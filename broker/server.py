@@ -35,6 +35,7 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from broker.config import BrokerConfig
+from broker.controller import Controller
 from broker.errors import ErrorCode, InvalidRequest, LogbusError, RequestTooLarge
 from broker.flowcontrol import ConnectionLimits, RequestPool
 from broker.handlers import Reply, RequestHandler
@@ -493,6 +494,8 @@ class Broker:
             config.zookeeper_session_timeout_ms,
         )
         self.handler = RequestHandler(config, self.logs, self.scheduler, self.registry)
+        # every broker is a controller candidate; one is active (broker.controller)
+        self.controller = Controller(self.zk, config.broker_id, config.unclean_leader_election_enable)
         self.pool = RequestPool(config.queued_max_request_bytes)
         self.limits = ConnectionLimits(config.max_in_flight_requests, config.socket_send_buffer_max_bytes)
         self.connections: set[Connection] = set()
@@ -514,6 +517,7 @@ class Broker:
             lambda: Connection(self), self.config.host, self.config.port, reuse_address=True, backlog=512
         )
         await loop.run_in_executor(None, self.registry.register)
+        await loop.run_in_executor(None, self.controller.start)
         self._tasks = [
             asyncio.ensure_future(self._every(self.config.log_retention_check_interval_ms, self._retention)),
             asyncio.ensure_future(self._every(1000, self._close_stale_connections)),
@@ -556,6 +560,7 @@ class Broker:
         self.handler.shutting_down = True
         for task in self._tasks:
             task.cancel()
+        await loop.run_in_executor(None, self.controller.stop)
         await loop.run_in_executor(None, self.registry.stop)
         if self._server is not None:
             self._server.close()
