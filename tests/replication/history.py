@@ -280,7 +280,7 @@ def check_history(
     at: dict[tuple[int, int], bytes] = {}  # (partition, offset) -> value
     where: dict[tuple[int, int, int], list[tuple[int, int]]] = defaultdict(list)  # attempt -> [(partition, offset)]
     for partition, copies in sorted(replicas.items()):
-        reference_broker = min(copies)
+        reference_broker = max(sorted(copies), key=lambda b: len(copies[b][1]))  # the most complete copy
         start, data = copies[reference_broker]
         for broker, copy in sorted(copies.items()):
             if copy != (start, data):
