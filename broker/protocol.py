@@ -31,6 +31,8 @@ class ApiKey(enum.IntEnum):
     OFFSETS = 4
     METADATA = 5
     CREATE_TOPIC = 6
+    REPLICA_FETCH = 7
+    LEADER_EPOCH_END = 8
 
 
 class Acks(enum.IntEnum):
@@ -356,11 +358,61 @@ class CreateTopicRequest:
         return req
 
 
+@dataclass(frozen=True)
+class ReplicaFetchRequest:
+    """A follower's fetch from its leader. `fetch_offset` is the follower's log end (where
+    it wants bytes from) and `flushed_offset` its flushed end: the leader records both,
+    which is how it knows what each follower has (ISR, high watermark)."""
+
+    API: ClassVar[ApiKey] = ApiKey.REPLICA_FETCH
+    replica_id: int
+    leader_epoch: int
+    topic: str
+    partition: int
+    fetch_offset: int
+    flushed_offset: int
+    max_bytes: int
+    max_wait_ms: int = 0
+
+    def encode(self) -> bytes:
+        return bytes(
+            Writer().int32(self.replica_id).int32(self.leader_epoch).string(self.topic).int32(self.partition)
+            .int64(self.fetch_offset).int64(self.flushed_offset).int32(self.max_bytes).int32(self.max_wait_ms).buf
+        )
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ReplicaFetchRequest":
+        req = cls(r.int32(), r.int32(), r.string(), r.int32(), r.int64(), r.int64(), r.int32(), r.int32())
+        r.done()
+        if req.max_bytes < 0 or req.max_wait_ms < 0:
+            raise InvalidRequest(f"negative max_bytes or max_wait_ms in {req}")
+        return req
+
+
+@dataclass(frozen=True)
+class LeaderEpochEndRequest:
+    """KIP-101: where does `leader_epoch` end in the leader's log?"""
+
+    API: ClassVar[ApiKey] = ApiKey.LEADER_EPOCH_END
+    topic: str
+    partition: int
+    leader_epoch: int
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.partition).int32(self.leader_epoch).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "LeaderEpochEndRequest":
+        req = cls(r.string(), r.int32(), r.int32())
+        r.done()
+        return req
+
+
 REQUEST_TYPES: dict[int, type] = {
     cls.API: cls
     for cls in (
         ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
-        MetadataRequest, CreateTopicRequest,
+        MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest,
     )
 }
 
@@ -440,6 +492,41 @@ class FetchResponse:
     def read(cls, r: Reader) -> "FetchResponse":
         high_watermark = r.int64()
         return cls(high_watermark, r.raw(r.int32()))
+
+
+REPLICA_FETCH_RESPONSE_HEAD = struct.Struct(">qii")  # high_watermark, leader_epoch, set_size
+
+
+@dataclass(frozen=True)
+class ReplicaFetchResponse:
+    high_watermark: int
+    leader_epoch: int
+    messages: bytes | memoryview  # or, in the broker, the file region holding them
+
+    def encode_parts(self) -> Body:
+        return [REPLICA_FETCH_RESPONSE_HEAD.pack(self.high_watermark, self.leader_epoch, len(self.messages)),
+                self.messages]
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ReplicaFetchResponse":
+        high_watermark, leader_epoch = r.int64(), r.int32()
+        return cls(high_watermark, leader_epoch, r.raw(r.int32()))
+
+
+@dataclass(frozen=True)
+class LeaderEpochEndResponse:
+    """The largest epoch <= the asked one that the leader knows, and the offset where it
+    ends: the start of the next epoch, or the log end for the current epoch."""
+
+    epoch: int
+    end_offset: int
+
+    def encode(self) -> bytes:
+        return _I32.pack(self.epoch) + _I64.pack(self.end_offset)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "LeaderEpochEndResponse":
+        return cls(r.int32(), r.int64())
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
 """The ZooKeeper layout (DESIGN §5, a contract): paths, node codecs, offsets.
 
     /brokers/ids/<id>                                ephemeral  {"host","port","version"}
-    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2], ...}}
+    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2, 0, 1], ...}}
+    /brokers/topics/<topic>/partitions/<p>/state     persistent {"leader","leader_epoch","isr",
+                                                                 "controller_epoch","version"}
+    /controller                                      ephemeral  {"broker_id": 1}
+    /controller_epoch                                persistent controller epoch (decimal)
     /consumers/<group>/ids/<consumer_id>             ephemeral  {"<topic>": <streams>}
     /consumers/<group>/owners/<topic>/<partition>    ephemeral  owning stream id
     /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
@@ -16,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -29,6 +33,8 @@ logger = logging.getLogger(__name__)
 BROKER_IDS = "/brokers/ids"
 BROKER_TOPICS = "/brokers/topics"
 CONSUMERS = "/consumers"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
 
 
 # --------------------------------------------------------------------------- paths
@@ -40,6 +46,22 @@ def broker_path(broker_id: int) -> str:
 
 def topic_path(topic: str) -> str:
     return f"{BROKER_TOPICS}/{topic}"
+
+
+def partitions_path(topic: str) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def controller_path() -> str:
+    return CONTROLLER
+
+
+def controller_epoch_path() -> str:
+    return CONTROLLER_EPOCH
 
 
 def group_path(group: str) -> str:
@@ -70,43 +92,6 @@ def offset_path(group: str, topic: str, partition: int) -> str:
     return f"{CONSUMERS}/{group}/offsets/{topic}/{partition}"
 
 
-# ---------------------------------------- replication (provisional until i-replica lands)
-
-controller_path = "/controller"
-controller_epoch_path = "/controller_epoch"
-
-
-def partition_state_path(topic: str, partition: int) -> str:
-    return f"{BROKER_TOPICS}/{topic}/partitions/{partition}/state"
-
-
-@dataclass(frozen=True)
-class PartitionState:
-    leader: int
-    leader_epoch: int
-    isr: list[int]
-    controller_epoch: int = 0
-    version: int = 1
-
-    def encode(self) -> bytes:
-        return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
-                           "controller_epoch": self.controller_epoch, "version": self.version}).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> "PartitionState":
-        d = json.loads(data)
-        return cls(int(d["leader"]), int(d["leader_epoch"]), [int(b) for b in d["isr"]],
-                   int(d.get("controller_epoch", 0)), int(d.get("version", 1)))
-
-
-def read_partition_state(zk: KazooClient, topic: str, partition: int) -> tuple[PartitionState, int] | None:
-    try:
-        data, stat = zk.get(partition_state_path(topic, partition))
-    except NoNodeError:
-        return None
-    return PartitionState.decode(data), stat.version
-
-
 # -------------------------------------------------------------------------- codecs
 
 Assignment = dict[int, list[int]]  # partition -> replica broker ids, leader first
@@ -118,6 +103,48 @@ def encode_assignment(assignment: Assignment) -> bytes:
 
 def decode_assignment(data: bytes) -> Assignment:
     return {int(p): [int(b) for b in replicas] for p, replicas in json.loads(data)["partitions"].items()}
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """Who leads a partition, in which leader epoch, and which replicas are in sync.
+    `leader` -1: offline (no eligible replica). Written at topic creation, then only by
+    compare-and-set: by the controller (leader changes) and by the leader (ISR changes)."""
+
+    leader: int
+    leader_epoch: int = 0
+    isr: list[int] = field(default_factory=list)
+    controller_epoch: int = 0
+    version: int = 1
+
+    OFFLINE = -1
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
+            "controller_epoch": self.controller_epoch, "version": self.version,
+        }).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "PartitionState":
+        node = json.loads(data)
+        return cls(
+            int(node["leader"]), int(node["leader_epoch"]), [int(b) for b in node["isr"]],
+            int(node.get("controller_epoch", 0)), int(node.get("version", 1)),
+        )
+
+    @classmethod
+    def initial(cls, replicas: list[int]) -> "PartitionState":
+        """A new partition's state: the preferred (first) replica leads, all are in sync."""
+        return cls(replicas[0], 0, list(replicas))
+
+
+def encode_controller(broker_id: int) -> bytes:
+    return json.dumps({"broker_id": broker_id}).encode()
+
+
+def decode_controller(data: bytes) -> int:
+    return int(json.loads(data)["broker_id"])
 
 
 def encode_broker(broker: BrokerInfo, version: str) -> bytes:
@@ -161,10 +188,13 @@ def assign_round_robin(topic: str, partitions: int, broker_ids: list[int], repli
     partition are distinct brokers; `replication_factor` must be 1..len(broker_ids)."""
     if not broker_ids:
         raise UnknownError("no live brokers to assign partitions to")
+    if not 1 <= replication_factor <= len(broker_ids):
+        raise InvalidReplicationFactor(
+            f"replication factor {replication_factor} for topic {topic!r}: must be 1..{len(broker_ids)} "
+            f"(the number of live brokers: {sorted(broker_ids)})"
+        )
     ids = sorted(broker_ids)
     n = len(ids)
-    if not 1 <= replication_factor <= n:
-        raise ValueError(f"replication factor {replication_factor} needs 1..{n} brokers")
     start = zlib.crc32(topic.encode()) % n
     assignment = {}
     for p in range(partitions):
@@ -208,10 +238,6 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
     first replica), which is the same leader."""
     check_topic_name(topic)
     live = sorted(read_brokers(zk))
-    if not 1 <= replication_factor <= len(live):
-        raise InvalidReplicationFactor(
-            f"replication factor {replication_factor} for topic {topic!r}: it must be at least 1 and at most the "
-            f"number of live brokers, {len(live)} ({live})")
     assignment = assign_round_robin(topic, partitions, live, replication_factor)
     zk.ensure_path(BROKER_TOPICS)
     first = True
@@ -220,11 +246,10 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
         transaction = zk.transaction()
         if first:
             transaction.create(topic_path(topic), encode_assignment(assignment))
-            transaction.create(f"{topic_path(topic)}/partitions")
+            transaction.create(partitions_path(topic))
         for partition, replicas in items[start:start + STATE_NODES_PER_TRANSACTION]:
-            initial = PartitionState(leader=replicas[0], leader_epoch=0, isr=list(replicas), controller_epoch=0)
-            transaction.create(f"{topic_path(topic)}/partitions/{partition}")
-            transaction.create(partition_state_path(topic, partition), initial.encode())
+            transaction.create(f"{partitions_path(topic)}/{partition}")
+            transaction.create(partition_state_path(topic, partition), PartitionState.initial(replicas).encode())
         results = transaction.commit()
         failed = [r for r in results if isinstance(r, Exception)]
         if first and isinstance(results[0], NodeExistsError):
@@ -234,6 +259,42 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
         first = False
     logger.info("created topic %s with replication factor %d: %s", topic, replication_factor, assignment)
     return assignment
+
+
+# ------------------------------------------------------------------ partition state
+
+
+def read_partition_state(zk: KazooClient, topic: str, partition: int) -> tuple[PartitionState, int] | None:
+    """A partition's state and its znode version (for compare-and-set). A partition of
+    a topic created before replication has no state node: it reads as led by its first
+    replica, alone in sync, epoch 0, with version -1 (a CAS write then creates the node).
+    None if the partition does not exist."""
+    try:
+        data, stat = zk.get(partition_state_path(topic, partition))
+        return PartitionState.decode(data), stat.version
+    except NoNodeError:
+        pass
+    assignment = read_assignment(zk, topic)
+    if not assignment or partition not in assignment:
+        return None
+    leader = assignment[partition][0]
+    return PartitionState(leader, 0, [leader]), -1
+
+
+def write_partition_state(zk: KazooClient, topic: str, partition: int, state: PartitionState,
+                          version: int) -> int | None:
+    """Compare-and-set a partition's state: write it only if the node is still at
+    `version` (-1: only if there is no node yet). The new znode version, or None if
+    another writer got there first — the caller re-reads and decides again."""
+    path = partition_state_path(topic, partition)
+    try:
+        if version == -1:
+            zk.create(path, state.encode(), makepath=True)
+            return 0
+        return zk.set(path, state.encode(), version=version).version
+    except (BadVersionError, NodeExistsError):
+        logger.info("state of %s-%d changed under us (we had version %d); re-reading", topic, partition, version)
+        return None
 
 
 # -------------------------------------------------------------------- group offsets

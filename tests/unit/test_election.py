@@ -2,6 +2,7 @@
 
 import pytest
 
+from broker.errors import InvalidReplicationFactor
 from broker.election import OFFLINE, bounced, elect
 from broker.zklayout import PartitionState, assign_round_robin
 
@@ -87,7 +88,7 @@ def test_a_replication_factor_of_one_places_exactly_as_before():
 
 
 def test_more_replicas_than_brokers_is_refused():
-    with pytest.raises(ValueError, match="replication factor 4"):
+    with pytest.raises(InvalidReplicationFactor, match="replication factor 4"):
         assign_round_robin("clicks", 1, [0, 1, 2], 4)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidReplicationFactor):
         assign_round_robin("clicks", 1, [0, 1, 2], 0)
