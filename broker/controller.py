@@ -16,7 +16,6 @@ Work runs in the controller's own thread, never in kazoo's event thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -27,8 +26,8 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.election import OFFLINE, bounced, elect
 from broker.zklayout import (
-    BROKER_IDS, BROKER_TOPICS, PartitionState, broker_path, controller_epoch_path, controller_path,
-    partition_state_path, read_assignment, read_partition_state,
+    BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PartitionState, broker_path, decode_controller,
+    encode_controller, partition_state_path, read_assignment, read_partition_state,
 )
 
 logger = logging.getLogger(__name__)
@@ -43,10 +42,10 @@ class Deposed(Exception):
 def read_controller(zk: KazooClient) -> int | None:
     """The active controller's broker id, or None while there is none."""
     try:
-        data, _ = zk.get(controller_path())
+        data, _ = zk.get(CONTROLLER)
     except NoNodeError:
         return None
-    return int(json.loads(data)["broker_id"])
+    return decode_controller(data)
 
 
 class Controller:
@@ -65,7 +64,7 @@ class Controller:
 
     def start(self) -> None:
         self.zk.add_listener(self._on_session)
-        DataWatch(self.zk, controller_path(), self._on_controller_node)
+        DataWatch(self.zk, CONTROLLER, self._on_controller_node)
         ChildrenWatch(self.zk, BROKER_IDS, self._on_change)
         ChildrenWatch(self.zk, BROKER_TOPICS, self._on_change)
         self._thread.start()
@@ -120,8 +119,7 @@ class Controller:
 
     def _try_to_become_controller(self) -> None:
         try:
-            self.zk.create(controller_path(), json.dumps({"broker_id": self.broker_id}).encode(), ephemeral=True,
-                           makepath=True)
+            self.zk.create(CONTROLLER, encode_controller(self.broker_id), ephemeral=True, makepath=True)
         except NodeExistsError:
             return
         self.epoch, self._epoch_version = self._bump_epoch()
@@ -133,16 +131,16 @@ class Controller:
     def _bump_epoch(self) -> tuple[int, int]:
         while True:
             try:
-                data, stat = self.zk.get(controller_epoch_path())
+                data, stat = self.zk.get(CONTROLLER_EPOCH)
             except NoNodeError:
                 try:
-                    self.zk.create(controller_epoch_path(), b"1", makepath=True)
+                    self.zk.create(CONTROLLER_EPOCH, b"1", makepath=True)
                     return 1, 0
                 except NodeExistsError:
                     continue
             epoch = int(data.decode().strip()) + 1
             try:
-                stat = self.zk.set(controller_epoch_path(), str(epoch).encode(), version=stat.version)
+                stat = self.zk.set(CONTROLLER_EPOCH, str(epoch).encode(), version=stat.version)
                 return epoch, stat.version
             except BadVersionError:
                 continue
@@ -183,8 +181,8 @@ class Controller:
     def _decide(self, topic: str, partition: int, replicas: list[int], live: set[int]) -> None:
         for _ in range(CAS_ATTEMPTS):
             current = read_partition_state(self.zk, topic, partition)
-            if current is None:
-                return  # a topic from before replication: no state node, nothing to move
+            if current is None or current[1] == -1:
+                return  # gone, or a topic from before replication (no state node): nothing to move
             state, version = current
             election = elect(state, replicas, live, self.unclean_election, self.epoch)
             if election is None:
@@ -199,7 +197,7 @@ class Controller:
     def _write(self, topic: str, partition: int, state: PartitionState, version: int) -> bool:
         """CAS the state node, only while /controller_epoch is still the one we set."""
         transaction = self.zk.transaction()
-        transaction.check(controller_epoch_path(), self._epoch_version)
+        transaction.check(CONTROLLER_EPOCH, self._epoch_version)
         transaction.set_data(partition_state_path(topic, partition), state.encode(), version)
         epoch_check, state_set = transaction.commit()
         if isinstance(epoch_check, BadVersionError) or isinstance(epoch_check, NoNodeError):

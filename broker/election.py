@@ -8,6 +8,7 @@ The rules (docs/replication.md, "The controller"):
   order (the preferred order), with leader_epoch + 1 and the ISR cut to its live members;
 - with no live ISR member the partition goes offline (leader = -1, epoch + 1) and
   keeps its last ISR, so that the first of those brokers to return leads again;
+- a partition with a single replica keeps its state: there is no one else to lead;
 - only with `unclean.leader.election.enable` may a live replica outside the ISR lead
   (ISR = [it]): messages only the old ISR had are lost.
 """
@@ -35,7 +36,12 @@ def elect(state: PartitionState, replicas: list[int], live: set[int], unclean_al
 
     `live` excludes brokers that bounced (re-registered with a new session) since the
     controller last looked: a restarted leader must not keep leading an epoch whose
-    tail it may have lost (KIP-101), so it is treated as dead for this decision."""
+    tail it may have lost (KIP-101), so it is treated as dead for this decision.
+
+    A single-replica partition is never touched: its one broker leads whenever it is
+    live (clients see leader -1 while it is not), exactly as before replication."""
+    if len(replicas) == 1:
+        return None
     if state.leader != OFFLINE and state.leader in live:
         isr = [b for b in state.isr if b in live]
         if isr == list(state.isr):

@@ -125,8 +125,9 @@ class FencedLeaderEpoch(LogbusError):
     code = ErrorCode.FENCED_LEADER_EPOCH
 
 
-class InvalidReplicationFactor(LogbusError):
-    """More replicas asked for than there are live brokers, or fewer than one."""
+class InvalidReplicationFactor(InvalidRequest):
+    """More replicas asked for than there are live brokers, or fewer than one. A kind
+    of InvalidRequest (what such a CREATE_TOPIC was refused with before replication)."""
 
     code = ErrorCode.INVALID_REPLICATION_FACTOR
 

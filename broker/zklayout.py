@@ -191,12 +191,10 @@ def assign_round_robin(topic: str, partitions: int, broker_ids: list[int], repli
     if not 1 <= replication_factor <= len(broker_ids):
         raise InvalidReplicationFactor(
             f"replication factor {replication_factor} for topic {topic!r}: must be 1..{len(broker_ids)} "
-            f"(the number of live brokers)"
+            f"(the number of live brokers: {sorted(broker_ids)})"
         )
     ids = sorted(broker_ids)
     n = len(ids)
-    if not 1 <= replication_factor <= n:
-        raise ValueError(f"replication factor {replication_factor} needs 1..{n} brokers")
     start = zlib.crc32(topic.encode()) % n
     assignment = {}
     for p in range(partitions):
@@ -240,10 +238,6 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
     first replica), which is the same leader."""
     check_topic_name(topic)
     live = sorted(read_brokers(zk))
-    if not 1 <= replication_factor <= len(live):
-        raise InvalidReplicationFactor(
-            f"replication factor {replication_factor} for topic {topic!r}: it must be at least 1 and at most the "
-            f"number of live brokers, {len(live)} ({live})")
     assignment = assign_round_robin(topic, partitions, live, replication_factor)
     zk.ensure_path(BROKER_TOPICS)
     first = True
@@ -252,11 +246,10 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
         transaction = zk.transaction()
         if first:
             transaction.create(topic_path(topic), encode_assignment(assignment))
-            transaction.create(f"{topic_path(topic)}/partitions")
+            transaction.create(partitions_path(topic))
         for partition, replicas in items[start:start + STATE_NODES_PER_TRANSACTION]:
-            initial = PartitionState(leader=replicas[0], leader_epoch=0, isr=list(replicas), controller_epoch=0)
-            transaction.create(f"{topic_path(topic)}/partitions/{partition}")
-            transaction.create(partition_state_path(topic, partition), initial.encode())
+            transaction.create(f"{partitions_path(topic)}/{partition}")
+            transaction.create(partition_state_path(topic, partition), PartitionState.initial(replicas).encode())
         results = transaction.commit()
         failed = [r for r in results if isinstance(r, Exception)]
         if first and isinstance(results[0], NodeExistsError):

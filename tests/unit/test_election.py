@@ -54,11 +54,9 @@ def test_with_no_live_replica_at_all_even_unclean_election_goes_offline():
     assert (new.leader, new.isr) == (OFFLINE, [2])
 
 
-def test_a_single_replica_partition_goes_offline_and_comes_back_with_its_broker():
-    offline = elect(state(0, 0, [0]), [0], {1, 2}, False, 1).state
-    assert (offline.leader, offline.leader_epoch) == (OFFLINE, 1)
-    back = elect(offline, [0], {0, 1, 2}, False, 1).state
-    assert (back.leader, back.leader_epoch, back.isr) == (0, 2, [0])
+def test_a_single_replica_partition_is_left_to_its_broker():
+    assert elect(state(0, 0, [0]), [0], {1, 2}, False, 1) is None
+    assert elect(state(0, 0, [0]), [0], {1, 2}, True, 1) is None
 
 
 def test_bounced_brokers_are_those_registered_by_a_new_session():
