@@ -191,12 +191,12 @@ class RequestHandler:
         log = self.leader_log(req.topic, req.partition)
         region = log.read(req.offset, req.max_bytes)
         if region.length >= req.min_bytes or req.max_wait_ms == 0:
-            return answered(FetchResponse(log.flushed_offset, region).encode_parts())
+            return answered(FetchResponse(log.visible_offset, region).encode_parts())
         return later(self._fetch_later(log, req))
 
     async def _fetch_later(self, log: Log, req: FetchRequest) -> Body:
         await self.scheduler.wait_for_data([(log, req.offset, req.min_bytes)], self._wait_seconds(req.max_wait_ms))
-        return FetchResponse(log.flushed_offset, log.read(req.offset, req.max_bytes)).encode_parts()
+        return FetchResponse(log.visible_offset, log.read(req.offset, req.max_bytes)).encode_parts()
 
     def _wait_seconds(self, max_wait_ms: int) -> float:
         return min(max_wait_ms, self.config.fetch_max_wait_ms) / 1000
@@ -222,7 +222,7 @@ class RequestHandler:
                 results.append(PartitionResult.failed(exc))
             else:
                 logs.append(log)
-                results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.flushed_offset, region)))
+                results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.visible_offset, region)))
         return logs, results
 
     async def _multifetch_later(self, req: MultiFetchRequest, logs: list[Log | None], results) -> Body:
@@ -262,7 +262,7 @@ class RequestHandler:
                 state = self.registry.states.get(topic, partition, replicas)
                 leader = live_leader(state, view.brokers)
                 log = self.logs.get(topic, partition) if leader == self.config.broker_id else None
-                earliest, latest = (log.start_offset, log.flushed_offset) if log else (-1, -1)
+                earliest, latest = (log.start_offset, log.visible_offset) if log else (-1, -1)
                 partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest,
                                                     state.leader_epoch, list(state.isr)))
             topics.append(TopicMetadata(topic, 0, partitions))

@@ -120,7 +120,7 @@ class FlushScheduler:
         while True:
             events = []
             for log, offset, min_bytes in logs_and_offsets:
-                if log.flushed_offset - offset >= max(min_bytes, 1):
+                if log.visible_offset - offset >= max(min_bytes, 1):
                     return
                 events.append(self.flusher(log).advanced())
             remaining = deadline - loop.time()
