@@ -15,7 +15,7 @@ import time
 
 from kazoo.exceptions import KazooException, NoNodeError
 
-from broker.client.cluster import ConnectionPool, ZooKeeperMetadata, connect_zookeeper
+from broker.client.cluster import LEADER_MOVED, ConnectionPool, ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
 from broker.client.offsets import offsets_before
 from broker.errors import LogbusError, UnknownTopic
@@ -56,10 +56,10 @@ class Cluster:
         return leaders
 
     def offset(self, topic: str, partition: int, time_ms: int) -> int | None:
-        """One offset from the partition's leader; None while it is down."""
+        """One offset from the partition's leader; None while it is down or moving."""
         try:
             offsets = offsets_before(self.pool, topic, partition, time_ms, 1)
-        except ConnectionError:
+        except (ConnectionError, *LEADER_MOVED):
             return None
         return offsets[0] if offsets else None
 

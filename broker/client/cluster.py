@@ -33,7 +33,9 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.client.connection import BrokerConnection
 from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
-from broker.errors import ErrorCode, LogbusError, NotLeaderForPartition, UnknownPartition, UnknownTopic
+from broker.errors import (
+    ErrorCode, FencedLeaderEpoch, LogbusError, NotLeaderForPartition, PartitionOffline, UnknownPartition, UnknownTopic,
+)
 from broker.partitionstates import PartitionStates, live_leader
 from broker.protocol import AUTO_PARTITIONS, BrokerInfo
 from broker.zklayout import (
@@ -43,6 +45,11 @@ from broker.zklayout import (
 logger = logging.getLogger(__name__)
 
 Leaders = dict[int, int]  # partition -> leader broker id (-1: unavailable)
+
+# Answers that mean "ask again after refreshing the leaders": the leader moved, the
+# partition has none right now (the controller is electing one), or our view of its
+# leader epoch is stale. Retried by every client, by class (= by wire error code).
+LEADER_MOVED = (NotLeaderForPartition, PartitionOffline, FencedLeaderEpoch)
 T = TypeVar("T")
 
 
@@ -369,15 +376,15 @@ class ConnectionPool:
 
     def call_leader(self, topic: str, partition: int, call: Callable[[BrokerConnection], T],
                     attempts: int = 3, backoff: float = 0.2) -> T:
-        """`call(connection)` at the partition's leader. After a lost connection or
-        NotLeaderForPartition (a leader change) the metadata is refreshed and the call
-        made again, up to `attempts` times; a leader that is down fails at once."""
+        """`call(connection)` at the partition's leader. After a lost connection or a
+        leader change (`LEADER_MOVED`) the metadata is refreshed and the call made
+        again, up to `attempts` times; a leader that is down fails at once."""
         attempt = 1
         while True:
             conn = self.leader(topic, partition)
             try:
                 return call(conn)
-            except (ConnectionError, NotLeaderForPartition) as exc:
+            except (ConnectionError, *LEADER_MOVED) as exc:
                 self.drop_connection(conn)
                 if attempt >= attempts:
                     raise
