@@ -44,7 +44,7 @@ def test_acks_all_is_refused_below_min_insync_replicas_and_acks_1_is_accepted(zo
 
 
 @pytest.mark.parametrize("unclean", [False, True])
-def test_with_only_an_out_of_sync_replica_left(zookeeper_ensemble, tmp_path, unclean):
+def test_what_is_kept_with_only_an_out_of_sync_replica_left(zookeeper_ensemble, tmp_path, unclean):
     """Off (the default): the partition stays offline until an ISR member returns, and
     loses nothing. On: the out-of-sync replica leads, and what only the dead leader
     had is lost — the documented cost."""
