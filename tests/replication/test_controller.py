@@ -150,3 +150,33 @@ def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean)
         state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == leader and s, MOVE_S,
                            "the last ISR member to lead again")
         assert state.leader_epoch == initial.leader_epoch + 2
+
+
+def test_a_controller_whose_session_expires_is_replaced_and_steps_down(cluster, zk):
+    """SIGSTOP the controller past its session timeout: another broker takes over with
+    a higher epoch; the resumed broker notices its session is gone and is no longer
+    the controller; the new one moves leaderships when a broker dies."""
+    for broker_id in range(3):
+        cluster.start_broker(broker_id, SETTINGS)
+    create_topic(zk, "paused", 3, replication_factor=2)
+    first = wait_until(lambda: controller_other_than(zk, None), 30, "a controller")[0]
+    first_epoch = wait_until(lambda: controller_epoch(zk), 30, "the controller epoch")
+
+    cluster.brokers[first].pause()
+    try:
+        second = wait_until(lambda: controller_other_than(zk, first), MOVE_S, "a new controller")[0]
+        wait_until(lambda: controller_epoch(zk) > first_epoch, MOVE_S, "a new controller epoch")
+    finally:
+        cluster.brokers[first].resume()
+    wait_until(lambda: "no longer the controller" in cluster.brokers[first].log_tail(400), MOVE_S,
+               f"broker {first} to step down")
+    assert controller_other_than(zk, None) == (second,)
+
+    victim = next(b for b in range(3) if b not in (first, second))
+    before = states(zk, "paused")
+    led = [p for p, s in before.items() if s.leader == victim]
+    cluster.brokers[victim].kill()
+    wait_until(lambda: all(s.leader != victim for s in states(zk, "paused").values()), MOVE_S,
+               f"broker {victim}'s partitions to move (or go offline: the paused broker left their ISRs)")
+    assert all(states(zk, "paused")[p].leader_epoch == before[p].leader_epoch + 1 for p in led)
+    assert f"controller: broker {victim} is gone" in cluster.brokers[second].log_tail(400)
