@@ -121,7 +121,14 @@ class Controller:
         try:
             self.zk.create(CONTROLLER, encode_controller(self.broker_id), ephemeral=True, makepath=True)
         except NodeExistsError:
-            return
+            try:
+                _, stat = self.zk.get(CONTROLLER)
+            except NoNodeError:
+                self._wake.set()  # gone meanwhile: try again
+                return
+            if stat.ephemeralOwner != self.zk.client_id[0]:
+                return  # another broker is the controller
+            # ours: created just before a failure cut this takeover short; finish it
         self.epoch, self._epoch_version = self._bump_epoch()
         self._live = self._live_brokers()
         self.active = True

@@ -27,12 +27,14 @@ from broker.log.manager import LogManager
 from broker.log.scheduler import FlushScheduler
 from broker.message import validate_message_set
 from broker.protocol import (
-    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
-    MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest,
-    ProduceResponse, Reader, RequestHeader, TopicMetadata, check_topic_name, encode_offsets, encode_results,
+    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, LeaderEpochEndRequest,
+    MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata,
+    PartitionResult, ProduceRequest, ProduceResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata,
+    check_topic_name, encode_offsets, encode_results,
 )
 from broker.partitionstates import live_leader
 from broker.registration import BrokerRegistry
+from broker.replication.manager import ReplicaManager
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +56,13 @@ def later(answer: Coroutine) -> Reply:
 
 
 class RequestHandler:
-    def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler, registry: BrokerRegistry) -> None:
+    def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler, registry: BrokerRegistry,
+                 replicas: ReplicaManager) -> None:
         self.config = config
         self.logs = logs
         self.scheduler = scheduler
         self.registry = registry
+        self.replicas = replicas
         self.shutting_down = False
         self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
         self._handlers: dict[int, Callable[[Reader], Reply]] = {
@@ -69,6 +73,8 @@ class RequestHandler:
             ApiKey.OFFSETS: self.offsets,
             ApiKey.METADATA: self.metadata,
             ApiKey.CREATE_TOPIC: self.create_topic,
+            ApiKey.REPLICA_FETCH: self.replica_fetch,
+            ApiKey.LEADER_EPOCH_END: self.leader_epoch_end,
         }
 
     def handle(self, header: RequestHeader, reader: Reader) -> Reply:
@@ -97,6 +103,8 @@ class RequestHandler:
         replicas = assignment.get(partition)
         if replicas is None:
             raise UnknownPartition(f"topic {topic!r} has partitions 0..{len(assignment) - 1}, not {partition}")
+        if len(replicas) > 1:  # replicated: the leader is the state node's (broker.replication)
+            return self.replicas.leader_partition(topic, partition).log
         if replicas[0] != self.config.broker_id:
             leader = self.registry.view.brokers.get(replicas[0])
             where = f"{leader.host}:{leader.port}" if leader else "a broker that is down"
@@ -107,10 +115,13 @@ class RequestHandler:
         assignment = self.registry.view.topics.get(topic)
         if assignment is None:
             raise UnknownTopic(f"unknown topic {topic!r}")
-        led = [p for p, r in assignment.items() if r[0] == self.config.broker_id]
+        led = [p for p, r in assignment.items() if self._leader(topic, p, r) == self.config.broker_id]
         if not led:
             raise NotLeaderForPartition(f"broker {self.config.broker_id} leads no partition of topic {topic!r}")
         return random.choice(led)
+
+    def _leader(self, topic: str, partition: int, replicas: list[int]) -> int:
+        return self.replicas.leader_of(topic, partition, replicas) if len(replicas) > 1 else replicas[0]
 
     async def _auto_create(self, topic: str) -> None:
         check_topic_name(topic)
@@ -124,12 +135,17 @@ class RequestHandler:
         """Validate and append. An acknowledged append is in the page cache before its
         answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
         log = self.leader_log(topic, partition)
+        replicated = log.high_watermark is not None
+        if replicated and acks == -1:
+            self.replicas.check_insync(self.replicas.leader_partition(topic, partition))
         scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
         if buffered:
             self._unwritten.add(log)
         self.scheduler.flusher(log).appended()
+        if replicated:
+            self.replicas.appended(topic, partition)
         return log, result.base_offset, result.next_offset
 
     def write_unwritten(self) -> None:
@@ -154,16 +170,23 @@ class RequestHandler:
         log, base, next_offset = self._append(req.topic, partition, req.messages, req.acks)
         if req.acks == 0:  # the hot path of acks=0 producers: nothing is built for an answer
             return self._no_reply
-        return self._acknowledge(req.acks, [ProduceResponse(base, next_offset).encode()], [(log, next_offset)])
+        return self._acknowledge(req.acks, [ProduceResponse(base, next_offset).encode()], [(log, next_offset)],
+                                 req.timeout_ms)
 
-    def _acknowledge(self, acks: int, body: Body, appended: list[tuple[Log, int]]) -> Reply:
-        """The answer to acknowledged appends: at once (acks=1) or after the fsync (-1)."""
+    def _acknowledge(self, acks: int, body: Body, appended: list[tuple[Log, int]], timeout_ms: int) -> Reply:
+        """The answer to acknowledged appends: at once (acks=1), or (-1) after the fsync —
+        for a replicated partition, once the high watermark covers them: flushed on
+        every in-sync replica."""
         if acks == 1:
             return answered(body)
-        return later(self._after_flush(body, appended))
+        return later(self._after_flush(body, appended, timeout_ms))
 
-    async def _after_flush(self, body: Body, waits: list[tuple[Log, int]]) -> Body:
-        await asyncio.gather(*(self.scheduler.flusher(log).wait_flushed(offset) for log, offset in waits))
+    async def _after_flush(self, body: Body, waits: list[tuple[Log, int]], timeout_ms: int) -> Body:
+        await asyncio.gather(*(
+            self.replicas.wait_committed(log, offset, timeout_ms) if log.high_watermark is not None
+            else self.scheduler.flusher(log).wait_flushed(offset)
+            for log, offset in waits
+        ))
         return body
 
     def multiproduce(self, reader: Reader) -> Reply:
@@ -182,7 +205,7 @@ class RequestHandler:
                 appended.append((log, next_offset))
         if req.acks == 0:
             return self._no_reply
-        return self._acknowledge(req.acks, encode_results(results), appended)
+        return self._acknowledge(req.acks, encode_results(results), appended, req.timeout_ms)
 
     # ---------------------------------------------------------------------- fetch
 
@@ -268,6 +291,14 @@ class RequestHandler:
             topics.append(TopicMetadata(topic, 0, partitions))
         brokers = sorted(view.brokers.values(), key=lambda b: b.broker_id)
         return answered([MetadataResponse(brokers, topics).encode(version)])
+
+    # ---------------------------------------------------------------- replication
+
+    def replica_fetch(self, reader: Reader) -> Reply:
+        return later(self.replicas.replica_fetch(ReplicaFetchRequest.decode(reader)))
+
+    def leader_epoch_end(self, reader: Reader) -> Reply:
+        return answered(self.replicas.leader_epoch_end(LeaderEpochEndRequest.decode(reader)))
 
     def create_topic(self, reader: Reader) -> Reply:
         req = CreateTopicRequest.decode(reader)

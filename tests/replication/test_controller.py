@@ -14,10 +14,13 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
+from broker.client.connection import BrokerConnection
+from broker.client.producer import Producer
 from broker.controller import read_controller
 from broker.zklayout import CONTROLLER_EPOCH, PartitionState, create_topic, read_assignment, read_partition_state
 from harness.cluster import LocalCluster
 from harness.process import wait_until
+from tests.integration.clientutil import read_topic
 
 LOGBUS = Path(sys.executable).parent / "logbus"
 SESSION_MS = 3000
@@ -100,6 +103,14 @@ def test_controller_failover_moves_the_dead_brokers_leaderships_to_the_isr(zooke
                 assert rows[p]["status"] == "available" and rows[p]["epoch"] == str(before[p].leader_epoch + 1)
                 assert first not in map(int, rows[p]["isr"].split(","))
 
+            live = next(b for b in cluster.brokers.values() if b.broker_id != first)
+            with BrokerConnection(*live.address, timeout=30) as conn:  # METADATA v1 carries the same state
+                for meta in conn.metadata(["events"]).topics[0].partitions:
+                    state = after[meta.partition]
+                    assert (meta.leader, meta.leader_epoch, meta.isr) == (state.leader, state.leader_epoch, state.isr)
+                v0 = conn.metadata(["events"], version=0).topics[0].partitions
+                assert [p.leader for p in v0] == [after[p.partition].leader for p in v0]
+
             cluster.start_broker(first)  # comes back: a follower, not a leader
             wait_until(lambda: f"controller: broker {first} is live" in cluster.brokers[second].log_tail(400), MOVE_S,
                        f"the controller to see broker {first} again")
@@ -112,10 +123,13 @@ def test_controller_failover_moves_the_dead_brokers_leaderships_to_the_isr(zooke
 
 @pytest.mark.parametrize("unclean", [False, True], ids=["clean", "unclean"])
 def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean):
-    """Replicas 0 and 1; the follower dies (the controller drops it from the ISR), then
-    the leader dies. When only the out-of-sync follower returns, the partition stays
-    OFFLINE — unless unclean election is on: then it leads, alone in its ISR, and the
-    controller says at WARNING what that loses."""
+    """Replicas 0 and 1; "early" messages reach both; the follower dies (the controller
+    drops it from the ISR) and "late" messages are acknowledged by the leader alone;
+    then the leader dies. When only the out-of-sync follower returns, the partition
+    stays OFFLINE until the leader returns, and nothing is lost — unless unclean
+    election is on: then the follower leads at once, alone in its ISR, the controller
+    says at WARNING what that loses, and the late messages are gone (the documented
+    cost, docs/controller.md)."""
     settings = {**SETTINGS, "unclean.leader.election.enable": str(unclean).lower()}
     for broker_id in (0, 1):
         cluster.start_broker(broker_id, settings)
@@ -124,9 +138,15 @@ def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean)
     initial = states(zk, "lonely")[0]
     leader = initial.leader
     follower = 1 - leader
+    early, late = [b"early-%d" % i for i in range(20)], [b"late-%d" % i for i in range(20)]
+    with Producer(zookeeper=zk_connect, acks=-1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+        for value in early:
+            producer.send("lonely", value, partition=0)
 
-    cluster.brokers[follower].kill()
-    wait_until(lambda: states(zk, "lonely")[0].isr == [leader], MOVE_S, f"broker {follower} to leave the ISR")
+        cluster.brokers[follower].kill()
+        wait_until(lambda: states(zk, "lonely")[0].isr == [leader], MOVE_S, f"broker {follower} to leave the ISR")
+        for value in late:
+            producer.send("lonely", value, partition=0)
     cluster.brokers[leader].kill()
     wait_until(lambda: zk.exists(f"/brokers/ids/{leader}") is None, MOVE_S, f"broker {leader}'s session to expire")
     cluster.start_broker(follower)
@@ -139,6 +159,7 @@ def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean)
         assert state.isr == [follower] and state.leader_epoch == initial.leader_epoch + 1
         assert "WARNING" in returned.log_tail(400) and "UNCLEAN election of lonely-0" in returned.log_tail(400)
         assert describe_rows(zk_connect, "lonely")[0]["status"] == "available"
+        assert [m.value for m in read_topic(zk_connect, "lonely")[0]] == early  # the late ones are lost
     else:
         state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == -1 and s, MOVE_S, "the partition offline")
         assert state.isr == [leader] and state.leader_epoch == initial.leader_epoch + 1
@@ -146,7 +167,40 @@ def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean)
         assert (row["status"], row["leader"]) == ("OFFLINE", "-1")
         assert "lonely-0 is OFFLINE" in returned.log_tail(400)
 
-        cluster.start_broker(leader)  # the last ISR member returns: it leads again
+        cluster.start_broker(leader)  # the last ISR member returns: it leads again, with everything
         state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == leader and s, MOVE_S,
                            "the last ISR member to lead again")
         assert state.leader_epoch == initial.leader_epoch + 2
+        values = wait_until(lambda: (v := [m.value for m in read_topic(zk_connect, "lonely")[0]]) == early + late and v,
+                            MOVE_S, "every acknowledged message")
+        assert values == early + late
+
+
+def test_a_controller_whose_session_expires_is_replaced_and_steps_down(cluster, zk):
+    """SIGSTOP the controller past its session timeout: another broker takes over with
+    a higher epoch; the resumed broker notices its session is gone and is no longer
+    the controller; the new one moves leaderships when a broker dies."""
+    for broker_id in range(3):
+        cluster.start_broker(broker_id, SETTINGS)
+    create_topic(zk, "paused", 3, replication_factor=2)
+    first = wait_until(lambda: controller_other_than(zk, None), 30, "a controller")[0]
+    first_epoch = wait_until(lambda: controller_epoch(zk), 30, "the controller epoch")
+
+    cluster.brokers[first].pause()
+    try:
+        second = wait_until(lambda: controller_other_than(zk, first), MOVE_S, "a new controller")[0]
+        wait_until(lambda: controller_epoch(zk) > first_epoch, MOVE_S, "a new controller epoch")
+    finally:
+        cluster.brokers[first].resume()
+    wait_until(lambda: "no longer the controller" in cluster.brokers[first].log_tail(400), MOVE_S,
+               f"broker {first} to step down")
+    assert controller_other_than(zk, None) == (second,)
+
+    victim = next(b for b in range(3) if b not in (first, second))
+    before = states(zk, "paused")
+    led = [p for p, s in before.items() if s.leader == victim]
+    cluster.brokers[victim].kill()
+    wait_until(lambda: all(s.leader != victim for s in states(zk, "paused").values()), MOVE_S,
+               f"broker {victim}'s partitions to move (or go offline: the paused broker left their ISRs)")
+    assert all(states(zk, "paused")[p].leader_epoch == before[p].leader_epoch + 1 for p in led)
+    assert f"controller: broker {victim} is gone" in cluster.brokers[second].log_tail(400)
