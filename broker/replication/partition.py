@@ -132,19 +132,24 @@ class Partition:
 
     def record_fetch(self, replica_id: int, fetch_offset: int, flushed_offset: int) -> bool:
         """A follower fetched from `fetch_offset` (its log end), with `flushed_offset` on
-        its disk. True when it is out of the ISR and has caught up: it should join."""
+        its disk. True when it is out of the ISR and has caught up — it has at least what
+        the leader had when it answered its previous fetch, and the high watermark on
+        disk: it should join."""
         position = self.followers.setdefault(replica_id, FollowerPosition())
         now = time.monotonic()
         end = self.log.end_offset
+        caught_up = fetch_offset >= end or fetch_offset >= position.end_at_last_fetch >= 0
         if fetch_offset >= end:
             position.caught_up_at = now
-        elif fetch_offset >= position.end_at_last_fetch >= 0:
+        elif caught_up:  # it has what the leader had when it answered the previous fetch
             position.caught_up_at = max(position.caught_up_at, position.last_fetch_at)
         position.fetch_offset = fetch_offset
         position.flushed_offset = min(flushed_offset, fetch_offset)
         position.last_fetch_at, position.end_at_last_fetch = now, end
         self.update_high_watermark()
-        return replica_id not in self.isr and fetch_offset >= end and fetch_offset >= self.high_watermark
+        # joining needs everything committed on its disk, so that the ISR never holds a
+        # replica that would lose acknowledged messages in a crash
+        return replica_id not in self.isr and caught_up and position.flushed_offset >= self.high_watermark
 
     def lagging(self, lag_seconds: float) -> list[int]:
         """ISR members that have not caught up with the leader within the lag time."""
