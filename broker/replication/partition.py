@@ -112,11 +112,14 @@ class Partition:
             logger.info("%s: isr %s -> %s (epoch %d)", self.name, self.state.isr, state.isr, state.leader_epoch)
         self.state, self.zk_version = state, version
         if self.is_leader:
-            self.update_high_watermark()
             if len(state.isr) < self.min_insync:
-                self.fail_committers(NotEnoughReplicasAfterAppend(
-                    f"the isr of {self.name} shrank to {state.isr}, below min.insync.replicas={self.min_insync}, "
-                    "before the messages were replicated; a retry may duplicate them"))
+                self.fail_committers(self._too_few_after_append())
+            self.update_high_watermark()
+
+    def _too_few_after_append(self) -> NotEnoughReplicasAfterAppend:
+        return NotEnoughReplicasAfterAppend(
+            f"the isr of {self.name} shrank to {self.isr}, below min.insync.replicas={self.min_insync}, before the "
+            "messages were replicated; a retry may duplicate them")
 
     # --------------------------------------------------------------- leader's book-keeping
 
@@ -180,7 +183,10 @@ class Partition:
 
     async def wait_committed(self, offset: int, timeout_ms: int) -> None:
         """acks=-1: return once the high watermark reaches `offset` (every ISR member has
-        flushed the messages); RequestTimedOut after `timeout_ms`."""
+        flushed the messages); RequestTimedOut after `timeout_ms`; NotEnoughReplicasAfterAppend
+        if the ISR is below min.insync.replicas by then."""
+        if len(self.isr) < self.min_insync:
+            raise self._too_few_after_append()
         if self.high_watermark >= offset:
             return
         future = asyncio.get_running_loop().create_future()
