@@ -19,7 +19,8 @@ from kazoo.recipe.watchers import DataWatch
 
 from broker.config import BrokerConfig
 from broker.errors import (
-    FencedLeaderEpoch, NotEnoughReplicas, NotLeaderForPartition, PartitionOffline, UnknownPartition,
+    FencedLeaderEpoch, NotEnoughReplicas, NotLeaderForPartition, OffsetOutOfRange, PartitionOffline,
+    UnknownPartition,
 )
 from broker.log.log import Log
 from broker.log.manager import LogManager
@@ -278,6 +279,9 @@ class ReplicaManager:
     async def replica_fetch(self, req: ReplicaFetchRequest) -> Body:
         part = self._led_for_replication(req.topic, req.partition, req.leader_epoch)
         log = part.log
+        if not log.start_offset <= req.fetch_offset <= log.end_offset:
+            raise OffsetOutOfRange(f"replica {req.replica_id} fetches {part.name} at {req.fetch_offset}, outside "
+                                   f"[{log.start_offset}, {log.end_offset}]: it must truncate first")
         if part.record_fetch(req.replica_id, req.fetch_offset, req.flushed_offset) and not part.isr_change_pending:
             logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, req.replica_id,
                         req.fetch_offset)
