@@ -5,6 +5,7 @@ waiting for its leaders, sending with a given acks, and waiting on partition sta
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, Iterator
 
 from kazoo.client import KazooClient
@@ -22,7 +23,17 @@ BROKER_SETTINGS = {
     "replica.lag.time.max.ms": LAG_MS,
     "zookeeper.session.timeout.ms": SESSION_MS,
     "min.insync.replicas": 1,
+    "replica.fetch.wait.max.ms": 50,  # a follower's long poll: see `pause_quietly`
 }
+
+
+def pause_quietly(cluster, broker_ids: list[int]) -> None:
+    """SIGSTOP followers so that they get nothing more: a fetch already sent is still
+    answered into the paused process's socket (and appended on SIGCONT), so wait out
+    the long poll (`replica.fetch.wait.max.ms`) — well within the lag time."""
+    for broker_id in broker_ids:
+        cluster.brokers[broker_id].pause()
+    time.sleep(0.25)
 
 
 @contextlib.contextmanager

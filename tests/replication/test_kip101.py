@@ -21,7 +21,7 @@ from broker.client.producer import Producer
 from broker.message import iter_messages
 from harness.cluster import LocalCluster
 from tests.replication.replicated import (
-    BROKER_SETTINGS, create_replicated_topic, state, wait_for_state, wait_identical, zookeeper_client,
+    BROKER_SETTINGS, create_replicated_topic, pause_quietly, state, wait_for_state, wait_identical, zookeeper_client,
 )
 
 TOPIC = "kip101"
@@ -76,7 +76,7 @@ def test_a_double_failover_with_a_lagging_follower_keeps_acknowledged_data(zooke
             acknowledged |= sent(all_isr, values("caught-up", 5))
 
             # A gets a tail B does not have (B paused, within the lag time), and dies
-            cluster.brokers[b].pause()
+            pause_quietly(cluster, [b])
             tail = values("a-unreplicated", 5)
             sent(leader_only, tail)
             cluster.brokers[a].kill()
@@ -120,8 +120,7 @@ def test_a_leader_restarting_with_a_torn_tail_truncates_by_epoch_and_converges(z
             before = state(zk, TOPIC, 0)
 
             # A writes a tail no follower has (both paused, within the lag time), and dies
-            cluster.brokers[b].pause()
-            cluster.brokers[c].pause()
+            pause_quietly(cluster, [b, c])
             tail = values("a-unreplicated", 4)
             sent(leader_only, tail)
             cluster.brokers[a].kill()
