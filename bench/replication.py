@@ -40,6 +40,9 @@ FACTORS = (1, 2, 3)
 ACKS = (1, -1)
 PARTITION_COUNTS = (1, 2, 4, 8, 16)
 BROKER_SETTINGS = {"log.flush.interval.ms": 200, "log.flush.interval.messages": 10_000}
+# Our unreplicated producer (BENCHMARKS.md, issue 10: bench.clients, one broker, one
+# partition, 200-byte messages, batch 50, acks=1), drawn beside the replicated figures.
+UNREPLICATED = (355_311, "one broker, no replication (issue 10, acks=1)")
 
 
 class Bench:
@@ -140,6 +143,15 @@ def run(out: Path, count_200: int, count_1k: int, partition_count: int, rate: fl
     return results
 
 
+def _label(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot(results: dict, plots: Path = PLOTS) -> None:
     import matplotlib  # noqa: PLC0415 - optional dependency of the bench extra
 
@@ -151,13 +163,10 @@ def plot(results: dict, plots: Path = PLOTS) -> None:
         for acks, style in zip(ACKS, ("o-", "s--")):
             rows = [r for r in results["matrix"] if r["size"] == size and r["acks"] == acks]
             ax.plot([r["rf"] for r in rows], [r["msg_per_s"] for r in rows], style, label=f"acks={acks}")
-        ax.set_title(f"{size}-byte messages, 3 partitions")
-        ax.set_xlabel("replication factor")
+        if size == 200:
+            ax.axhline(UNREPLICATED[0], color="gray", linestyle=":", label=UNREPLICATED[1])
         ax.set_xticks(FACTORS)
-        ax.set_ylabel("messages/s")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend()
+        _label(ax, f"{size}-byte messages, 3 partitions", "replication factor", "messages/s")
     fig.suptitle("Producer throughput against replication factor (3 local brokers)")
     fig.tight_layout()
     fig.savefig(plots / "replication-throughput.png")
@@ -170,12 +179,7 @@ def plot(results: dict, plots: Path = PLOTS) -> None:
                 label=f"replication factor {factor}, acks=-1")
     ax.set_xscale("log", base=2)
     ax.set_xticks(PARTITION_COUNTS, [str(p) for p in PARTITION_COUNTS])
-    ax.set_xlabel("partitions")
-    ax.set_ylabel("messages/s (200 bytes)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("Producer throughput against partitions")
+    _label(ax, "Producer throughput against partitions (3 brokers)", "partitions", "messages/s (200 bytes)")
     fig.tight_layout()
     fig.savefig(plots / "replication-partitions.png")
     plt.close(fig)
