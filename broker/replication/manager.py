@@ -52,6 +52,7 @@ class ReplicaManager:
         self._lock = threading.Lock()  # guards `_watched` (kazoo threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
+        self._isr_writes: set[asyncio.Task] = set()
         self._session_lost = False
 
     # ------------------------------------------------------------------ life cycle
@@ -285,7 +286,10 @@ class ReplicaManager:
         if part.record_fetch(req.replica_id, req.fetch_offset, req.flushed_offset) and not part.isr_change_pending:
             logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, req.replica_id,
                         req.fetch_offset)
-            asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            part.isr_change_pending = True  # until the write below is done: one at a time
+            task = asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
+            task.add_done_callback(self._isr_writes.discard)
         log.write_unwritten()
         region = log.read(req.fetch_offset, req.max_bytes, upto=log.end_offset)
         if not len(region) and req.max_wait_ms > 0:
