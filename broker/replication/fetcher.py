@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import struct
+from typing import Callable
 
 from broker.config import BrokerConfig
 from broker.errors import FencedLeaderEpoch, LogbusError, NotLeaderForPartition, OffsetOutOfRange
@@ -59,10 +60,12 @@ class LeaderLink:
 
 
 class ReplicaFetcher:
-    def __init__(self, partition: Partition, leader: BrokerInfo, config: BrokerConfig, executor) -> None:
+    def __init__(self, partition: Partition, leader: BrokerInfo, config: BrokerConfig, executor,
+                 locate: Callable[[int], BrokerInfo | None]) -> None:
         self.partition = partition
         self.log = partition.log
         self.leader = leader
+        self._locate = locate  # the leader's current address (it may restart elsewhere)
         self.epoch = partition.epoch
         self.config = config
         self._executor = executor
@@ -85,6 +88,7 @@ class ReplicaFetcher:
         complaint = ""
         while True:
             link = None
+            self.leader = self._locate(self.leader.broker_id) or self.leader
             try:
                 link = await LeaderLink.open(self.leader, f"replica-{self.config.broker_id}", self._timeout)
                 if not truncated:
