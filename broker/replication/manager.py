@@ -26,7 +26,7 @@ from broker.log.log import Log
 from broker.log.manager import LogManager
 from broker.log.scheduler import FlushScheduler
 from broker.protocol import (
-    Body, LeaderEpochEndRequest, LeaderEpochEndResponse, ReplicaFetchRequest, ReplicaFetchResponse,
+    Body, BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, ReplicaFetchRequest, ReplicaFetchResponse,
 )
 from broker.registration import BrokerRegistry
 from broker.replication.fetcher import ReplicaFetcher
@@ -52,6 +52,7 @@ class ReplicaManager:
         self._lock = threading.Lock()  # guards `_watched` (kazoo threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
+        self._isr_writes: set[asyncio.Task] = set()
         self._session_lost = False
 
     # ------------------------------------------------------------------ life cycle
@@ -146,8 +147,12 @@ class ReplicaManager:
         if leader is None:  # not registered (yet): look again shortly
             self._loop.call_later(0.5, self._retry_fetcher, key, part.epoch, leader_id)
             return
-        fetcher = self._fetchers[key] = ReplicaFetcher(part, leader, self.config, self.scheduler.executor)
+        fetcher = self._fetchers[key] = ReplicaFetcher(part, leader, self.config, self.scheduler.executor,
+                                                     self._broker)
         fetcher.start()
+
+    def _broker(self, broker_id: int) -> BrokerInfo | None:
+        return self.registry.view.brokers.get(broker_id)  # the view is replaced whole: look it up each time
 
     def _retry_fetcher(self, key: Key, epoch: int, leader_id: int) -> None:
         part = self.partitions.get(key)
@@ -285,7 +290,10 @@ class ReplicaManager:
         if part.record_fetch(req.replica_id, req.fetch_offset, req.flushed_offset) and not part.isr_change_pending:
             logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, req.replica_id,
                         req.fetch_offset)
-            asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            part.isr_change_pending = True  # until the write below is done: one at a time
+            task = asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
+            task.add_done_callback(self._isr_writes.discard)
         log.write_unwritten()
         region = log.read(req.fetch_offset, req.max_bytes, upto=log.end_offset)
         if not len(region) and req.max_wait_ms > 0:

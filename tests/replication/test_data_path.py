@@ -146,3 +146,42 @@ def test_a_leader_whose_session_expired_stops_leading_and_follows_the_new_leader
         with pytest.raises(NotLeaderForPartition):
             produce(conn, "expiry", 0, [b"to the old leader"], acks=1)
     assert "ZooKeeper session lost; refusing produce" in cluster.brokers[old].log_tail(200)
+
+
+def test_a_killed_follower_comes_back_catches_up_and_rejoins_the_isr(cluster, zk):
+    start3(cluster, **{"replica.lag.time.max.ms": 1500, "log.segment.bytes": 8192})
+    assignment = replicated_topic(zk, cluster, "rejoin")
+    leader, follower = assignment[0][0], assignment[0][2]
+    values = [b"value %04d " % i * 6 for i in range(300)]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        for i in range(0, 100, 10):
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        cluster.brokers[follower].kill()
+        for i in range(100, 200, 10):  # waits for the ISR to drop the dead follower, then goes on
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        assert follower not in state(zk, "rejoin").isr
+        cluster.start_broker(follower)
+        for i in range(200, 300, 10):
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        wait_isr(zk, "rejoin", set(assignment[0]))
+        wait_identical(cluster, assignment[0], "rejoin")
+        assert [m.value for m in read_partition(conn, "rejoin", 0)] == values
+
+
+def test_a_restarted_leader_starts_from_its_checkpointed_high_watermark(cluster, zk):
+    start3(cluster)
+    assignment = replicated_topic(zk, cluster, "checkpointed")
+    leader = assignment[0][0]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        committed = produce(conn, "checkpointed", 0, [b"one", b"two"], acks=-1)
+    cluster.brokers[leader].stop()
+    checkpoint = (cluster.brokers[leader].log_dir / "replication-offset-checkpoint").read_text()
+    assert f"checkpointed 0 {committed.next_offset}\n" in checkpoint
+    for follower in assignment[0][1:]:  # followers keep the leader's HW in their checkpoints too
+        cluster.brokers[follower].stop()
+        assert "checkpointed 0 " in (cluster.brokers[follower].log_dir / "replication-offset-checkpoint").read_text()
+    cluster.start_broker(leader)  # alone: no follower can move the HW, the checkpoint gives it
+    wait_leading(cluster, leader, "checkpointed")
+    with connect(cluster.brokers[leader]) as conn:
+        assert conn.offsets("checkpointed", 0, -1) == [committed.next_offset]
+        assert [m.value for m in read_partition(conn, "checkpointed", 0)] == [b"one", b"two"]
