@@ -60,4 +60,5 @@ def test_a_replicated_topic_survives_the_loss_of_its_leader(cluster, zk, zk_conn
     first_seen = [stored.index(v) for v in sent]
     assert first_seen == sorted(first_seen), "acknowledged messages were reordered"
     received = collector.values()
+    assert sorted(received) == sorted(stored), "the group re-read or skipped messages across the failover"
     assert [received.index(v) for v in sent] == sorted(received.index(v) for v in sent)
