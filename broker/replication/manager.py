@@ -19,7 +19,8 @@ from kazoo.recipe.watchers import DataWatch
 
 from broker.config import BrokerConfig
 from broker.errors import (
-    FencedLeaderEpoch, NotEnoughReplicas, NotLeaderForPartition, PartitionOffline, UnknownPartition,
+    FencedLeaderEpoch, NotEnoughReplicas, NotLeaderForPartition, OffsetOutOfRange, PartitionOffline,
+    UnknownPartition,
 )
 from broker.log.log import Log
 from broker.log.manager import LogManager
@@ -51,6 +52,7 @@ class ReplicaManager:
         self._lock = threading.Lock()  # guards `_watched` (kazoo threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
+        self._isr_writes: set[asyncio.Task] = set()
         self._session_lost = False
 
     # ------------------------------------------------------------------ life cycle
@@ -278,10 +280,16 @@ class ReplicaManager:
     async def replica_fetch(self, req: ReplicaFetchRequest) -> Body:
         part = self._led_for_replication(req.topic, req.partition, req.leader_epoch)
         log = part.log
+        if not log.start_offset <= req.fetch_offset <= log.end_offset:
+            raise OffsetOutOfRange(f"replica {req.replica_id} fetches {part.name} at {req.fetch_offset}, outside "
+                                   f"[{log.start_offset}, {log.end_offset}]: it must truncate first")
         if part.record_fetch(req.replica_id, req.fetch_offset, req.flushed_offset) and not part.isr_change_pending:
             logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, req.replica_id,
                         req.fetch_offset)
-            asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            part.isr_change_pending = True  # until the write below is done: one at a time
+            task = asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
+            task.add_done_callback(self._isr_writes.discard)
         log.write_unwritten()
         region = log.read(req.fetch_offset, req.max_bytes, upto=log.end_offset)
         if not len(region) and req.max_wait_ms > 0:

@@ -112,11 +112,14 @@ class Partition:
             logger.info("%s: isr %s -> %s (epoch %d)", self.name, self.state.isr, state.isr, state.leader_epoch)
         self.state, self.zk_version = state, version
         if self.is_leader:
-            self.update_high_watermark()
             if len(state.isr) < self.min_insync:
-                self.fail_committers(NotEnoughReplicasAfterAppend(
-                    f"the isr of {self.name} shrank to {state.isr}, below min.insync.replicas={self.min_insync}, "
-                    "before the messages were replicated; a retry may duplicate them"))
+                self.fail_committers(self._too_few_after_append())
+            self.update_high_watermark()
+
+    def _too_few_after_append(self) -> NotEnoughReplicasAfterAppend:
+        return NotEnoughReplicasAfterAppend(
+            f"the isr of {self.name} shrank to {self.isr}, below min.insync.replicas={self.min_insync}, before the "
+            "messages were replicated; a retry may duplicate them")
 
     # --------------------------------------------------------------- leader's book-keeping
 
@@ -132,19 +135,24 @@ class Partition:
 
     def record_fetch(self, replica_id: int, fetch_offset: int, flushed_offset: int) -> bool:
         """A follower fetched from `fetch_offset` (its log end), with `flushed_offset` on
-        its disk. True when it is out of the ISR and has caught up: it should join."""
+        its disk. True when it is out of the ISR and has caught up — it has at least what
+        the leader had when it answered its previous fetch, and the high watermark on
+        disk: it should join."""
         position = self.followers.setdefault(replica_id, FollowerPosition())
         now = time.monotonic()
         end = self.log.end_offset
+        caught_up = fetch_offset >= end or fetch_offset >= position.end_at_last_fetch >= 0
         if fetch_offset >= end:
             position.caught_up_at = now
-        elif fetch_offset >= position.end_at_last_fetch >= 0:
+        elif caught_up:  # it has what the leader had when it answered the previous fetch
             position.caught_up_at = max(position.caught_up_at, position.last_fetch_at)
         position.fetch_offset = fetch_offset
         position.flushed_offset = min(flushed_offset, fetch_offset)
         position.last_fetch_at, position.end_at_last_fetch = now, end
         self.update_high_watermark()
-        return replica_id not in self.isr and fetch_offset >= end and fetch_offset >= self.high_watermark
+        # joining needs everything committed on its disk, so that the ISR never holds a
+        # replica that would lose acknowledged messages in a crash
+        return replica_id not in self.isr and caught_up and position.flushed_offset >= self.high_watermark
 
     def lagging(self, lag_seconds: float) -> list[int]:
         """ISR members that have not caught up with the leader within the lag time."""
@@ -175,7 +183,10 @@ class Partition:
 
     async def wait_committed(self, offset: int, timeout_ms: int) -> None:
         """acks=-1: return once the high watermark reaches `offset` (every ISR member has
-        flushed the messages); RequestTimedOut after `timeout_ms`."""
+        flushed the messages); RequestTimedOut after `timeout_ms`; NotEnoughReplicasAfterAppend
+        if the ISR is below min.insync.replicas by then."""
+        if len(self.isr) < self.min_insync:
+            raise self._too_few_after_append()
         if self.high_watermark >= offset:
             return
         future = asyncio.get_running_loop().create_future()

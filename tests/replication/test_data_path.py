@@ -9,7 +9,8 @@ import time
 import pytest
 
 from broker.errors import NotEnoughReplicas, NotLeaderForPartition
-from broker.zklayout import PartitionState
+from broker.zklayout import PartitionState, broker_path
+from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
 from tests.replication.replicautil import (
     replicated_topic, set_state, state, wait_identical, wait_isr, wait_leading,
@@ -118,3 +119,50 @@ def test_a_restarted_leader_truncates_its_unreplicated_tail_by_leader_epoch(clus
     wait_isr(zk, "diverge", set(assignment[0]))
     epochs = (cluster.brokers[old].log_dir / "diverge-0" / "leader-epoch-checkpoint").read_text()
     assert epochs == f"0 0\n1 {committed.next_offset}\n"
+
+
+def test_a_leader_whose_session_expired_stops_leading_and_follows_the_new_leader(cluster, zk):
+    """Freeze the leader past its ZooKeeper session; meanwhile leadership moves (written
+    by hand, as the controller would). Waking, the old leader fences itself, re-reads
+    its state nodes, becomes a follower, and rejoins the ISR."""
+    start3(cluster, **{"zookeeper.session.timeout.ms": 2000})
+    assignment = replicated_topic(zk, cluster, "expiry")
+    old, new, third = assignment[0]
+    with connect(cluster.brokers[old], timeout=60) as conn:
+        produce(conn, "expiry", 0, [b"before"], acks=-1)
+    cluster.brokers[old].pause()
+    try:
+        wait_until(lambda: zk.exists(broker_path(old)) is None, 30, "the old leader's session to expire")
+        set_state(zk, "expiry", 0, PartitionState(new, 1, [new, third]))
+        wait_leading(cluster, new, "expiry")
+    finally:
+        cluster.brokers[old].resume()
+    with connect(cluster.brokers[new], timeout=60) as conn:
+        produce(conn, "expiry", 0, [b"after"], acks=-1)
+        wait_isr(zk, "expiry", set(assignment[0]))
+        wait_identical(cluster, assignment[0], "expiry")
+        assert [m.value for m in read_partition(conn, "expiry", 0)] == [b"before", b"after"]
+    with connect(cluster.brokers[old]) as conn:
+        with pytest.raises(NotLeaderForPartition):
+            produce(conn, "expiry", 0, [b"to the old leader"], acks=1)
+    assert "ZooKeeper session lost; refusing produce" in cluster.brokers[old].log_tail(200)
+
+
+def test_a_killed_follower_comes_back_catches_up_and_rejoins_the_isr(cluster, zk):
+    start3(cluster, **{"replica.lag.time.max.ms": 1500, "log.segment.bytes": 8192})
+    assignment = replicated_topic(zk, cluster, "rejoin")
+    leader, follower = assignment[0][0], assignment[0][2]
+    values = [b"value %04d " % i * 6 for i in range(300)]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        for i in range(0, 100, 10):
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        cluster.brokers[follower].kill()
+        for i in range(100, 200, 10):  # waits for the ISR to drop the dead follower, then goes on
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        assert follower not in state(zk, "rejoin").isr
+        cluster.start_broker(follower)
+        for i in range(200, 300, 10):
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        wait_isr(zk, "rejoin", set(assignment[0]))
+        wait_identical(cluster, assignment[0], "rejoin")
+        assert [m.value for m in read_partition(conn, "rejoin", 0)] == values
