@@ -17,6 +17,8 @@ from kazoo.client import KazooClient
 from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
 from broker.controller import read_controller
+from broker.errors import InvalidReplicationFactor
+from broker.protocol import AUTO_PARTITIONS
 from broker.zklayout import CONTROLLER_EPOCH, PartitionState, create_topic, read_assignment, read_partition_state
 from harness.cluster import LocalCluster
 from harness.process import wait_until
@@ -204,3 +206,23 @@ def test_a_controller_whose_session_expires_is_replaced_and_steps_down(cluster, 
                f"broker {victim}'s partitions to move (or go offline: the paused broker left their ISRs)")
     assert all(states(zk, "paused")[p].leader_epoch == before[p].leader_epoch + 1 for p in led)
     assert f"controller: broker {victim} is gone" in cluster.brokers[second].log_tail(400)
+
+
+def test_create_topic_replication_factor_and_its_default(cluster, zk):
+    """CREATE_TOPIC's replication factor: 0 or -1 and auto-creation take
+    `default.replication.factor`; more replicas than live brokers is refused."""
+    settings = {**SETTINGS, "default.replication.factor": 2, "num.partitions": 3}
+    for broker_id in range(2):
+        cluster.start_broker(broker_id, settings)
+    with BrokerConnection(*cluster.brokers[0].address, timeout=30) as conn:
+        conn.create_topic("explicit", 2, replication_factor=1)
+        conn.create_topic("defaulted", 2, replication_factor=0)
+        conn.create_topic("auto", AUTO_PARTITIONS)
+        with pytest.raises(InvalidReplicationFactor, match=r"replication factor 3 .*1..2 \(the number of live brokers"):
+            conn.create_topic("wide", 1, replication_factor=3)
+        with pytest.raises(InvalidReplicationFactor):
+            conn.create_topic("negative", 1, replication_factor=-2)
+    assert [len(r) for r in read_assignment(zk, "explicit").values()] == [1, 1]
+    assert [len(r) for r in read_assignment(zk, "defaulted").values()] == [2, 2]
+    assert [len(set(r)) for r in read_assignment(zk, "auto").values()] == [2, 2, 2]
+    assert read_assignment(zk, "wide") is None
