@@ -227,6 +227,7 @@ class ReplicaManager:
             logger.warning("%s: could not change the isr to %s: %s", part.name, isr, exc)
         finally:
             part.isr_change_pending = False
+            part.joining = None
 
     # ------------------------------------------------------------ what handlers ask
 
@@ -291,6 +292,7 @@ class ReplicaManager:
             logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, req.replica_id,
                         req.fetch_offset)
             part.isr_change_pending = True  # until the write below is done: one at a time
+            part.joining = req.replica_id  # counts for the HW before the write (see Partition.joining)
             task = asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
             self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
             task.add_done_callback(self._isr_writes.discard)

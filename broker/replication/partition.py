@@ -55,6 +55,11 @@ class Partition:
         self._committers: list[tuple[int, asyncio.Future]] = []  # acks=-1: (next_offset, future)
         self._data = asyncio.Event()  # set by appends: wakes long-polling followers
         self.isr_change_pending = False
+        # A follower being added to the ISR: it counts for the HW from the moment the
+        # expansion is written (Kafka's "maximal ISR"), because once ZooKeeper holds the
+        # larger ISR the controller may make it leader — an acks=-1 answer given before
+        # the write's result is applied here must not rest on the smaller ISR.
+        self.joining: int | None = None
         flusher.on_flushed = lambda flushed: self.update_high_watermark()
 
     @property
@@ -164,8 +169,9 @@ class Partition:
         """HW = min flushed end over the ISR (this leader's own included); never back."""
         if not self.is_leader:
             return
+        members = self.isr if self.joining is None or self.joining in self.isr else [*self.isr, self.joining]
         ends = [self.log.flushed_offset] + [
-            self.followers[r].flushed_offset if r in self.followers else -1 for r in self.isr if r != self.broker_id
+            self.followers[r].flushed_offset if r in self.followers else -1 for r in members if r != self.broker_id
         ]
         hw = min(ends)
         if hw <= self.high_watermark:

@@ -91,3 +91,26 @@ def test_an_isr_below_min_insync_fails_the_waiters(tmp_path):
             await waiting
 
     asyncio.run(run())
+
+
+def test_a_joining_follower_counts_for_the_hw_before_its_isr_write_is_applied(tmp_path):
+    """Once the larger ISR is in ZooKeeper the controller may elect the joining
+    follower: an acks=-1 answer must not rest on the smaller ISR meanwhile (found by the
+    history checker, seed 12: a leader paused between the write and its result lost an
+    acknowledged message)."""
+    async def run():
+        part = leader(tmp_path, isr=(0,))
+        end = append(part.log, [b"a"]).next_offset
+        part.log.flush()
+        part.update_high_watermark()
+        assert part.high_watermark == end
+        assert part.record_fetch(1, end, end)  # caught up: the broker writes isr [0, 1]
+        part.joining = 1
+        more = append(part.log, [b"b"]).next_offset
+        part.log.flush()
+        part.update_high_watermark()
+        assert part.high_watermark == end  # not `more`: follower 1 does not have it yet
+        part.record_fetch(1, more, more)
+        assert part.high_watermark == more
+
+    asyncio.run(run())
