@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import struct
+from typing import Callable
 
 from broker.config import BrokerConfig
 from broker.errors import FencedLeaderEpoch, LogbusError, NotLeaderForPartition, OffsetOutOfRange
@@ -59,10 +60,12 @@ class LeaderLink:
 
 
 class ReplicaFetcher:
-    def __init__(self, partition: Partition, leader: BrokerInfo, config: BrokerConfig, executor) -> None:
+    def __init__(self, partition: Partition, leader: BrokerInfo, config: BrokerConfig, executor,
+                 locate: Callable[[int], BrokerInfo | None]) -> None:
         self.partition = partition
         self.log = partition.log
         self.leader = leader
+        self._locate = locate  # the leader's current address (it may restart elsewhere)
         self.epoch = partition.epoch
         self.config = config
         self._executor = executor
@@ -81,15 +84,16 @@ class ReplicaFetcher:
         return self.config.replica_fetch_wait_max_ms / 1000 + self.config.request_read_timeout_ms / 1000
 
     async def _run(self) -> None:
-        truncated = False
+        """Truncate on every new connection, not only on becoming a follower: a leader
+        that restarted may have lost a tail this follower holds (the controller gives it
+        a new epoch; checking again keeps the window small even when it does not)."""
         complaint = ""
         while True:
             link = None
+            self.leader = self._locate(self.leader.broker_id) or self.leader
             try:
                 link = await LeaderLink.open(self.leader, f"replica-{self.config.broker_id}", self._timeout)
-                if not truncated:
-                    await self._truncate(link)
-                    truncated = True
+                await self._truncate(link)
                 while True:
                     await self._fetch_once(link)
                     complaint = ""
@@ -97,7 +101,6 @@ class ReplicaFetcher:
                 raise
             except OffsetOutOfRange as exc:
                 logger.warning("%s: %s; truncating again", self.log.name, exc)
-                truncated = False
             except (FencedLeaderEpoch, NotLeaderForPartition) as exc:
                 complaint = self._complain(complaint, f"leader {self.leader.broker_id} answers: {exc}")
             except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, LogbusError) as exc:

@@ -26,7 +26,7 @@ from broker.log.log import Log
 from broker.log.manager import LogManager
 from broker.log.scheduler import FlushScheduler
 from broker.protocol import (
-    Body, LeaderEpochEndRequest, LeaderEpochEndResponse, ReplicaFetchRequest, ReplicaFetchResponse,
+    Body, BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, ReplicaFetchRequest, ReplicaFetchResponse,
 )
 from broker.registration import BrokerRegistry
 from broker.replication.fetcher import ReplicaFetcher
@@ -147,8 +147,12 @@ class ReplicaManager:
         if leader is None:  # not registered (yet): look again shortly
             self._loop.call_later(0.5, self._retry_fetcher, key, part.epoch, leader_id)
             return
-        fetcher = self._fetchers[key] = ReplicaFetcher(part, leader, self.config, self.scheduler.executor)
+        fetcher = self._fetchers[key] = ReplicaFetcher(part, leader, self.config, self.scheduler.executor,
+                                                     self._broker)
         fetcher.start()
+
+    def _broker(self, broker_id: int) -> BrokerInfo | None:
+        return self.registry.view.brokers.get(broker_id)  # the view is replaced whole: look it up each time
 
     def _retry_fetcher(self, key: Key, epoch: int, leader_id: int) -> None:
         part = self.partitions.get(key)

@@ -166,3 +166,22 @@ def test_a_killed_follower_comes_back_catches_up_and_rejoins_the_isr(cluster, zk
         wait_isr(zk, "rejoin", set(assignment[0]))
         wait_identical(cluster, assignment[0], "rejoin")
         assert [m.value for m in read_partition(conn, "rejoin", 0)] == values
+
+
+def test_a_restarted_leader_starts_from_its_checkpointed_high_watermark(cluster, zk):
+    start3(cluster)
+    assignment = replicated_topic(zk, cluster, "checkpointed")
+    leader = assignment[0][0]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        committed = produce(conn, "checkpointed", 0, [b"one", b"two"], acks=-1)
+    cluster.brokers[leader].stop()
+    checkpoint = (cluster.brokers[leader].log_dir / "replication-offset-checkpoint").read_text()
+    assert f"checkpointed 0 {committed.next_offset}\n" in checkpoint
+    for follower in assignment[0][1:]:  # followers keep the leader's HW in their checkpoints too
+        cluster.brokers[follower].stop()
+        assert "checkpointed 0 " in (cluster.brokers[follower].log_dir / "replication-offset-checkpoint").read_text()
+    cluster.start_broker(leader)  # alone: no follower can move the HW, the checkpoint gives it
+    wait_leading(cluster, leader, "checkpointed")
+    with connect(cluster.brokers[leader]) as conn:
+        assert conn.offsets("checkpointed", 0, -1) == [committed.next_offset]
+        assert [m.value for m in read_partition(conn, "checkpointed", 0)] == [b"one", b"two"]
