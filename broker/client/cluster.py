@@ -50,6 +50,7 @@ Leaders = dict[int, int]  # partition -> leader broker id (-1: unavailable)
 # partition has none right now (the controller is electing one), or our view of its
 # leader epoch is stale. Retried by every client, by class (= by wire error code).
 LEADER_MOVED = (NotLeaderForPartition, PartitionOffline, FencedLeaderEpoch)
+LEADERLESS_REFRESH_S = 0.5  # a broker-list client re-asks this often while a partition has no leader
 T = TypeVar("T")
 
 
@@ -289,7 +290,13 @@ class BrokerListMetadata:
         return self._brokers
 
     def partitions(self, topic: str) -> Leaders | None:
-        if topic not in self._leaders:
+        """Leaders as last asked; asked again (at most every LEADERLESS_REFRESH_S) while
+        a partition has none: nothing else tells a broker-list client that the
+        controller elected one, and a producer waiting for a leader sends nothing that
+        could fail and trigger a refresh."""
+        leaders = self._leaders.get(topic)
+        if leaders is None or (-1 in leaders.values()
+                               and time.monotonic() - self._last_refresh >= LEADERLESS_REFRESH_S):
             self.refresh(topic)
         return self._leaders.get(topic)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from broker.client.group import ConsumerGroup
 from broker.client.producer import Producer
 from broker.zklayout import create_topic, read_partition_state
@@ -20,15 +22,20 @@ TOPIC = "orders"
 BEFORE, AFTER = 150, 150
 
 
-def test_a_replicated_topic_survives_the_loss_of_its_leader(cluster, zk, zk_connect):
+@pytest.mark.parametrize("discovery", ["zookeeper", "brokers"])
+def test_a_replicated_topic_survives_the_loss_of_its_leader(cluster, zk, zk_connect, discovery):
+    """The producer finds leaders by watching ZooKeeper, or by METADATA (version 1)
+    from a broker list."""
     for broker_id in range(3):
         cluster.start_broker(broker_id, SETTINGS)
+    where = ({"zookeeper": zk_connect} if discovery == "zookeeper"
+             else {"brokers": [f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values())]})
     create_topic(zk, TOPIC, 1, replication_factor=3)
     initial, _ = read_partition_state(zk, TOPIC, 0)
 
     # sync: one message at a time, so a retry cannot overtake a later message (an async
     # producer with several batches in flight may reorder retried batches, docs/clients.md)
-    producer = Producer(zookeeper=zk_connect, acks=-1, mode="sync", audit=False, retries=10_000,
+    producer = Producer(**where, acks=-1, mode="sync", audit=False, retries=10_000,
                         retry_backoff_ms=200, delivery_timeout_ms=120_000, request_timeout_ms=10_000, linger_ms=2)
     group = ConsumerGroup("readers", {TOPIC: 1}, zk_connect, consumer_timeout_ms=200, max_wait_ms=100,
                           auto_commit_interval_ms=200, zookeeper_session_timeout_ms=3000)
