@@ -174,12 +174,14 @@ def test_a_restarted_leader_starts_from_its_checkpointed_high_watermark(cluster,
     leader = assignment[0][0]
     with connect(cluster.brokers[leader], timeout=60) as conn:
         committed = produce(conn, "checkpointed", 0, [b"one", b"two"], acks=-1)
-    cluster.brokers[leader].stop()
-    checkpoint = (cluster.brokers[leader].log_dir / "replication-offset-checkpoint").read_text()
-    assert f"checkpointed 0 {committed.next_offset}\n" in checkpoint
+    # followers first: with the controller running, a leader stopped first would lose the
+    # lead (and its ISR place) to a follower, and alone it could not lead again
     for follower in assignment[0][1:]:  # followers keep the leader's HW in their checkpoints too
         cluster.brokers[follower].stop()
         assert "checkpointed 0 " in (cluster.brokers[follower].log_dir / "replication-offset-checkpoint").read_text()
+    cluster.brokers[leader].stop()
+    checkpoint = (cluster.brokers[leader].log_dir / "replication-offset-checkpoint").read_text()
+    assert f"checkpointed 0 {committed.next_offset}\n" in checkpoint
     cluster.start_broker(leader)  # alone: no follower can move the HW, the checkpoint gives it
     wait_leading(cluster, leader, "checkpointed")
     with connect(cluster.brokers[leader]) as conn:
