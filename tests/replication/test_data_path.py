@@ -174,8 +174,8 @@ def test_a_restarted_leader_starts_from_its_checkpointed_high_watermark(cluster,
     leader = assignment[0][0]
     with connect(cluster.brokers[leader], timeout=60) as conn:
         committed = produce(conn, "checkpointed", 0, [b"one", b"two"], acks=-1)
-    # followers first: with a controller, a stopped leader's partitions move to the ISR,
-    # and the last broker standing would be the only one the controller lets lead
+    # followers first: with the controller running, a leader stopped first would lose the
+    # lead (and its ISR place) to a follower, and alone it could not lead again
     for follower in assignment[0][1:]:  # followers keep the leader's HW in their checkpoints too
         cluster.brokers[follower].stop()
         assert "checkpointed 0 " in (cluster.brokers[follower].log_dir / "replication-offset-checkpoint").read_text()
