@@ -15,13 +15,14 @@ import time
 
 from kazoo.exceptions import KazooException, NoNodeError
 
-from broker.client.cluster import ConnectionPool, ZooKeeperMetadata, connect_zookeeper
+from broker.client.cluster import LEADER_MOVED, ConnectionPool, ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
 from broker.client.offsets import offsets_before
 from broker.errors import LogbusError, UnknownTopic
 from broker.protocol import EARLIEST, LATEST, check_topic_name
+from broker.partitionstates import legacy_state, live_leader
 from broker.zklayout import (
-    CONSUMERS, create_topic, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
+    CONSUMERS, create_topic, read_partition_state, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,10 +56,10 @@ class Cluster:
         return leaders
 
     def offset(self, topic: str, partition: int, time_ms: int) -> int | None:
-        """One offset from the partition's leader; None while it is down."""
+        """One offset from the partition's leader; None while it is down or moving."""
         try:
             offsets = offsets_before(self.pool, topic, partition, time_ms, 1)
-        except ConnectionError:
+        except (ConnectionError, *LEADER_MOVED):
             return None
         return offsets[0] if offsets else None
 
@@ -76,7 +77,23 @@ def _show(value: object) -> str:
 # --------------------------------------------------------------------------- topics
 
 
+TOPIC_ACTIONS = ("list", "create", "describe")
+
+
+def topic_action(args: argparse.Namespace) -> None:
+    """`topics create NAME` and `topics --create NAME` alike: set args.action, args.name."""
+    words = list(args.words)
+    if args.mode is None:
+        if not words or words[0] not in TOPIC_ACTIONS:
+            raise CommandError(f"topics needs an action: {', '.join(TOPIC_ACTIONS)} (or --create, --describe, --list)")
+        args.mode = words.pop(0)
+    if len(words) > 1:
+        raise CommandError(f"topics {args.mode} takes at most one NAME, got {' '.join(words)}")
+    args.action, args.name = args.mode, (words[0] if words else None)
+
+
 def cmd_topics(args: argparse.Namespace, cluster: Cluster) -> int:
+    topic_action(args)
     if args.action == "list":
         for topic in cluster.metadata.topics():
             print(topic)
@@ -86,21 +103,36 @@ def cmd_topics(args: argparse.Namespace, cluster: Cluster) -> int:
         check_topic_name(args.name)
         if args.partitions < 1:
             raise CommandError("--partitions must be at least 1")
-        assignment = create_topic(cluster.zk, args.name, args.partitions)
-        print(f"created topic {args.name} with {len(assignment)} partitions")
+        assignment = create_topic(cluster.zk, args.name, args.partitions, args.replication_factor)
+        print(f"created topic {args.name} with {len(assignment)} partitions, replication factor "
+              f"{args.replication_factor}")
     else:
-        topics = [args.name] if args.name else cluster.metadata.topics()
-        brokers = cluster.metadata.brokers()
-        print("topic\tpartition\tleader\tstatus\tearliest\tlatest")
-        for topic in topics:
-            for partition, leader in sorted(cluster.leaders(topic).items()):
-                live = leader >= 0
-                earliest = cluster.offset(topic, partition, EARLIEST) if live else None
-                latest = cluster.offset(topic, partition, LATEST) if live else None
-                where = f"{leader} ({brokers[leader].host}:{brokers[leader].port})" if live else "-"
-                print(f"{topic}\t{partition}\t{where}\t{'available' if live else 'unavailable'}\t"
-                      f"{_show(earliest)}\t{_show(latest)}")
+        describe(cluster, [args.name] if args.name else cluster.metadata.topics())
     return 0
+
+
+def describe(cluster: Cluster, topics: list[str]) -> None:
+    """One row per partition: its live leader (OFFLINE when none: the partition takes no
+    produce and serves no fetch until the controller elects one), the leader epoch,
+    the replicas (preferred leader first), the ISR, and the leader's offsets."""
+    brokers = cluster.metadata.brokers()
+    print("topic\tpartition\tleader\tstatus\tearliest\tlatest\tepoch\treplicas\tisr")
+    for topic in topics:
+        cluster.leaders(topic)  # UnknownTopic if it does not exist
+        for partition, replicas in sorted((cluster.metadata.assignment(topic) or {}).items()):
+            current = read_partition_state(cluster.zk, topic, partition)
+            state = current[0] if current else legacy_state(replicas)
+            leader = live_leader(state, brokers)
+            live = leader >= 0
+            earliest = cluster.offset(topic, partition, EARLIEST) if live else None
+            latest = cluster.offset(topic, partition, LATEST) if live else None
+            where = f"{leader} ({brokers[leader].host}:{brokers[leader].port})" if live else "-1"
+            print(f"{topic}\t{partition}\t{where}\t{'available' if live else 'OFFLINE'}\t{_show(earliest)}\t"
+                  f"{_show(latest)}\t{state.leader_epoch}\t{_ids(replicas)}\t{_ids(state.isr)}")
+
+
+def _ids(brokers: list[int]) -> str:
+    return ",".join(map(str, brokers))
 
 
 # -------------------------------------------------------------------------- produce
@@ -278,10 +310,15 @@ def arguments() -> argparse.ArgumentParser:
     common = _common(False)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("topics", parents=[common], help="list, create or describe topics")
-    p.add_argument("action", choices=["list", "create", "describe"])
-    p.add_argument("name", nargs="?")
+    p = sub.add_parser("topics", parents=[common], help="list, create or describe topics",
+                       usage="logbus topics {list,create,describe} [NAME] | --list | --create NAME | --describe [NAME]")
+    p.add_argument("words", nargs="*", metavar="ACTION [NAME]", help="list, create NAME, or describe [NAME]")
+    modes = p.add_mutually_exclusive_group()
+    for mode in TOPIC_ACTIONS:
+        modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode, help=f"the same as `{mode}`")
     p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--replication-factor", type=int, default=1, metavar="N",
+                   help="replicas of each partition, on distinct live brokers (default 1)")
     p.set_defaults(run=cmd_topics)
 
     p = sub.add_parser("produce", parents=[common], help="send stdin lines as messages")

@@ -102,6 +102,15 @@ class BrokerConfig:
     max_in_flight_requests: int = _setting("max.in.flight.requests.per.connection", 100, int, *_positive)
     socket_send_buffer_max_bytes: int = _setting("socket.send.buffer.max.bytes", 1 * MiB, int, lambda v: v >= 64 * KiB, "must be >= 65536")
     queued_max_request_bytes: int = _setting("queued.max.request.bytes", 128 * MiB, int, lambda v: v >= 1 * MiB, "must be >= 1048576")
+    # replication (docs/replication.md)
+    replica_lag_time_max_ms: int = _setting("replica.lag.time.max.ms", 10_000, int, *_positive)
+    min_insync_replicas: int = _setting("min.insync.replicas", 1, int, *_positive)
+    replica_fetch_max_bytes: int = _setting("replica.fetch.max.bytes", 1 * MiB, int, lambda v: v >= 1024, "must be >= 1024")
+    replica_fetch_wait_max_ms: int = _setting("replica.fetch.wait.max.ms", 500, int, *_non_negative)
+    default_replication_factor: int = _setting("default.replication.factor", 1, int, *_positive)
+    unclean_leader_election_enable: bool = _setting("unclean.leader.election.enable", False, _bool)
+    replica_high_watermark_checkpoint_interval_ms: int = _setting(
+        "replica.high.watermark.checkpoint.interval.ms", 5000, int, *_positive)
 
     @classmethod
     def keys(cls) -> dict[str, dataclasses.Field]:

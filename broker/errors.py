@@ -26,6 +26,12 @@ class ErrorCode(enum.IntEnum):
     TOPIC_ALREADY_EXISTS = 12
     STORAGE_ERROR = 13
     TOPIC_CREATION_DISABLED = 14
+    NOT_ENOUGH_REPLICAS = 15
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 16
+    FENCED_LEADER_EPOCH = 17
+    INVALID_REPLICATION_FACTOR = 18
+    PARTITION_OFFLINE = 19
+    REQUEST_TIMED_OUT = 20
 
 
 class LogbusError(Exception):
@@ -98,6 +104,47 @@ class StorageError(LogbusError):
     code = ErrorCode.STORAGE_ERROR
 
 
+class NotEnoughReplicas(LogbusError):
+    """acks=-1 refused before the append: the ISR is smaller than min.insync.replicas.
+    Nothing was appended; a retry cannot duplicate."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class NotEnoughReplicasAfterAppend(LogbusError):
+    """Appended on the leader, but the ISR shrank below min.insync.replicas before the
+    messages were replicated. A retry may duplicate them."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+class FencedLeaderEpoch(LogbusError):
+    """The request carries a leader epoch older than this broker's: its sender acts on
+    stale leadership and must refresh it."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+class InvalidReplicationFactor(InvalidRequest):
+    """More replicas asked for than there are live brokers, or fewer than one. A kind
+    of InvalidRequest (what such a CREATE_TOPIC was refused with before replication)."""
+
+    code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class PartitionOffline(LogbusError):
+    """The partition has no leader (no eligible replica is alive)."""
+
+    code = ErrorCode.PARTITION_OFFLINE
+
+
+class RequestTimedOut(LogbusError):
+    """acks=-1: the messages were appended but not replicated to the ISR within
+    timeout_ms. They may still become committed; a retry may duplicate them."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
 class UnknownError(LogbusError):
     code = ErrorCode.UNKNOWN
 
@@ -107,7 +154,9 @@ _BY_CODE: dict[int, type[LogbusError]] = {
     for cls in (
         OffsetOutOfRange, InvalidMessage, UnknownPartition, MessageTooLarge, UnknownTopic,
         InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
-        NotLeaderForPartition, TopicAlreadyExists, StorageError, TopicCreationDisabled, UnknownError,
+        NotLeaderForPartition, TopicAlreadyExists, StorageError, TopicCreationDisabled, NotEnoughReplicas,
+        NotEnoughReplicasAfterAppend, FencedLeaderEpoch, InvalidReplicationFactor, PartitionOffline,
+        RequestTimedOut, UnknownError,
     )
 }
 

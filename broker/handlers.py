@@ -19,7 +19,7 @@ from typing import Callable, Coroutine
 
 from broker.config import BrokerConfig
 from broker.errors import (
-    BrokerShuttingDown, ErrorCode, InvalidRequest, LogbusError, NotLeaderForPartition,
+    BrokerShuttingDown, ErrorCode, InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition,
     TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
 )
 from broker.log.log import Log
@@ -27,16 +27,20 @@ from broker.log.manager import LogManager
 from broker.log.scheduler import FlushScheduler
 from broker.message import validate_message_set
 from broker.protocol import (
-    AUTO_PARTITIONS, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
-    MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest,
-    ProduceResponse, Reader, RequestHeader, TopicMetadata, check_topic_name, encode_offsets, encode_results,
+    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, LeaderEpochEndRequest,
+    MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata,
+    PartitionResult, ProduceRequest, ProduceResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata,
+    check_topic_name, encode_offsets, encode_results,
 )
+from broker.partitionstates import live_leader
 from broker.registration import BrokerRegistry
+from broker.replication.manager import ReplicaManager
 
 logger = logging.getLogger(__name__)
 
 Reply = asyncio.Future  # of Body | None
 MAX_PARTITIONS = 10_000
+MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
 
 
 def answered(body: Body | None) -> Reply:
@@ -52,11 +56,13 @@ def later(answer: Coroutine) -> Reply:
 
 
 class RequestHandler:
-    def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler, registry: BrokerRegistry) -> None:
+    def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler, registry: BrokerRegistry,
+                 replicas: ReplicaManager) -> None:
         self.config = config
         self.logs = logs
         self.scheduler = scheduler
         self.registry = registry
+        self.replicas = replicas
         self.shutting_down = False
         self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
         self._handlers: dict[int, Callable[[Reader], Reply]] = {
@@ -67,14 +73,18 @@ class RequestHandler:
             ApiKey.OFFSETS: self.offsets,
             ApiKey.METADATA: self.metadata,
             ApiKey.CREATE_TOPIC: self.create_topic,
+            ApiKey.REPLICA_FETCH: self.replica_fetch,
+            ApiKey.LEADER_EPOCH_END: self.leader_epoch_end,
         }
 
     def handle(self, header: RequestHeader, reader: Reader) -> Reply:
         handler = self._handlers.get(header.api_key)
-        if handler is None or header.api_version != 0:
+        if handler is None or header.api_version > MAX_API_VERSIONS.get(header.api_key, 0) or header.api_version < 0:
             raise UnsupportedApi(f"api {header.api_key} version {header.api_version} is not supported")
         if self.shutting_down:
             raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
+        if header.api_key == ApiKey.METADATA:
+            return self.metadata(reader, header.api_version)
         return handler(reader)
 
     @functools.cached_property
@@ -93,6 +103,8 @@ class RequestHandler:
         replicas = assignment.get(partition)
         if replicas is None:
             raise UnknownPartition(f"topic {topic!r} has partitions 0..{len(assignment) - 1}, not {partition}")
+        if len(replicas) > 1:  # replicated: the leader is the state node's (broker.replication)
+            return self.replicas.leader_partition(topic, partition).log
         if replicas[0] != self.config.broker_id:
             leader = self.registry.view.brokers.get(replicas[0])
             where = f"{leader.host}:{leader.port}" if leader else "a broker that is down"
@@ -103,28 +115,37 @@ class RequestHandler:
         assignment = self.registry.view.topics.get(topic)
         if assignment is None:
             raise UnknownTopic(f"unknown topic {topic!r}")
-        led = [p for p, r in assignment.items() if r[0] == self.config.broker_id]
+        led = [p for p, r in assignment.items() if self._leader(topic, p, r) == self.config.broker_id]
         if not led:
             raise NotLeaderForPartition(f"broker {self.config.broker_id} leads no partition of topic {topic!r}")
         return random.choice(led)
+
+    def _leader(self, topic: str, partition: int, replicas: list[int]) -> int:
+        return self.replicas.leader_of(topic, partition, replicas) if len(replicas) > 1 else replicas[0]
 
     async def _auto_create(self, topic: str) -> None:
         check_topic_name(topic)
         if not self.config.auto_create_topics:
             raise TopicCreationDisabled(f"unknown topic {topic!r} (auto.create.topics is off)")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions)
+        await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions,
+                                   self.config.default_replication_factor)
 
     def _append(self, topic: str, partition: int, messages, acks: int) -> tuple[Log, int, int]:
         """Validate and append. An acknowledged append is in the page cache before its
         answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
         log = self.leader_log(topic, partition)
+        replicated = log.high_watermark is not None
+        if replicated and acks == -1:
+            self.replicas.check_insync(self.replicas.leader_partition(topic, partition))
         scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
         if buffered:
             self._unwritten.add(log)
         self.scheduler.flusher(log).appended()
+        if replicated:
+            self.replicas.appended(topic, partition)
         return log, result.base_offset, result.next_offset
 
     def write_unwritten(self) -> None:
@@ -149,16 +170,23 @@ class RequestHandler:
         log, base, next_offset = self._append(req.topic, partition, req.messages, req.acks)
         if req.acks == 0:  # the hot path of acks=0 producers: nothing is built for an answer
             return self._no_reply
-        return self._acknowledge(req.acks, [ProduceResponse(base, next_offset).encode()], [(log, next_offset)])
+        return self._acknowledge(req.acks, [ProduceResponse(base, next_offset).encode()], [(log, next_offset)],
+                                 req.timeout_ms)
 
-    def _acknowledge(self, acks: int, body: Body, appended: list[tuple[Log, int]]) -> Reply:
-        """The answer to acknowledged appends: at once (acks=1) or after the fsync (-1)."""
+    def _acknowledge(self, acks: int, body: Body, appended: list[tuple[Log, int]], timeout_ms: int) -> Reply:
+        """The answer to acknowledged appends: at once (acks=1), or (-1) after the fsync —
+        for a replicated partition, once the high watermark covers them: flushed on
+        every in-sync replica."""
         if acks == 1:
             return answered(body)
-        return later(self._after_flush(body, appended))
+        return later(self._after_flush(body, appended, timeout_ms))
 
-    async def _after_flush(self, body: Body, waits: list[tuple[Log, int]]) -> Body:
-        await asyncio.gather(*(self.scheduler.flusher(log).wait_flushed(offset) for log, offset in waits))
+    async def _after_flush(self, body: Body, waits: list[tuple[Log, int]], timeout_ms: int) -> Body:
+        await asyncio.gather(*(
+            self.replicas.wait_committed(log, offset, timeout_ms) if log.high_watermark is not None
+            else self.scheduler.flusher(log).wait_flushed(offset)
+            for log, offset in waits
+        ))
         return body
 
     def multiproduce(self, reader: Reader) -> Reply:
@@ -177,7 +205,7 @@ class RequestHandler:
                 appended.append((log, next_offset))
         if req.acks == 0:
             return self._no_reply
-        return self._acknowledge(req.acks, encode_results(results), appended)
+        return self._acknowledge(req.acks, encode_results(results), appended, req.timeout_ms)
 
     # ---------------------------------------------------------------------- fetch
 
@@ -186,12 +214,12 @@ class RequestHandler:
         log = self.leader_log(req.topic, req.partition)
         region = log.read(req.offset, req.max_bytes)
         if region.length >= req.min_bytes or req.max_wait_ms == 0:
-            return answered(FetchResponse(log.flushed_offset, region).encode_parts())
+            return answered(FetchResponse(log.visible_offset, region).encode_parts())
         return later(self._fetch_later(log, req))
 
     async def _fetch_later(self, log: Log, req: FetchRequest) -> Body:
         await self.scheduler.wait_for_data([(log, req.offset, req.min_bytes)], self._wait_seconds(req.max_wait_ms))
-        return FetchResponse(log.flushed_offset, log.read(req.offset, req.max_bytes)).encode_parts()
+        return FetchResponse(log.visible_offset, log.read(req.offset, req.max_bytes)).encode_parts()
 
     def _wait_seconds(self, max_wait_ms: int) -> float:
         return min(max_wait_ms, self.config.fetch_max_wait_ms) / 1000
@@ -217,7 +245,7 @@ class RequestHandler:
                 results.append(PartitionResult.failed(exc))
             else:
                 logs.append(log)
-                results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.flushed_offset, region)))
+                results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.visible_offset, region)))
         return logs, results
 
     async def _multifetch_later(self, req: MultiFetchRequest, logs: list[Log | None], results) -> Body:
@@ -235,7 +263,10 @@ class RequestHandler:
         log = self.leader_log(req.topic, req.partition)
         return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
 
-    def metadata(self, reader: Reader) -> Reply:
+    def metadata(self, reader: Reader, version: int = 0) -> Reply:
+        """Leaders come from the partition state nodes (the controller's decisions): -1
+        for an offline partition or a leader that is not registered. Version 1 adds
+        each partition's leader epoch and ISR."""
         req = MetadataRequest.decode(reader)
         view = self.registry.view
         topics = []
@@ -251,13 +282,23 @@ class RequestHandler:
                 continue
             partitions = []
             for partition, replicas in sorted(assignment.items()):
-                leader = replicas[0] if replicas[0] in view.brokers else -1
+                state = self.registry.states.get(topic, partition, replicas)
+                leader = live_leader(state, view.brokers)
                 log = self.logs.get(topic, partition) if leader == self.config.broker_id else None
-                earliest, latest = (log.start_offset, log.flushed_offset) if log else (-1, -1)
-                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest))
+                earliest, latest = (log.start_offset, log.visible_offset) if log else (-1, -1)
+                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest,
+                                                    state.leader_epoch, list(state.isr)))
             topics.append(TopicMetadata(topic, 0, partitions))
         brokers = sorted(view.brokers.values(), key=lambda b: b.broker_id)
-        return answered([MetadataResponse(brokers, topics).encode()])
+        return answered([MetadataResponse(brokers, topics).encode(version)])
+
+    # ---------------------------------------------------------------- replication
+
+    def replica_fetch(self, reader: Reader) -> Reply:
+        return later(self.replicas.replica_fetch(ReplicaFetchRequest.decode(reader)))
+
+    def leader_epoch_end(self, reader: Reader) -> Reply:
+        return answered(self.replicas.leader_epoch_end(LeaderEpochEndRequest.decode(reader)))
 
     def create_topic(self, reader: Reader) -> Reply:
         req = CreateTopicRequest.decode(reader)
@@ -269,8 +310,9 @@ class RequestHandler:
                 f"partitions must be 1..{MAX_PARTITIONS}, or {AUTO_PARTITIONS} for the broker's num.partitions, "
                 f"not {req.partitions}"
             )
-        if req.replication_factor != 1:
-            raise InvalidRequest(f"replication factor {req.replication_factor} is not supported yet (only 1)")
+        if req.replication_factor < -1:
+            raise InvalidReplicationFactor(
+                f"replication factor {req.replication_factor}: must be >= 1, or 0/-1 for default.replication.factor")
         return later(self._create_topic(req))
 
     async def _auto_create_topic(self, topic: str) -> Body:
@@ -283,5 +325,6 @@ class RequestHandler:
 
     async def _create_topic(self, req: CreateTopicRequest) -> Body:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.create_topic, req.topic, req.partitions)
+        factor = req.replication_factor if req.replication_factor > 0 else self.config.default_replication_factor
+        await loop.run_in_executor(None, self.registry.create_topic, req.topic, req.partitions, factor)
         return []

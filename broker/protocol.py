@@ -31,6 +31,8 @@ class ApiKey(enum.IntEnum):
     OFFSETS = 4
     METADATA = 5
     CREATE_TOPIC = 6
+    REPLICA_FETCH = 7
+    LEADER_EPOCH_END = 8
 
 
 class Acks(enum.IntEnum):
@@ -166,10 +168,11 @@ class RequestHeader:
     client_id: str
 
 
-def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: bytes | bytearray) -> bytes:
+def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: bytes | bytearray,
+                   api_version: int = API_VERSION) -> bytes:
     w = Writer()
     w.buf += SIZE.pack(0)
-    w.buf += REQUEST_HEADER.pack(api_key, API_VERSION, correlation_id)
+    w.buf += REQUEST_HEADER.pack(api_key, api_version, correlation_id)
     w.string(client_id)
     w.raw(body)
     SIZE.pack_into(w.buf, 0, len(w.buf) - 4)
@@ -355,11 +358,61 @@ class CreateTopicRequest:
         return req
 
 
+@dataclass(frozen=True)
+class ReplicaFetchRequest:
+    """A follower's fetch from its leader. `fetch_offset` is the follower's log end (where
+    it wants bytes from) and `flushed_offset` its flushed end: the leader records both,
+    which is how it knows what each follower has (ISR, high watermark)."""
+
+    API: ClassVar[ApiKey] = ApiKey.REPLICA_FETCH
+    replica_id: int
+    leader_epoch: int
+    topic: str
+    partition: int
+    fetch_offset: int
+    flushed_offset: int
+    max_bytes: int
+    max_wait_ms: int = 0
+
+    def encode(self) -> bytes:
+        return bytes(
+            Writer().int32(self.replica_id).int32(self.leader_epoch).string(self.topic).int32(self.partition)
+            .int64(self.fetch_offset).int64(self.flushed_offset).int32(self.max_bytes).int32(self.max_wait_ms).buf
+        )
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ReplicaFetchRequest":
+        req = cls(r.int32(), r.int32(), r.string(), r.int32(), r.int64(), r.int64(), r.int32(), r.int32())
+        r.done()
+        if req.max_bytes < 0 or req.max_wait_ms < 0:
+            raise InvalidRequest(f"negative max_bytes or max_wait_ms in {req}")
+        return req
+
+
+@dataclass(frozen=True)
+class LeaderEpochEndRequest:
+    """KIP-101: where does `leader_epoch` end in the leader's log?"""
+
+    API: ClassVar[ApiKey] = ApiKey.LEADER_EPOCH_END
+    topic: str
+    partition: int
+    leader_epoch: int
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.partition).int32(self.leader_epoch).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "LeaderEpochEndRequest":
+        req = cls(r.string(), r.int32(), r.int32())
+        r.done()
+        return req
+
+
 REQUEST_TYPES: dict[int, type] = {
     cls.API: cls
     for cls in (
         ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
-        MetadataRequest, CreateTopicRequest,
+        MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest,
     )
 }
 
@@ -441,6 +494,41 @@ class FetchResponse:
         return cls(high_watermark, r.raw(r.int32()))
 
 
+REPLICA_FETCH_RESPONSE_HEAD = struct.Struct(">qii")  # high_watermark, leader_epoch, set_size
+
+
+@dataclass(frozen=True)
+class ReplicaFetchResponse:
+    high_watermark: int
+    leader_epoch: int
+    messages: bytes | memoryview  # or, in the broker, the file region holding them
+
+    def encode_parts(self) -> Body:
+        return [REPLICA_FETCH_RESPONSE_HEAD.pack(self.high_watermark, self.leader_epoch, len(self.messages)),
+                self.messages]
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ReplicaFetchResponse":
+        high_watermark, leader_epoch = r.int64(), r.int32()
+        return cls(high_watermark, leader_epoch, r.raw(r.int32()))
+
+
+@dataclass(frozen=True)
+class LeaderEpochEndResponse:
+    """The largest epoch <= the asked one that the leader knows, and the offset where it
+    ends: the start of the next epoch, or the log end for the current epoch."""
+
+    epoch: int
+    end_offset: int
+
+    def encode(self) -> bytes:
+        return _I32.pack(self.epoch) + _I64.pack(self.end_offset)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "LeaderEpochEndResponse":
+        return cls(r.int32(), r.int64())
+
+
 @dataclass(frozen=True)
 class PartitionResult:
     """One entry of a MULTI* response: the value, or the error it carries."""
@@ -520,10 +608,12 @@ class BrokerInfo:
 @dataclass(frozen=True)
 class PartitionMetadata:
     partition: int
-    leader: int  # -1 while the leader broker is not live
+    leader: int  # -1 while the partition has no live leader (offline)
     replicas: list[int]
     earliest: int = -1  # offsets only from the partition's leader, -1 elsewhere
     latest: int = -1
+    leader_epoch: int = 0  # version 1 only (a version 0 answer decodes as 0)
+    isr: list[int] = field(default_factory=list)  # version 1 only (a version 0 answer decodes as [])
 
 
 @dataclass(frozen=True)
@@ -533,12 +623,15 @@ class TopicMetadata:
     partitions: list[PartitionMetadata]
 
 
+METADATA_VERSION = 1  # clients ask for version 1: leader epoch and ISR per partition
+
+
 @dataclass(frozen=True)
 class MetadataResponse:
     brokers: list[BrokerInfo]
     topics: list[TopicMetadata]
 
-    def encode(self) -> bytes:
+    def encode(self, version: int = 0) -> bytes:
         w = Writer().int32(len(self.brokers))
         for b in self.brokers:
             w.int32(b.broker_id).string(b.host).int32(b.port)
@@ -550,10 +643,14 @@ class MetadataResponse:
                 for replica in p.replicas:
                     w.int32(replica)
                 w.int64(p.earliest).int64(p.latest)
+                if version >= 1:
+                    w.int32(p.leader_epoch).int16(len(p.isr))
+                    for member in p.isr:
+                        w.int32(member)
         return bytes(w.buf)
 
     @classmethod
-    def decode(cls, r: Reader) -> "MetadataResponse":
+    def decode(cls, r: Reader, version: int = 0) -> "MetadataResponse":
         brokers = [BrokerInfo(r.int32(), r.string(), r.int32()) for _ in range(r.count())]
         topics = []
         for _ in range(r.count()):
@@ -562,6 +659,11 @@ class MetadataResponse:
             for _ in range(r.count()):
                 partition, leader = r.int32(), r.int32()
                 replicas = [r.int32() for _ in range(r.int16())]
-                partitions.append(PartitionMetadata(partition, leader, replicas, r.int64(), r.int64()))
+                earliest, latest = r.int64(), r.int64()
+                epoch, isr = 0, []
+                if version >= 1:
+                    epoch = r.int32()
+                    isr = [r.int32() for _ in range(r.int16())]
+                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest, epoch, isr))
             topics.append(TopicMetadata(topic, code, partitions))
         return cls(brokers, topics)

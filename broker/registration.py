@@ -22,6 +22,7 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker import __version__
 from broker.errors import TopicAlreadyExists, UnknownError
+from broker.partitionstates import PartitionStates
 from broker.protocol import BrokerInfo
 from broker.zklayout import (
     BROKER_IDS, BROKER_TOPICS, CONSUMERS, Assignment, broker_path, create_topic, decode_assignment, encode_broker,
@@ -54,6 +55,7 @@ class BrokerRegistry:
         self.on_assignment = on_assignment
         self.session_timeout_ms = session_timeout_ms
         self.view = ClusterView()
+        self.states = PartitionStates(zk)  # leader, epoch and ISR of every partition, for METADATA
         self._watched_topics: set[str] = set()
         self._lock = threading.Lock()  # guards replacing `view` and `_watched_topics`
         self._session_lost = False
@@ -168,18 +170,19 @@ class BrokerRegistry:
     def apply_assignment(self, topic: str, assignment: Assignment) -> None:
         with self._lock:
             self.view = ClusterView(self.view.brokers, {**self.view.topics, topic: assignment})
+        self.states.watch(topic, assignment)
         self.on_assignment(topic, assignment)
 
-    def create_topic(self, topic: str, partitions: int) -> Assignment:
-        assignment = create_topic(self.zk, topic, partitions)
+    def create_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
+        assignment = create_topic(self.zk, topic, partitions, replication_factor)
         self.apply_assignment(topic, assignment)
         return assignment
 
-    def ensure_topic(self, topic: str, partitions: int) -> Assignment:
+    def ensure_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
         """The topic's assignment, creating it if needed. When a concurrent creator won,
         read what it wrote rather than wait for the watch to deliver it."""
         try:
-            return self.create_topic(topic, partitions)
+            return self.create_topic(topic, partitions, replication_factor)
         except TopicAlreadyExists:
             assignment = decode_assignment(self.zk.get(topic_path(topic))[0])
             self.apply_assignment(topic, assignment)
@@ -187,5 +190,6 @@ class BrokerRegistry:
 
     def stop(self) -> None:
         self._stopping = True
+        self.states.close()
         self.zk.stop()
         self.zk.close()

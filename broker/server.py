@@ -35,6 +35,7 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from broker.config import BrokerConfig
+from broker.controller import Controller
 from broker.errors import ErrorCode, InvalidRequest, LogbusError, RequestTooLarge
 from broker.flowcontrol import ConnectionLimits, RequestPool
 from broker.handlers import Reply, RequestHandler
@@ -44,6 +45,7 @@ from broker.log.segment import FileRegion
 from broker.protocol import ApiKey, Body, BrokerInfo, decode_request_header, error_response, response_frame
 from broker.refusals import RefusalLog
 from broker.registration import BrokerRegistry
+from broker.replication.manager import ReplicaManager
 
 logger = logging.getLogger(__name__)
 
@@ -492,7 +494,10 @@ class Broker:
             self.zk, BrokerInfo(config.broker_id, config.host, config.port), self._on_assignment,
             config.zookeeper_session_timeout_ms,
         )
-        self.handler = RequestHandler(config, self.logs, self.scheduler, self.registry)
+        self.replicas = ReplicaManager(config, self.logs, self.scheduler, self.registry, self.zk)
+        self.handler = RequestHandler(config, self.logs, self.scheduler, self.registry, self.replicas)
+        # every broker is a controller candidate; one is active (broker.controller)
+        self.controller = Controller(self.zk, config.broker_id, config.unclean_leader_election_enable)
         self.pool = RequestPool(config.queued_max_request_bytes)
         self.limits = ConnectionLimits(config.max_in_flight_requests, config.socket_send_buffer_max_bytes)
         self.connections: set[Connection] = set()
@@ -502,18 +507,21 @@ class Broker:
 
     def _on_assignment(self, topic: str, assignment: dict[int, list[int]]) -> None:
         for partition, replicas in assignment.items():
-            if replicas[0] == self.config.broker_id:
+            if len(replicas) == 1 and replicas[0] == self.config.broker_id:
                 self.logs.get_or_create(topic, partition)
+        self.replicas.on_assignment(topic, assignment)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.logs.load)
+        self.replicas.start(loop)
         await loop.run_in_executor(None, self.zk.start, self.config.zookeeper_connection_timeout_ms / 1000)
         await loop.run_in_executor(None, self.registry.start)
         self._server = await loop.create_server(
             lambda: Connection(self), self.config.host, self.config.port, reuse_address=True, backlog=512
         )
         await loop.run_in_executor(None, self.registry.register)
+        await loop.run_in_executor(None, self.controller.start)
         self._tasks = [
             asyncio.ensure_future(self._every(self.config.log_retention_check_interval_ms, self._retention)),
             asyncio.ensure_future(self._every(1000, self._close_stale_connections)),
@@ -556,6 +564,8 @@ class Broker:
         self.handler.shutting_down = True
         for task in self._tasks:
             task.cancel()
+        await loop.run_in_executor(None, self.controller.stop)
+        self.replicas.stop()
         await loop.run_in_executor(None, self.registry.stop)
         if self._server is not None:
             self._server.close()

@@ -1,7 +1,11 @@
 """The ZooKeeper layout (DESIGN §5, a contract): paths, node codecs, offsets.
 
     /brokers/ids/<id>                                ephemeral  {"host","port","version"}
-    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2], ...}}
+    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2, 0, 1], ...}}
+    /brokers/topics/<topic>/partitions/<p>/state     persistent {"leader","leader_epoch","isr",
+                                                                 "controller_epoch","version"}
+    /controller                                      ephemeral  {"broker_id": 1}
+    /controller_epoch                                persistent controller epoch (decimal)
     /consumers/<group>/ids/<consumer_id>             ephemeral  {"<topic>": <streams>}
     /consumers/<group>/owners/<topic>/<partition>    ephemeral  owning stream id
     /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
@@ -16,11 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import zlib
+from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from broker.errors import TopicAlreadyExists, UnknownError
+from broker.errors import InvalidReplicationFactor, TopicAlreadyExists, UnknownError
 from broker.protocol import BrokerInfo, check_topic_name
 
 logger = logging.getLogger(__name__)
@@ -28,6 +33,8 @@ logger = logging.getLogger(__name__)
 BROKER_IDS = "/brokers/ids"
 BROKER_TOPICS = "/brokers/topics"
 CONSUMERS = "/consumers"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
 
 
 # --------------------------------------------------------------------------- paths
@@ -39,6 +46,22 @@ def broker_path(broker_id: int) -> str:
 
 def topic_path(topic: str) -> str:
     return f"{BROKER_TOPICS}/{topic}"
+
+
+def partitions_path(topic: str) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def controller_path() -> str:
+    return CONTROLLER
+
+
+def controller_epoch_path() -> str:
+    return CONTROLLER_EPOCH
 
 
 def group_path(group: str) -> str:
@@ -82,6 +105,48 @@ def decode_assignment(data: bytes) -> Assignment:
     return {int(p): [int(b) for b in replicas] for p, replicas in json.loads(data)["partitions"].items()}
 
 
+@dataclass(frozen=True)
+class PartitionState:
+    """Who leads a partition, in which leader epoch, and which replicas are in sync.
+    `leader` -1: offline (no eligible replica). Written at topic creation, then only by
+    compare-and-set: by the controller (leader changes) and by the leader (ISR changes)."""
+
+    leader: int
+    leader_epoch: int = 0
+    isr: list[int] = field(default_factory=list)
+    controller_epoch: int = 0
+    version: int = 1
+
+    OFFLINE = -1
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
+            "controller_epoch": self.controller_epoch, "version": self.version,
+        }).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "PartitionState":
+        node = json.loads(data)
+        return cls(
+            int(node["leader"]), int(node["leader_epoch"]), [int(b) for b in node["isr"]],
+            int(node.get("controller_epoch", 0)), int(node.get("version", 1)),
+        )
+
+    @classmethod
+    def initial(cls, replicas: list[int]) -> "PartitionState":
+        """A new partition's state: the preferred (first) replica leads, all are in sync."""
+        return cls(replicas[0], 0, list(replicas))
+
+
+def encode_controller(broker_id: int) -> bytes:
+    return json.dumps({"broker_id": broker_id}).encode()
+
+
+def decode_controller(data: bytes) -> int:
+    return int(json.loads(data)["broker_id"])
+
+
 def encode_broker(broker: BrokerInfo, version: str) -> bytes:
     return json.dumps({"host": broker.host, "port": broker.port, "version": version}).encode()
 
@@ -112,14 +177,32 @@ def decode_offset(data: bytes) -> int:
 # ------------------------------------------------------------------ brokers, topics
 
 
-def assign_round_robin(topic: str, partitions: int, broker_ids: list[int]) -> Assignment:
-    """Spread partitions over the live brokers; the starting broker depends on the topic
-    (a stable hash) so that many small topics do not all lead on the lowest id."""
+def assign_round_robin(topic: str, partitions: int, broker_ids: list[int], replication_factor: int = 1) -> Assignment:
+    """Spread partitions and their replicas over the live brokers, preferred leader first.
+
+    Leaders go round-robin from a start that depends on the topic (a stable hash), so
+    that many small topics do not all lead on the lowest id. A partition's followers
+    follow its leader at a shift that grows every len(brokers) partitions (Kafka's
+    placement), so the followers of one broker's partitions spread over the others and
+    a broker's loss moves its leaderships to several brokers, not one. Replicas of a
+    partition are distinct brokers; `replication_factor` must be 1..len(broker_ids)."""
     if not broker_ids:
         raise UnknownError("no live brokers to assign partitions to")
+    if not 1 <= replication_factor <= len(broker_ids):
+        raise InvalidReplicationFactor(
+            f"replication factor {replication_factor} for topic {topic!r}: must be 1..{len(broker_ids)} "
+            f"(the number of live brokers: {sorted(broker_ids)})"
+        )
     ids = sorted(broker_ids)
-    start = zlib.crc32(topic.encode()) % len(ids)
-    return {p: [ids[(start + p) % len(ids)]] for p in range(partitions)}
+    n = len(ids)
+    start = zlib.crc32(topic.encode()) % n
+    assignment = {}
+    for p in range(partitions):
+        first = (start + p) % n
+        shift = (start + p // n) % (n - 1) if n > 1 else 0
+        followers = [(first + 1 + (shift + j) % (n - 1)) % n for j in range(replication_factor - 1)]
+        assignment[p] = [ids[first]] + [ids[i] for i in followers]
+    return assignment
 
 
 def read_brokers(zk: KazooClient, children: list[str] | None = None) -> dict[int, BrokerInfo]:
@@ -143,16 +226,75 @@ def read_assignment(zk: KazooClient, topic: str) -> Assignment | None:
     return decode_assignment(data)
 
 
-def create_topic(zk: KazooClient, topic: str, partitions: int) -> Assignment:
-    """Write a topic's assignment once; a concurrent creator gets TopicAlreadyExists."""
+STATE_NODES_PER_TRANSACTION = 500  # ZooKeeper bounds a request (jute.maxbuffer, 1 MB)
+
+
+def create_topic(zk: KazooClient, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
+    """Write a topic's assignment and the first state node of each partition (leader =
+    first replica, epoch 0, ISR = all replicas) in one transaction, so no reader sees
+    the topic without its state; a concurrent creator gets TopicAlreadyExists. Past
+    STATE_NODES_PER_TRANSACTION partitions the rest follow in further transactions —
+    meanwhile such a partition reads as a topic from before replication (leader =
+    first replica), which is the same leader."""
     check_topic_name(topic)
-    assignment = assign_round_robin(topic, partitions, list(read_brokers(zk)))
-    try:
-        zk.create(topic_path(topic), encode_assignment(assignment), makepath=True)
-    except NodeExistsError:
-        raise TopicAlreadyExists(f"topic {topic!r} already exists") from None
-    logger.info("created topic %s: %s", topic, assignment)
+    live = sorted(read_brokers(zk))
+    assignment = assign_round_robin(topic, partitions, live, replication_factor)
+    zk.ensure_path(BROKER_TOPICS)
+    first = True
+    items = sorted(assignment.items())
+    for start in range(0, len(items), STATE_NODES_PER_TRANSACTION):
+        transaction = zk.transaction()
+        if first:
+            transaction.create(topic_path(topic), encode_assignment(assignment))
+            transaction.create(partitions_path(topic))
+        for partition, replicas in items[start:start + STATE_NODES_PER_TRANSACTION]:
+            transaction.create(f"{partitions_path(topic)}/{partition}")
+            transaction.create(partition_state_path(topic, partition), PartitionState.initial(replicas).encode())
+        results = transaction.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if first and isinstance(results[0], NodeExistsError):
+            raise TopicAlreadyExists(f"topic {topic!r} already exists") from None
+        if failed:
+            raise UnknownError(f"creating topic {topic!r} in ZooKeeper failed: {failed[0]!r}")
+        first = False
+    logger.info("created topic %s with replication factor %d: %s", topic, replication_factor, assignment)
     return assignment
+
+
+# ------------------------------------------------------------------ partition state
+
+
+def read_partition_state(zk: KazooClient, topic: str, partition: int) -> tuple[PartitionState, int] | None:
+    """A partition's state and its znode version (for compare-and-set). A partition of
+    a topic created before replication has no state node: it reads as led by its first
+    replica, alone in sync, epoch 0, with version -1 (a CAS write then creates the node).
+    None if the partition does not exist."""
+    try:
+        data, stat = zk.get(partition_state_path(topic, partition))
+        return PartitionState.decode(data), stat.version
+    except NoNodeError:
+        pass
+    assignment = read_assignment(zk, topic)
+    if not assignment or partition not in assignment:
+        return None
+    leader = assignment[partition][0]
+    return PartitionState(leader, 0, [leader]), -1
+
+
+def write_partition_state(zk: KazooClient, topic: str, partition: int, state: PartitionState,
+                          version: int) -> int | None:
+    """Compare-and-set a partition's state: write it only if the node is still at
+    `version` (-1: only if there is no node yet). The new znode version, or None if
+    another writer got there first — the caller re-reads and decides again."""
+    path = partition_state_path(topic, partition)
+    try:
+        if version == -1:
+            zk.create(path, state.encode(), makepath=True)
+            return 0
+        return zk.set(path, state.encode(), version=version).version
+    except (BadVersionError, NodeExistsError):
+        logger.info("state of %s-%d changed under us (we had version %d); re-reading", topic, partition, version)
+        return None
 
 
 # -------------------------------------------------------------------- group offsets

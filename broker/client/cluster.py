@@ -7,8 +7,11 @@ Two sources give the same answers (DESIGN §5, §6):
   polling;
 - `BrokerListMetadata` asks a static list of brokers with METADATA, on demand.
 
-Both answer `partitions(topic)` as {partition: leader broker id, -1 while the leader is
-down} and `assignment(topic)` as {partition: replica broker ids, leader first}.
+Both answer `partitions(topic)` as {partition: leader broker id, -1 while the partition
+is offline or its leader is down} — leaders as the controller wrote them in the
+partition state nodes (`broker.partitionstates`; METADATA version 1 from a broker
+list) — and `assignment(topic)` as {partition: replica broker ids, preferred leader
+first}.
 `ConnectionPool` keeps one `BrokerConnection` per broker id and runs calls at a
 partition's leader (`call_leader`), following leader changes. Nothing here sends data;
 producers, consumers, offsets (`broker.client.offsets`) and range reads
@@ -30,7 +33,10 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.client.connection import BrokerConnection
 from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
-from broker.errors import ErrorCode, LogbusError, NotLeaderForPartition, UnknownPartition, UnknownTopic
+from broker.errors import (
+    ErrorCode, FencedLeaderEpoch, LogbusError, NotLeaderForPartition, PartitionOffline, UnknownPartition, UnknownTopic,
+)
+from broker.partitionstates import PartitionStates, live_leader
 from broker.protocol import AUTO_PARTITIONS, BrokerInfo
 from broker.zklayout import (
     BROKER_IDS, BROKER_TOPICS, Assignment, decode_assignment, read_assignment, read_brokers, topic_path,
@@ -39,6 +45,12 @@ from broker.zklayout import (
 logger = logging.getLogger(__name__)
 
 Leaders = dict[int, int]  # partition -> leader broker id (-1: unavailable)
+
+# Answers that mean "ask again after refreshing the leaders": the leader moved, the
+# partition has none right now (the controller is electing one), or our view of its
+# leader epoch is stale. Retried by every client, by class (= by wire error code).
+LEADER_MOVED = (NotLeaderForPartition, PartitionOffline, FencedLeaderEpoch)
+LEADERLESS_REFRESH_S = 0.5  # a broker-list client re-asks this often while a partition has no leader
 T = TypeVar("T")
 
 
@@ -109,6 +121,7 @@ class ZooKeeperMetadata:
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._closed = False
+        self._states = PartitionStates(zk)  # leaders by the controller; no listener: a leader move is no rebalance
         zk.ensure_path(BROKER_IDS)
         zk.ensure_path(BROKER_TOPICS)
         ChildrenWatch(zk, BROKER_IDS, self._on_brokers)
@@ -156,6 +169,7 @@ class ZooKeeperMetadata:
             except (ValueError, KeyError, TypeError):
                 logger.error("ignoring unreadable assignment of topic %s", topic)
                 return None
+            self._states.watch(topic, assignments[topic])
         self._assignments = assignments
         self._notify()
         return None
@@ -186,7 +200,7 @@ class ZooKeeperMetadata:
         if assignment is None:
             return None
         brokers = self._brokers
-        return {p: (r[0] if r and r[0] in brokers else -1) for p, r in assignment.items()}
+        return {p: live_leader(self._states.get(topic, p, r), brokers) for p, r in assignment.items()}
 
     def refresh(self, topic: str | None = None) -> None:
         """Re-read from ZooKeeper (watches keep us current; this closes the gap between
@@ -198,6 +212,7 @@ class ZooKeeperMetadata:
                 assignment = read_assignment(self.zk, topic)
                 if assignment is not None:
                     self._assignments = {**self._assignments, topic: assignment}
+                    self._states.reread(topic, assignment)
         except Exception as exc:  # ZooKeeper down: keep the last view, say why
             logger.warning("cannot refresh metadata from ZooKeeper: %s", exc)
 
@@ -209,6 +224,7 @@ class ZooKeeperMetadata:
 
     def close(self) -> None:
         self._closed = True
+        self._states.close()
         if self.owns_client:
             try:
                 self.zk.stop()
@@ -274,7 +290,13 @@ class BrokerListMetadata:
         return self._brokers
 
     def partitions(self, topic: str) -> Leaders | None:
-        if topic not in self._leaders:
+        """Leaders as last asked; asked again (at most every LEADERLESS_REFRESH_S) while
+        a partition has none: nothing else tells a broker-list client that the
+        controller elected one, and a producer waiting for a leader sends nothing that
+        could fail and trigger a refresh."""
+        leaders = self._leaders.get(topic)
+        if leaders is None or (-1 in leaders.values()
+                               and time.monotonic() - self._last_refresh >= LEADERLESS_REFRESH_S):
             self.refresh(topic)
         return self._leaders.get(topic)
 
@@ -352,21 +374,24 @@ class ConnectionPool:
             replicas = (self.metadata.assignment(topic) or {}).get(partition)
             if not replicas:
                 raise ConnectionError(f"partition {topic}-{partition} has no live leader")
+            if len(replicas) > 1:
+                raise ConnectionError(f"partition {topic}-{partition} has no live leader (replicas {replicas}): it is "
+                                      "offline, or the controller is moving its leadership")
             raise ConnectionError(f"leader broker {replicas[0]} of {topic}-{partition} is not live; "
                                   "the partition is unavailable until it returns")
         return self.get(leader)
 
     def call_leader(self, topic: str, partition: int, call: Callable[[BrokerConnection], T],
                     attempts: int = 3, backoff: float = 0.2) -> T:
-        """`call(connection)` at the partition's leader. After a lost connection or
-        NotLeaderForPartition (a leader change) the metadata is refreshed and the call
-        made again, up to `attempts` times; a leader that is down fails at once."""
+        """`call(connection)` at the partition's leader. After a lost connection or a
+        leader change (`LEADER_MOVED`) the metadata is refreshed and the call made
+        again, up to `attempts` times; a leader that is down fails at once."""
         attempt = 1
         while True:
             conn = self.leader(topic, partition)
             try:
                 return call(conn)
-            except (ConnectionError, NotLeaderForPartition) as exc:
+            except (ConnectionError, *LEADER_MOVED) as exc:
                 self.drop_connection(conn)
                 if attempt >= attempts:
                     raise

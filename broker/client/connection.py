@@ -15,7 +15,7 @@ from collections import deque
 
 from broker.errors import InvalidRequest, LogbusError
 from broker.protocol import (
-    Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
+    METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
     Reader, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
     raise_for_error,
@@ -67,9 +67,9 @@ class BrokerConnection:
 
     # --------------------------------------------------------------------- raw frames
 
-    def send(self, api: ApiKey, body: bytes, expects_response: bool = True) -> int:
+    def send(self, api: ApiKey, body: bytes, expects_response: bool = True, api_version: int = 0) -> int:
         correlation_id = next(self._ids) & 0x7FFFFFFF
-        self.send_frame(encode_request(api, correlation_id, self.client_id, body))
+        self.send_frame(encode_request(api, correlation_id, self.client_id, body, api_version))
         self._in_flight.append((correlation_id, expects_response))
         return correlation_id
 
@@ -122,9 +122,9 @@ class BrokerConnection:
             raise ConnectionError(f"broker {self.host}:{self.port} connection failed while reading: {exc}") from None
         return bytes(buf)
 
-    def call(self, api: ApiKey, body: bytes) -> Reader:
+    def call(self, api: ApiKey, body: bytes, api_version: int = 0) -> Reader:
         """One request, one response; raises the broker's error, if any."""
-        self.send(api, body)
+        self.send(api, body, api_version=api_version)
         error_code, reader = self.receive()
         raise_for_error(error_code, reader)
         return reader
@@ -157,8 +157,10 @@ class BrokerConnection:
     def offsets(self, topic: str, partition: int, time: int, max_offsets: int = 1) -> list[int]:
         return decode_offsets(self.call(ApiKey.OFFSETS, OffsetsRequest(topic, partition, time, max_offsets).encode()))
 
-    def metadata(self, topics: list[str] | None = None) -> MetadataResponse:
-        return MetadataResponse.decode(self.call(ApiKey.METADATA, MetadataRequest(list(topics or [])).encode()))
+    def metadata(self, topics: list[str] | None = None, version: int = METADATA_VERSION) -> MetadataResponse:
+        """Version 1 (the default) adds each partition's leader epoch and ISR."""
+        reader = self.call(ApiKey.METADATA, MetadataRequest(list(topics or [])).encode(), version)
+        return MetadataResponse.decode(reader, version)
 
     def create_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> None:
         self.call(ApiKey.CREATE_TOPIC, CreateTopicRequest(topic, partitions, replication_factor).encode())

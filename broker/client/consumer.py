@@ -8,7 +8,8 @@ entry (the next fetch starts at it), and advances the offset past what it return
   size, up to `max_fetch_size`; beyond that `FetchSizeTooSmall` says how big it is.
 - `OffsetOutOfRange` (retention deleted the data, or a stale offset) resets to the
   earliest or latest offset (`auto_offset_reset`), or raises with "error".
-- `NotLeaderForPartition` or a lost connection refreshes metadata and retries until
+- a leader change (`NotLeaderForPartition`, `PartitionOffline`, `FencedLeaderEpoch`) or a
+  lost connection refreshes metadata and retries until
   `retry_timeout_ms`, then raises `PartitionUnavailable`.
 - An entry that cannot be decoded never stalls the consumer: the messages before it
   are returned first; then the entry is fetched once more (corruption in transit goes
@@ -23,9 +24,9 @@ import logging
 import time
 from typing import Iterator
 
-from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
+from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, open_metadata
 from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable, confirm_corrupt
-from broker.errors import BrokerShuttingDown, NotLeaderForPartition, OffsetOutOfRange, UnknownTopic
+from broker.errors import BrokerShuttingDown, OffsetOutOfRange, UnknownTopic
 from broker.message import CorruptEntry, Message, decode_messages, first_entry_size
 from broker.protocol import EARLIEST, LATEST, check_topic_name
 
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 RESETS = ("smallest", "largest", "error")
 ON_CORRUPT = ("raise", "skip")
-_RETRIABLE = (ConnectionError, OSError, NotLeaderForPartition, BrokerShuttingDown)
+_RETRIABLE = (ConnectionError, OSError, BrokerShuttingDown, *LEADER_MOVED)
 
 
 class SimpleConsumer:

@@ -27,7 +27,7 @@ class PartitionOffsets:
 
     topic: str
     partition: int
-    leader: int  # the assigned leader broker (live or not)
+    leader: int  # the current leader; the preferred (first) replica while there is none
     earliest: int
     latest: int
 
@@ -54,10 +54,13 @@ def assigned_leaders(pool: ConnectionPool, topic: str) -> dict[int, int]:
 
 
 def partition_offsets(pool: ConnectionPool, topic: str) -> dict[int, PartitionOffsets]:
-    """Earliest and latest offsets of every partition of `topic`, from each leader."""
+    """Earliest and latest offsets of every partition of `topic`, from each leader
+    (the latest is the leader's high watermark: what consumers can read)."""
+    current = pool.metadata.partitions(topic) or {}
     return {
-        p: PartitionOffsets(topic, p, leader, earliest(pool, topic, p), latest(pool, topic, p))
-        for p, leader in assigned_leaders(pool, topic).items()
+        p: PartitionOffsets(topic, p, current[p] if current.get(p, -1) >= 0 else preferred,
+                            earliest(pool, topic, p), latest(pool, topic, p))
+        for p, preferred in assigned_leaders(pool, topic).items()
     }
 
 

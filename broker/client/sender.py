@@ -26,23 +26,26 @@ from typing import Callable, NamedTuple
 
 from broker.client.audit import AuditCounter
 from broker.client.accumulator import ProducerBatch, RecordAccumulator
-from broker.client.cluster import ClusterMetadata, ConnectionPool, ensure_topic
+from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, ensure_topic
 from broker.client.errors import PartitionUnavailable
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Outgoing, Pipeline
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook
 from broker.errors import (
-    BrokerShuttingDown, LogbusError, NotLeaderForPartition, StorageError, TopicCreationDisabled, UnknownPartition,
-    UnknownTopic,
+    BrokerShuttingDown, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, RequestTimedOut, StorageError,
+    TopicCreationDisabled, UnknownPartition, UnknownTopic,
 )
 from broker.message import HEADER_SIZE, Codec, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
 
-# Errors that may go away: the leader moved or restarted, the disk got space back,
-# a just-created topic is not yet known to the broker that leads it.
-RETRIABLE = (ConnectionError, OSError, NotLeaderForPartition, BrokerShuttingDown, StorageError, UnknownTopic,
-             PartitionUnavailable)
+# Errors that may go away: the leader moved or restarted (or is being elected), the
+# disk got space back, a just-created topic is not yet known to the broker that leads
+# it, the ISR is too small for acks=-1 right now or did not replicate in time. The last
+# two (NotEnoughReplicasAfterAppend, RequestTimedOut) were appended on the leader: a
+# retry may duplicate them (at-least-once, as after a lost connection).
+RETRIABLE = (ConnectionError, OSError, BrokerShuttingDown, StorageError, UnknownTopic, PartitionUnavailable,
+             NotEnoughReplicas, NotEnoughReplicasAfterAppend, RequestTimedOut, *LEADER_MOVED)
 
 
 def retriable(error: BaseException, batch: ProducerBatch) -> bool:

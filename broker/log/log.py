@@ -23,10 +23,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import InvalidRequest, OffsetOutOfRange, StorageError
+from broker.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
+from broker.log.epochs import LeaderEpochCache
 from broker.log.files import SHARED, FileCache
 from broker.log.logdir import LogDir
 from broker.log.segment import EMPTY, SUFFIX, FileRegion, Segment
+from broker.message import scan
 from broker.protocol import EARLIEST, LATEST
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,11 @@ class Log:
             if segment.min_timestamp < 0 and segment.size and not segment.has_meta:
                 segment.recover(config.max_entry_bytes)  # no sidecar: learn its timestamps
         self._flushed = self.end_offset  # what survived start-up is on disk
+        # replicated partitions: the high watermark (min flushed end over the ISR), None
+        # for an unreplicated one, whose consumers see up to its flushed end
+        self.high_watermark: int | None = None
+        self.epochs = LeaderEpochCache(directory)
+        self.epochs.truncate_from(self.end_offset + 1)  # recovery may have cut the tail of a newer epoch
         self._unflushed_messages = 0
         self._first_unflushed = 0.0
         self._rolled_at = time.monotonic()
@@ -103,8 +110,15 @@ class Log:
 
     @property
     def flushed_offset(self) -> int:
-        """The high watermark: consumers see bytes below it only (the paper's rule)."""
+        """End of what is on this broker's disk."""
         return self._flushed
+
+    @property
+    def visible_offset(self) -> int:
+        """What consumers may read up to: the flushed end (the paper's rule) or, for a
+        replicated partition, the high watermark — flushed on every in-sync replica."""
+        hw = self.high_watermark
+        return self._flushed if hw is None else min(hw, self._flushed)
 
     @property
     def size(self) -> int:
@@ -141,6 +155,53 @@ class Log:
                 self._first_unflushed = time.monotonic()
             self._unflushed_messages += count
             return AppendResult(base, active.end_offset)
+
+    def append_replica(self, message_set: bytes | memoryview) -> AppendResult:
+        """A follower's append of its leader's bytes: the whole entries at the front of
+        `message_set` (a fetch may end in a partial one) are checked — sizes, CRCs — and
+        appended unchanged, so the replica stays byte-identical to the leader."""
+        result = scan(message_set, self.config.max_entry_bytes)
+        if result.error is not None and not result.partial_tail:
+            raise InvalidMessage(f"replicated set for {self.name} at offset {self.end_offset}: {result.error}")
+        if not result.valid_bytes:
+            return AppendResult(self.end_offset, self.end_offset)
+        with memoryview(message_set) as view:
+            return self.append(view[: result.valid_bytes], result.count, result.min_timestamp, result.max_timestamp)
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop everything at and after the message boundary `offset` (a follower whose
+        log diverged from its leader's): later segments deleted, the one holding
+        `offset` cut and fsync'd, the epoch cache cut too. Returns the bytes removed."""
+        with self._lock:
+            segments = list(self.segments)
+            end = segments[-1].end_offset
+            if offset >= end:
+                return 0
+            if offset < segments[0].base_offset:
+                raise OffsetOutOfRange(f"cannot truncate {self.name} to {offset}: the log starts at "
+                                       f"{segments[0].base_offset}")
+            keep = [s for s in segments if s.base_offset <= offset]
+            if len(keep) > 1 and keep[-1].base_offset == offset:
+                keep.pop()  # `offset` is a segment's start: cut at the end of the one before
+            active = keep[-1]
+            position = offset - active.base_offset
+            if 0 < position < active.size and not active.is_boundary(position):
+                raise InvalidRequest(f"cannot truncate {self.name} to {offset}: not a message boundary")
+            try:
+                active.truncate(position)
+                for segment in segments[len(keep):]:
+                    segment.delete()
+                    segment.close()
+            except OSError as exc:
+                raise self.log_dir.failed(exc, self.name, f"truncation to {offset}") from None
+            active.recover(self.config.max_entry_bytes)  # refresh its timestamps
+            self._set_segments(keep)
+            self._flushed = min(self._flushed, offset)
+            if self.high_watermark is not None:
+                self.high_watermark = min(self.high_watermark, offset)
+        self.epochs.truncate_from(offset)
+        logger.info("%s: truncated to offset %d (%d bytes removed)", self.name, offset, end - offset)
+        return end - offset
 
     def _roll(self) -> Segment:
         """Start a new segment at the end offset. Caller holds `_lock`."""
@@ -207,8 +268,10 @@ class Log:
 
     # -------------------------------------------------------------------------- read
 
-    def read(self, offset: int, max_bytes: int) -> FileRegion:
-        """Bytes `[offset, min(offset+max_bytes, flushed end of that segment))`.
+    def read(self, offset: int, max_bytes: int, upto: int | None = None) -> FileRegion:
+        """Bytes `[offset, min(offset+max_bytes, visible end of that segment))`; a
+        follower's fetch reads `upto` the log end instead (what was written, flushed or
+        not).
 
         The region may end inside a message; clients drop the partial tail. An offset
         outside `[start, end]` is OffsetOutOfRange; at (or past) the flushed end the
@@ -216,7 +279,7 @@ class Log:
         answer would begin mid-message (see `Segment.is_boundary` for how sure that is).
         """
         segments, bases = self._view
-        flushed = self._flushed
+        flushed = self.visible_offset if upto is None else upto
         if offset < bases[0] or offset > segments[-1].end_offset:
             raise OffsetOutOfRange(
                 f"offset {offset} is outside the range [{bases[0]}, {segments[-1].end_offset}] of partition {self.name}"
@@ -244,14 +307,15 @@ class Log:
         """Offsets from which to read everything produced after `timestamp`, newest first:
         the flushed end if all data is older, then the start offsets of the segments
         whose data begins at or before `timestamp`. -1 is the end, -2 the start."""
+        visible = self.visible_offset
         if timestamp == LATEST:
-            return [self._flushed][:max_offsets]
+            return [visible][:max_offsets]
         if timestamp == EARLIEST:
             return [self.start_offset][:max_offsets]
-        segments = [s for s in self.segments if s.base_offset < self._flushed]
+        segments = [s for s in self.segments if s.base_offset < visible]
         offsets = []
         if segments and segments[-1].max_timestamp <= timestamp:
-            offsets.append(self._flushed)
+            offsets.append(visible)
         offsets += [s.base_offset for s in reversed(segments) if 0 <= s.min_timestamp <= timestamp]
         return offsets[:max_offsets]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from broker.config import BrokerConfig
+from broker.log.checkpoint import HW_CHECKPOINT, read_hw_checkpoint, write_hw_checkpoint
 from broker.log.files import FileCache
 from broker.log.log import Log, LogConfig
 from broker.log.logdir import LogDir
@@ -63,6 +64,7 @@ class LogManager:
         }
         self._logs: dict[tuple[str, int], Log] = {}
         self._counts = {d: 0 for d in self.log_dirs}  # partitions per log directory
+        self.checkpointed_hw: dict[tuple[str, int], int] = {}  # read at load (replicated partitions)
         self._lock = threading.Lock()
 
     def _open_log(self, directory: Path, topic: str, partition: int, recover: bool = False) -> Log:
@@ -79,6 +81,7 @@ class LogManager:
             directory.mkdir(parents=True, exist_ok=True)
             marker = directory / CLEAN_SHUTDOWN
             clean = marker.exists()
+            self.checkpointed_hw.update(read_hw_checkpoint(directory))
             for child in sorted(directory.iterdir()):
                 parsed = parse_partition_dir(child.name)
                 if not child.is_dir() or parsed is None:
@@ -115,9 +118,22 @@ class LogManager:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         return sum(len(log.delete_old_segments(now_ms)) for log in self)
 
+    def checkpoint_high_watermarks(self) -> None:
+        """Write each log directory's high-watermark checkpoint (replicated partitions:
+        those whose log has a high watermark)."""
+        for directory in self.log_dirs:
+            marks = {(log.topic, log.partition): log.high_watermark for log in self
+                     if log.high_watermark is not None and log.directory.parent == directory}
+            if marks or (directory / HW_CHECKPOINT).exists():
+                try:
+                    write_hw_checkpoint(directory, marks)
+                except OSError as exc:
+                    logger.error("cannot write the high-watermark checkpoint of %s: %s", directory, exc)
+
     def close(self) -> None:
         """Flush and close every log, then mark each directory whose logs all closed
         cleanly as cleanly shut down (the others are recovered at the next start)."""
+        self.checkpoint_high_watermarks()
         unclean = set()
         for log in self:
             if not log.close():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from broker.errors import StorageError
 from broker.log.log import Log
@@ -28,6 +29,7 @@ class PartitionFlusher:
         self._advanced = asyncio.Event()
         self._running = False
         self._timer: asyncio.TimerHandle | None = None
+        self.on_flushed: Callable[[int], None] | None = None  # a replicated partition's HW update
 
     def appended(self) -> None:
         """Called after every append: flush now if M messages are waiting, else make
@@ -60,6 +62,8 @@ class PartitionFlusher:
                     return
                 if flushed > before:
                     self._wake(flushed)
+                    if self.on_flushed is not None:
+                        self.on_flushed(flushed)
                 if not (self._waiters or self.log.flush_due()):
                     return
         finally:
@@ -76,6 +80,11 @@ class PartitionFlusher:
             else:
                 still.append((offset, future))
         self._waiters = still
+        self.signal_advanced()
+
+    def signal_advanced(self) -> None:
+        """Wake long-polling fetches: what consumers may read has grown (a flush, or a
+        replicated partition's high watermark)."""
         advanced, self._advanced = self._advanced, asyncio.Event()
         advanced.set()
 
@@ -120,7 +129,7 @@ class FlushScheduler:
         while True:
             events = []
             for log, offset, min_bytes in logs_and_offsets:
-                if log.flushed_offset - offset >= max(min_bytes, 1):
+                if log.visible_offset - offset >= max(min_bytes, 1):
                     return
                 events.append(self.flusher(log).advanced())
             remaining = deadline - loop.time()

@@ -177,6 +177,15 @@ class Segment:
             and -1 <= key_length <= size - MIN_ENTRY_SIZE
         )
 
+    def truncate(self, position: int) -> None:
+        """Cut the file to `position` bytes and fsync it (replica truncation). Buffered
+        appends are written first so that the cut applies to the whole content."""
+        self.write_unwritten()
+        file = self.file
+        os.ftruncate(file.fileno(), position)
+        os.fsync(file.fileno())
+        self._written = self.size = position
+
     def note_timestamps(self, smallest: int, largest: int) -> None:
         if smallest >= 0 and (self.min_timestamp < 0 or smallest < self.min_timestamp):
             self.min_timestamp = smallest

@@ -42,6 +42,15 @@ def test_topics_create_list_and_describe(broker, zk_connect):
     assert all("available" in row for row in rows)
 
 
+def test_topics_create_with_a_replication_factor_above_the_live_brokers_is_one_line(broker, zk_connect):
+    result = logbus(zk_connect, "topics", "--create", "wide", "--replication-factor", "3")
+    assert_one_line_error(result, "replication factor 3")
+    assert logbus(zk_connect, "topics", "--create", "narrow", "--replication-factor", "1").returncode == 0
+    rows = logbus(zk_connect, "topics", "--describe", "narrow").stdout.strip().splitlines()
+    assert rows[0].split("\t")[-3:] == ["epoch", "replicas", "isr"]
+    assert rows[1].split("\t")[-3:] == ["0", "0", "0"]
+
+
 def test_topics_create_rejects_a_bad_topic_name(broker, zk_connect):
     assert_one_line_error(logbus(zk_connect, "topics", "create", "no/slashes"), "invalid topic name")
 

@@ -10,7 +10,8 @@ from broker.log.segment import FileRegion
 from broker.protocol import (
     REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
     MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
-    ProducePart, ProduceRequest, ProduceResponse, Reader, TopicMetadata, decode_multifetch, decode_multiproduce,
+    LeaderEpochEndRequest, LeaderEpochEndResponse, ProducePart, ProduceRequest, ProduceResponse, Reader,
+    ReplicaFetchRequest, ReplicaFetchResponse, TopicMetadata, decode_multifetch, decode_multiproduce,
     decode_offsets, decode_request_header, decode_response_header, encode_offsets, encode_request, encode_results,
     error_response, raise_for_error, response_frame,
 )
@@ -24,6 +25,8 @@ REQUESTS = [
     MetadataRequest(["a", "b"]),
     MetadataRequest([]),
     CreateTopicRequest("events", -1, 1),
+    ReplicaFetchRequest(2, 5, "events", 1, 4096, 2048, 1 << 20, 500),
+    LeaderEpochEndRequest("events", 1, 4),
 ]
 
 
@@ -135,6 +138,21 @@ def test_metadata_response_round_trips():
     reader.done()
 
 
+def test_metadata_version_1_adds_leader_epoch_and_isr_and_version_0_is_unchanged():
+    response = MetadataResponse(
+        [BrokerInfo(0, "127.0.0.1", 9092)],
+        [TopicMetadata("events", 0, [PartitionMetadata(0, 2, [2, 0, 1], 0, 44, 7, [2, 0]),
+                                     PartitionMetadata(1, -1, [0, 1, 2], -1, -1, 3, [0])])],
+    )
+    reader = frame_of(7, [response.encode(1)])
+    assert MetadataResponse.decode(reader, 1) == response
+    reader.done()
+    v0 = response.encode(0)
+    assert len(response.encode(1)) - len(v0) == (4 + 2 + 2 * 4) + (4 + 2 + 4)
+    decoded = MetadataResponse.decode(frame_of(7, [v0]))
+    assert [(p.leader, p.leader_epoch, p.isr) for p in decoded.topics[0].partitions] == [(2, 0, []), (-1, 0, [])]
+
+
 def test_create_topic_response_is_the_header_alone():
     assert response_frame(8, []) == [struct.pack(">iih", 6, 8, 0)]
 
@@ -214,3 +232,35 @@ def test_trailing_bytes_are_an_invalid_request():
 def test_acks_outside_0_1_minus_1_are_refused():
     with pytest.raises(InvalidRequest, match="acks"):
         ProduceRequest.decode(Reader(ProduceRequest(2, 0, "t", 0, b"").encode()))
+
+
+def test_replica_fetch_response_round_trips_with_its_set_as_a_separate_part():
+    body = ReplicaFetchResponse(900, 3, b"messages").encode_parts()
+    assert body[1] == b"messages"  # sent with sendfile, like FETCH
+    reader = frame_of(4, body)
+    assert plain(ReplicaFetchResponse.decode(reader)) == plain(ReplicaFetchResponse(900, 3, b"messages"))
+    reader.done()
+
+
+def test_replica_fetch_layout():
+    body = ReplicaFetchRequest(2, 5, "t", 1, 4096, 2048, 100, 500).encode()
+    assert body == struct.pack(">ii", 2, 5) + b"\x00\x01t" + struct.pack(">iqqii", 1, 4096, 2048, 100, 500)
+    assert body_bytes(ReplicaFetchResponse(7, 3, b"ab").encode_parts()) == struct.pack(">qii", 7, 3, 2) + b"ab"
+
+
+def test_leader_epoch_end_layout_and_round_trip():
+    assert LeaderEpochEndRequest("t", 1, 4).encode() == b"\x00\x01t" + struct.pack(">ii", 1, 4)
+    assert LeaderEpochEndResponse(3, 1234).encode() == struct.pack(">iq", 3, 1234)
+    reader = frame_of(5, [LeaderEpochEndResponse(3, 1234).encode()])
+    assert LeaderEpochEndResponse.decode(reader) == LeaderEpochEndResponse(3, 1234)
+    reader.done()
+
+
+def test_replication_error_codes_are_pinned():
+    from broker.errors import (
+        FencedLeaderEpoch, InvalidReplicationFactor, NotEnoughReplicas, NotEnoughReplicasAfterAppend,
+        PartitionOffline, RequestTimedOut, error_for,
+    )
+    for code, cls in [(15, NotEnoughReplicas), (16, NotEnoughReplicasAfterAppend), (17, FencedLeaderEpoch),
+                      (18, InvalidReplicationFactor), (19, PartitionOffline), (20, RequestTimedOut)]:
+        assert cls.code == code and type(error_for(code)) is cls

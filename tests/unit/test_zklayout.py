@@ -59,3 +59,26 @@ def test_round_robin_spreads_partitions_from_a_topic_dependent_start():
 def test_round_robin_needs_a_live_broker():
     with pytest.raises(UnknownError, match="no live brokers"):
         assign_round_robin("clicks", 1, [])
+
+
+def test_partition_state_node_follows_the_contract():
+    from broker.zklayout import PartitionState, controller_epoch_path, controller_path, partition_state_path
+
+    assert partition_state_path("clicks", 3) == "/brokers/topics/clicks/partitions/3/state"
+    assert (controller_path(), controller_epoch_path()) == ("/controller", "/controller_epoch")
+    state = PartitionState(2, 4, [2, 0], 1)
+    assert json.loads(state.encode()) == {"leader": 2, "leader_epoch": 4, "isr": [2, 0], "controller_epoch": 1, "version": 1}
+    assert PartitionState.decode(state.encode()) == state
+    assert PartitionState.initial([1, 2, 0]) == PartitionState(1, 0, [1, 2, 0])
+
+
+def test_replicas_are_distinct_brokers_after_the_leader():
+    from broker.errors import InvalidReplicationFactor
+
+    assignment = assign_round_robin("t", 6, [0, 1, 2], 3)
+    assert all(sorted(r) == [0, 1, 2] for r in assignment.values())
+    assert {r[0] for r in assignment.values()} == {0, 1, 2}
+    with pytest.raises(InvalidReplicationFactor):
+        assign_round_robin("t", 1, [0, 1], 3)
+    with pytest.raises(InvalidReplicationFactor):
+        assign_round_robin("t", 1, [0, 1], 0)

@@ -1,0 +1,72 @@
+"""Who leads a partition: the controller's decisions as pure functions (no ZooKeeper),
+so every case — clean, unclean, offline, a broker that bounced — is unit-tested.
+
+The rules (docs/replication.md, "The controller"):
+- a live leader keeps leading; dead brokers leave its ISR (a broker that comes back
+  rejoins as a follower and the leader re-admits it once caught up);
+- a dead (or bounced) leader is replaced by the first live ISR member in replica-list
+  order (the preferred order), with leader_epoch + 1 and the ISR cut to its live members;
+- with no live ISR member the partition goes offline (leader = -1, epoch + 1) and
+  keeps its last ISR, so that the first of those brokers to return leads again;
+- a partition with a single replica keeps its state: there is no one else to lead;
+- only with `unclean.leader.election.enable` may a live replica outside the ISR lead
+  (ISR = [it]): messages only the old ISR had are lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from broker.zklayout import PartitionState
+
+OFFLINE = -1
+
+
+class Election(NamedTuple):
+    """A new state for a partition and whether it was an unclean choice."""
+
+    state: PartitionState
+    unclean: bool = False
+
+
+def elect(state: PartitionState, replicas: list[int], live: set[int], unclean_allowed: bool,
+          controller_epoch: int) -> Election | None:
+    """The partition's next state given the live brokers, or None if it stays as it is.
+
+    `live` excludes brokers that bounced (re-registered with a new session) since the
+    controller last looked: a restarted leader must not keep leading an epoch whose
+    tail it may have lost (KIP-101), so it is treated as dead for this decision.
+
+    A single-replica partition is never touched: its one broker leads whenever it is
+    live (clients see leader -1 while it is not), exactly as before replication."""
+    if len(replicas) == 1:
+        return None
+    if state.leader != OFFLINE and state.leader in live:
+        isr = [b for b in state.isr if b in live]
+        if isr == list(state.isr):
+            return None
+        return Election(dataclasses.replace(state, isr=isr, controller_epoch=controller_epoch))
+    candidates = [b for b in replicas if b in state.isr and b in live]
+    if candidates:
+        leader = candidates[0]
+        isr = [b for b in state.isr if b in live]
+        return Election(_lead(state, leader, isr, controller_epoch))
+    if unclean_allowed:
+        out_of_sync = [b for b in replicas if b in live]
+        if out_of_sync:
+            return Election(_lead(state, out_of_sync[0], [out_of_sync[0]], controller_epoch), unclean=True)
+    if state.leader == OFFLINE:
+        return None
+    return Election(_lead(state, OFFLINE, list(state.isr), controller_epoch))
+
+
+def _lead(state: PartitionState, leader: int, isr: list[int], controller_epoch: int) -> PartitionState:
+    return dataclasses.replace(state, leader=leader, leader_epoch=state.leader_epoch + 1, isr=isr,
+                               controller_epoch=controller_epoch)
+
+
+def bounced(before: dict[int, int], now: dict[int, int]) -> set[int]:
+    """Brokers registered in both snapshots ({broker id: registration czxid}) but by a
+    different session: they restarted (or lost their session) in between."""
+    return {b for b, created in now.items() if b in before and before[b] != created}

@@ -1,0 +1,313 @@
+"""The broker's replicas: which replicated partitions it leads or follows, learnt from
+the partition state nodes in ZooKeeper (the controller writes them; this broker writes
+only ISR changes of partitions it leads, by compare-and-set), and the requests only
+replication uses (REPLICA_FETCH, LEADER_EPOCH_END). docs/replication.md.
+
+Partitions with one replica never come here: they behave exactly as before replication.
+kazoo calls back in its own threads; everything that touches a `Partition` is moved to
+the event loop with `call_soon_threadsafe`, and ZooKeeper calls run in the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.recipe.watchers import DataWatch
+
+from broker.config import BrokerConfig
+from broker.errors import (
+    FencedLeaderEpoch, NotEnoughReplicas, NotLeaderForPartition, OffsetOutOfRange, PartitionOffline,
+    UnknownPartition,
+)
+from broker.log.log import Log
+from broker.log.manager import LogManager
+from broker.log.scheduler import FlushScheduler
+from broker.protocol import (
+    Body, BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, ReplicaFetchRequest, ReplicaFetchResponse,
+)
+from broker.registration import BrokerRegistry
+from broker.replication.fetcher import ReplicaFetcher
+from broker.replication.partition import Partition, Role
+from broker.zklayout import PartitionState, partition_state_path, read_partition_state, write_partition_state
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+class ReplicaManager:
+    def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler,
+                 registry: BrokerRegistry, zk: KazooClient) -> None:
+        self.config = config
+        self.logs = logs
+        self.scheduler = scheduler
+        self.registry = registry
+        self.zk = zk
+        self.partitions: dict[Key, Partition] = {}
+        self._fetchers: dict[Key, ReplicaFetcher] = {}
+        self._watched: dict[Key, list[int]] = {}  # partition -> replicas, for every state node watched
+        self._lock = threading.Lock()  # guards `_watched` (kazoo threads)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._isr_writes: set[asyncio.Task] = set()
+        self._session_lost = False
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.zk.add_listener(self._on_zk_state)
+        self._tasks = [
+            asyncio.ensure_future(self._every(self.config.replica_lag_time_max_ms / 4000, self._shrink_isr)),
+            asyncio.ensure_future(self._every(self.config.replica_high_watermark_checkpoint_interval_ms / 1000,
+                                              self._checkpoint)),
+        ]
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for fetcher in self._fetchers.values():
+            fetcher.stop()
+        self._fetchers.clear()
+
+    async def _every(self, seconds: float, job) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await job()
+            except Exception:
+                logger.exception("replication job %s failed", job.__name__)
+
+    async def _checkpoint(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.logs.checkpoint_high_watermarks)
+
+    # -------------------------------------------------------- learning roles from ZooKeeper
+
+    def on_assignment(self, topic: str, assignment: dict[int, list[int]]) -> None:
+        """From the registry (kazoo thread): watch the state node of every replicated
+        partition this broker is a replica of."""
+        for partition, replicas in assignment.items():
+            if len(replicas) < 2 or self.config.broker_id not in replicas:
+                continue
+            with self._lock:
+                if (topic, partition) in self._watched:
+                    continue
+                self._watched[(topic, partition)] = replicas
+            DataWatch(self.zk, partition_state_path(topic, partition), self._state_watcher(topic, partition, replicas))
+
+    def _state_watcher(self, topic: str, partition: int, replicas: list[int]):
+        # exactly two parameters: kazoo passes a third (the event) to callbacks that take one
+        def watch(data: bytes | None, stat) -> None:
+            if data is None:  # created before replication: the first replica leads alone
+                state, version = PartitionState(replicas[0], 0, [replicas[0]]), -1
+            else:
+                try:
+                    state, version = PartitionState.decode(data), stat.version
+                except (ValueError, KeyError, TypeError):
+                    logger.error("ignoring unreadable state of %s-%d: %r", topic, partition, data[:200])
+                    return
+            self._loop.call_soon_threadsafe(self.apply_state, topic, partition, replicas, state, version)
+
+        return watch
+
+    def apply_state(self, topic: str, partition: int, replicas: list[int], state: PartitionState,
+                    version: int) -> None:
+        """On the event loop: take the role the state node gives this broker."""
+        key = (topic, partition)
+        part = self.partitions.get(key)
+        if part is None:
+            log = self.logs.get_or_create(topic, partition)
+            self._start_high_watermark(log)
+            part = self.partitions[key] = Partition(
+                log, self.config.broker_id, replicas, self.scheduler.flusher(log), self.config.min_insync_replicas)
+        if version != -1 and version < part.zk_version or state.leader_epoch < part.epoch:
+            return  # an older read than the one applied
+        me = self.config.broker_id
+        same_role = part.state.leader == state.leader and part.epoch == state.leader_epoch and part.role is not Role.NONE
+        if same_role and not part.fenced:
+            part.update_isr(state, version)
+            return
+        self._stop_fetcher(key)
+        if state.leader == me:
+            part.become_leader(state, version)
+        else:
+            part.become_follower(state, version)
+            if state.leader >= 0:
+                self._start_fetcher(key, part, state.leader)
+
+    def _start_high_watermark(self, log: Log) -> None:
+        if log.high_watermark is None:
+            log.high_watermark = min(self.logs.checkpointed_hw.get((log.topic, log.partition), 0), log.end_offset)
+
+    def _start_fetcher(self, key: Key, part: Partition, leader_id: int) -> None:
+        leader = self.registry.view.brokers.get(leader_id)
+        if leader is None:  # not registered (yet): look again shortly
+            self._loop.call_later(0.5, self._retry_fetcher, key, part.epoch, leader_id)
+            return
+        fetcher = self._fetchers[key] = ReplicaFetcher(part, leader, self.config, self.scheduler.executor,
+                                                     self._broker)
+        fetcher.start()
+
+    def _broker(self, broker_id: int) -> BrokerInfo | None:
+        return self.registry.view.brokers.get(broker_id)  # the view is replaced whole: look it up each time
+
+    def _retry_fetcher(self, key: Key, epoch: int, leader_id: int) -> None:
+        part = self.partitions.get(key)
+        if part and part.role is Role.FOLLOWER and part.epoch == epoch and key not in self._fetchers:
+            self._start_fetcher(key, part, leader_id)
+
+    def _stop_fetcher(self, key: Key) -> None:
+        fetcher = self._fetchers.pop(key, None)
+        if fetcher is not None:
+            fetcher.stop()
+
+    # ------------------------------------------------------------- ZooKeeper session loss
+
+    def _on_zk_state(self, state: str) -> None:
+        """A lost session may mean another broker leads now: stop acting as leader (no
+        produce) until the state nodes are read again in the new session."""
+        if state == KazooState.LOST:
+            self._session_lost = True
+            self._loop.call_soon_threadsafe(self._fence_all)
+        elif state == KazooState.CONNECTED and self._session_lost:
+            self._session_lost = False
+            threading.Thread(target=self._reread_all, name="logbus-reread-state", daemon=True).start()
+
+    def _fence_all(self) -> None:
+        for part in self.partitions.values():
+            if part.is_leader and not part.fenced:
+                part.fenced = True
+                logger.warning("%s: ZooKeeper session lost; refusing produce until the state is read again", part.name)
+
+    def _reread_all(self) -> None:
+        with self._lock:
+            watched = dict(self._watched)
+        for (topic, partition), replicas in watched.items():
+            try:
+                found = read_partition_state(self.zk, topic, partition)
+            except Exception as exc:
+                logger.warning("could not re-read the state of %s-%d: %s", topic, partition, exc)
+                continue
+            if found is not None:
+                self._loop.call_soon_threadsafe(self.apply_state, topic, partition, replicas, *found)
+
+    # --------------------------------------------------------------------- ISR changes
+
+    async def _shrink_isr(self) -> None:
+        lag = self.config.replica_lag_time_max_ms / 1000
+        for part in list(self.partitions.values()):
+            if part.is_leader and not part.fenced and not part.isr_change_pending:
+                out = part.lagging(lag)
+                if out:
+                    logger.info("%s: followers %s have not caught up within replica.lag.time.max.ms=%d; "
+                                "removing them from the isr", part.name, out, self.config.replica_lag_time_max_ms)
+                    await self._change_isr(part, [r for r in part.isr if r not in out])
+
+    async def _change_isr(self, part: Partition, isr: list[int]) -> None:
+        """Compare-and-set the ISR on the state node, same leader and epoch; on a lost
+        race re-read it (the controller may have moved leadership) and apply that."""
+        part.isr_change_pending = True
+        state, version = part.state, part.zk_version
+        wanted = PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch, state.version)
+        loop = asyncio.get_running_loop()
+        topic, partition = part.log.topic, part.log.partition
+        try:
+            new_version = await loop.run_in_executor(
+                None, write_partition_state, self.zk, topic, partition, wanted, version)
+            if new_version is not None:
+                part.update_isr(wanted, new_version)
+            else:
+                found = await loop.run_in_executor(None, read_partition_state, self.zk, topic, partition)
+                if found is not None:
+                    self.apply_state(topic, partition, part.replicas, *found)
+        except Exception as exc:  # ZooKeeper unavailable: try again on the next check or fetch
+            logger.warning("%s: could not change the isr to %s: %s", part.name, isr, exc)
+        finally:
+            part.isr_change_pending = False
+            part.joining = None
+
+    # ------------------------------------------------------------ what handlers ask
+
+    def leader_of(self, topic: str, partition: int, replicas: list[int]) -> int:
+        """The leader this broker knows of; the preferred replica before it knows."""
+        part = self.partitions.get((topic, partition))
+        return replicas[0] if part is None or part.epoch < 0 else part.state.leader
+
+    def leader_partition(self, topic: str, partition: int) -> Partition:
+        """The partition if this broker leads it and may take produce, else the error."""
+        part = self.partitions.get((topic, partition))
+        if part is not None and part.is_leader and not part.fenced:
+            return part
+        if part is not None and part.state.leader == -1 and part.epoch >= 0:
+            raise PartitionOffline(f"partition {topic}-{partition} has no leader (no eligible replica is alive)")
+        leader = part.state.leader if part is not None else -1
+        where = self.registry.view.brokers.get(leader)
+        raise NotLeaderForPartition(
+            f"partition {topic}-{partition} is not led by broker {self.config.broker_id}"
+            + (f" (fenced until its ZooKeeper session's state is re-read)" if part is not None and part.fenced else "")
+            + (f"; it is led by broker {leader} ({where.host}:{where.port})" if where else "")
+        )
+
+    def check_insync(self, part: Partition) -> None:
+        """acks=-1 is refused, before anything is appended, with too few in sync."""
+        if len(part.isr) < self.config.min_insync_replicas:
+            raise NotEnoughReplicas(
+                f"partition {part.name} has {len(part.isr)} in-sync replica(s) {part.isr}, fewer than "
+                f"min.insync.replicas={self.config.min_insync_replicas}; nothing was appended"
+            )
+
+    def appended(self, topic: str, partition: int) -> None:
+        part = self.partitions.get((topic, partition))
+        if part is not None:
+            part.appended()
+
+    async def wait_committed(self, log: Log, offset: int, timeout_ms: int) -> None:
+        part = self.partitions.get((log.topic, log.partition))
+        if part is None:
+            raise NotLeaderForPartition(f"partition {log.name} is not replicated here")
+        await part.wait_committed(offset, timeout_ms)
+
+    def _led_for_replication(self, topic: str, partition: int, epoch: int) -> Partition:
+        part = self.partitions.get((topic, partition))
+        if part is None:
+            raise UnknownPartition(f"broker {self.config.broker_id} has no replica of {topic}-{partition}")
+        if part.is_leader and epoch < part.epoch:
+            raise FencedLeaderEpoch(f"epoch {epoch} of {topic}-{partition} is older than the leader's {part.epoch}")
+        if not part.is_leader or epoch > part.epoch:
+            raise NotLeaderForPartition(
+                f"broker {self.config.broker_id} does not lead {topic}-{partition} in epoch {epoch} "
+                f"(it knows epoch {part.epoch}, leader {part.state.leader})")
+        return part
+
+    async def replica_fetch(self, req: ReplicaFetchRequest) -> Body:
+        part = self._led_for_replication(req.topic, req.partition, req.leader_epoch)
+        log = part.log
+        if not log.start_offset <= req.fetch_offset <= log.end_offset:
+            raise OffsetOutOfRange(f"replica {req.replica_id} fetches {part.name} at {req.fetch_offset}, outside "
+                                   f"[{log.start_offset}, {log.end_offset}]: it must truncate first")
+        if part.record_fetch(req.replica_id, req.fetch_offset, req.flushed_offset) and not part.isr_change_pending:
+            logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, req.replica_id,
+                        req.fetch_offset)
+            part.isr_change_pending = True  # until the write below is done: one at a time
+            part.joining = req.replica_id  # counts for the HW before the write (see Partition.joining)
+            task = asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
+            task.add_done_callback(self._isr_writes.discard)
+        log.write_unwritten()
+        region = log.read(req.fetch_offset, req.max_bytes, upto=log.end_offset)
+        if not len(region) and req.max_wait_ms > 0:
+            await part.wait_for_data(min(req.max_wait_ms, self.config.replica_fetch_wait_max_ms) / 1000)
+            part = self._led_for_replication(req.topic, req.partition, req.leader_epoch)
+            log.write_unwritten()
+            region = log.read(req.fetch_offset, req.max_bytes, upto=log.end_offset)
+        return ReplicaFetchResponse(part.high_watermark, part.epoch, region).encode_parts()
+
+    def leader_epoch_end(self, req: LeaderEpochEndRequest) -> Body:
+        part = self.partitions.get((req.topic, req.partition))
+        if part is None or not part.is_leader:
+            raise NotLeaderForPartition(f"broker {self.config.broker_id} does not lead {req.topic}-{req.partition}")
+        epoch, end = part.log.epochs.end_offset_for(req.leader_epoch, part.log.end_offset)
+        return [LeaderEpochEndResponse(epoch, end).encode()]

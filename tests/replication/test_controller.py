@@ -1,0 +1,228 @@
+"""The controller with real brokers and ZooKeeper: one broker wins `/controller`, a
+killed controller is replaced, a killed leader's partitions move to an ISR member with
+the next leader epoch, a returning broker does not take leadership back, and without a
+live ISR member a partition goes offline unless unclean election is on
+(broker/controller.py, broker/election.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker.client.connection import BrokerConnection
+from broker.client.producer import Producer
+from broker.controller import read_controller
+from broker.errors import InvalidReplicationFactor
+from broker.protocol import AUTO_PARTITIONS
+from broker.zklayout import CONTROLLER_EPOCH, PartitionState, create_topic, read_assignment, read_partition_state
+from harness.cluster import LocalCluster
+from harness.process import wait_until
+from tests.integration.clientutil import read_topic
+
+LOGBUS = Path(sys.executable).parent / "logbus"
+SESSION_MS = 3000
+SETTINGS = {"zookeeper.session.timeout.ms": SESSION_MS, "log.flush.interval.ms": 20}
+MOVE_S = 60  # the session timeout plus a controller pass, with room for a loaded machine
+
+
+def logbus(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LOGBUS_ZOOKEEPER": zk_connect}
+    return subprocess.run([str(LOGBUS), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def states(zk: KazooClient, topic: str) -> dict[int, PartitionState]:
+    return {p: read_partition_state(zk, topic, p)[0] for p in read_assignment(zk, topic)}
+
+
+def controller_other_than(zk: KazooClient, broker_id: int | None) -> tuple[int] | None:
+    """(the controller's id,) if there is one and it is not `broker_id` (a tuple: 0 is an id)."""
+    current = zk.retry(read_controller, zk)
+    return (current,) if current is not None and current != broker_id else None
+
+
+def controller_epoch(zk: KazooClient) -> int:
+    return int(zk.get(CONTROLLER_EPOCH)[0])
+
+
+def describe_rows(zk_connect: str, topic: str) -> dict[int, dict[str, str]]:
+    result = logbus(zk_connect, "topics", "--describe", topic)
+    assert result.returncode == 0, result.stderr
+    header, *rows = result.stdout.strip().splitlines()
+    names = header.split("\t")
+    return {int(r["partition"]): r for r in (dict(zip(names, row.split("\t"))) for row in rows)}
+
+
+def test_controller_failover_moves_the_dead_brokers_leaderships_to_the_isr(zookeeper_ensemble, tmp_path):
+    """Kill -9 the broker that is both the controller and a leader, and stop a
+    ZooKeeper server meanwhile: another broker becomes controller with a higher
+    controller epoch, every partition the dead broker led gets the first live ISR
+    member as leader with leader_epoch + 1, and the dead broker leaves every ISR.
+    When it comes back it leads nothing."""
+    ensemble = zookeeper_ensemble
+    connect = ensemble.connect_string
+    zk = KazooClient(connect, connection_retry={"max_tries": -1, "max_delay": 1})
+    zk.start(30)
+    with LocalCluster(connect, tmp_path, SETTINGS) as cluster:
+        try:
+            cluster.start(3)
+            result = logbus(connect, "topics", "--create", "events", "--partitions", "6", "--replication-factor", "3")
+            assert result.returncode == 0, result.stderr
+            first = wait_until(lambda: controller_other_than(zk, None), 30, "a controller")[0]
+            first_epoch = controller_epoch(zk)
+            before = states(zk, "events")
+            replicas = read_assignment(zk, "events")
+            led = sorted(p for p, s in before.items() if s.leader == first)
+            assert len(led) == 2 and all(s.isr == replicas[p] for p, s in before.items())
+
+            follower_zk = next(i for i, s in enumerate(ensemble.servers) if s.mode == "follower")
+            ensemble.stop_server(follower_zk)
+            cluster.brokers[first].kill()
+
+            second = wait_until(lambda: controller_other_than(zk, first), MOVE_S,
+                                "another broker to become the controller")[0]
+            wait_until(lambda: zk.retry(controller_epoch, zk) > first_epoch, MOVE_S, "a new controller epoch")
+            wait_until(lambda: all(first not in s.isr for s in zk.retry(states, zk, "events").values()), MOVE_S,
+                       f"broker {first} to leave every ISR")
+            after = zk.retry(states, zk, "events")
+            for p, old in before.items():
+                new = after[p]
+                if p in led:
+                    expected = [b for b in replicas[p] if b != first][0]
+                    assert (new.leader, new.leader_epoch) == (expected, old.leader_epoch + 1), (p, old, new)
+                else:
+                    assert (new.leader, new.leader_epoch) == (old.leader, old.leader_epoch), (p, old, new)
+                assert new.isr == [b for b in old.isr if b != first]
+                assert new.controller_epoch > first_epoch
+
+            ensemble.start_server(follower_zk)
+            rows = describe_rows(connect, "events")
+            for p in led:
+                assert rows[p]["status"] == "available" and rows[p]["epoch"] == str(before[p].leader_epoch + 1)
+                assert first not in map(int, rows[p]["isr"].split(","))
+
+            live = next(b for b in cluster.brokers.values() if b.broker_id != first)
+            with BrokerConnection(*live.address, timeout=30) as conn:  # METADATA v1 carries the same state
+                for meta in conn.metadata(["events"]).topics[0].partitions:
+                    state = after[meta.partition]
+                    assert (meta.leader, meta.leader_epoch, meta.isr) == (state.leader, state.leader_epoch, state.isr)
+                v0 = conn.metadata(["events"], version=0).topics[0].partitions
+                assert [p.leader for p in v0] == [after[p.partition].leader for p in v0]
+
+            cluster.start_broker(first)  # comes back: a follower, not a leader
+            wait_until(lambda: f"controller: broker {first} is live" in cluster.brokers[second].log_tail(400), MOVE_S,
+                       f"the controller to see broker {first} again")
+            assert {p: s.leader for p, s in zk.retry(states, zk, "events").items()} == \
+                {p: s.leader for p, s in after.items()}
+        finally:
+            zk.stop()
+            zk.close()
+
+
+@pytest.mark.parametrize("unclean", [False, True], ids=["clean", "unclean"])
+def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean):
+    """Replicas 0 and 1; "early" messages reach both; the follower dies (the controller
+    drops it from the ISR) and "late" messages are acknowledged by the leader alone;
+    then the leader dies. When only the out-of-sync follower returns, the partition
+    stays OFFLINE until the leader returns, and nothing is lost — unless unclean
+    election is on: then the follower leads at once, alone in its ISR, the controller
+    says at WARNING what that loses, and the late messages are gone (the documented
+    cost, docs/controller.md)."""
+    settings = {**SETTINGS, "unclean.leader.election.enable": str(unclean).lower()}
+    for broker_id in (0, 1):
+        cluster.start_broker(broker_id, settings)
+    create_topic(zk, "lonely", 1, replication_factor=2)
+    wait_until(lambda: read_controller(zk) is not None, 30, "a controller")
+    initial = states(zk, "lonely")[0]
+    leader = initial.leader
+    follower = 1 - leader
+    early, late = [b"early-%d" % i for i in range(20)], [b"late-%d" % i for i in range(20)]
+    with Producer(zookeeper=zk_connect, acks=-1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+        for value in early:
+            producer.send("lonely", value, partition=0)
+
+        cluster.brokers[follower].kill()
+        wait_until(lambda: states(zk, "lonely")[0].isr == [leader], MOVE_S, f"broker {follower} to leave the ISR")
+        for value in late:
+            producer.send("lonely", value, partition=0)
+    cluster.brokers[leader].kill()
+    wait_until(lambda: zk.exists(f"/brokers/ids/{leader}") is None, MOVE_S, f"broker {leader}'s session to expire")
+    cluster.start_broker(follower)
+    returned = cluster.brokers[follower]
+    wait_until(lambda: "is the controller" in returned.log_tail(400), MOVE_S, f"broker {follower} to take control")
+
+    if unclean:
+        state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == follower and s, MOVE_S,
+                           "the out-of-sync replica to lead")
+        assert state.isr == [follower] and state.leader_epoch == initial.leader_epoch + 1
+        assert "WARNING" in returned.log_tail(400) and "UNCLEAN election of lonely-0" in returned.log_tail(400)
+        assert describe_rows(zk_connect, "lonely")[0]["status"] == "available"
+        assert [m.value for m in read_topic(zk_connect, "lonely")[0]] == early  # the late ones are lost
+    else:
+        state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == -1 and s, MOVE_S, "the partition offline")
+        assert state.isr == [leader] and state.leader_epoch == initial.leader_epoch + 1
+        row = describe_rows(zk_connect, "lonely")[0]
+        assert (row["status"], row["leader"]) == ("OFFLINE", "-1")
+        assert "lonely-0 is OFFLINE" in returned.log_tail(400)
+
+        cluster.start_broker(leader)  # the last ISR member returns: it leads again, with everything
+        state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == leader and s, MOVE_S,
+                           "the last ISR member to lead again")
+        assert state.leader_epoch == initial.leader_epoch + 2
+        values = wait_until(lambda: (v := [m.value for m in read_topic(zk_connect, "lonely")[0]]) == early + late and v,
+                            MOVE_S, "every acknowledged message")
+        assert values == early + late
+
+
+def test_a_controller_whose_session_expires_is_replaced_and_steps_down(cluster, zk):
+    """SIGSTOP the controller past its session timeout: another broker takes over with
+    a higher epoch; the resumed broker notices its session is gone and is no longer
+    the controller; the new one moves leaderships when a broker dies."""
+    for broker_id in range(3):
+        cluster.start_broker(broker_id, SETTINGS)
+    create_topic(zk, "paused", 3, replication_factor=2)
+    first = wait_until(lambda: controller_other_than(zk, None), 30, "a controller")[0]
+    first_epoch = wait_until(lambda: controller_epoch(zk), 30, "the controller epoch")
+
+    cluster.brokers[first].pause()
+    try:
+        second = wait_until(lambda: controller_other_than(zk, first), MOVE_S, "a new controller")[0]
+        wait_until(lambda: controller_epoch(zk) > first_epoch, MOVE_S, "a new controller epoch")
+    finally:
+        cluster.brokers[first].resume()
+    wait_until(lambda: "no longer the controller" in cluster.brokers[first].log_tail(400), MOVE_S,
+               f"broker {first} to step down")
+    assert controller_other_than(zk, None) == (second,)
+
+    victim = next(b for b in range(3) if b not in (first, second))
+    before = states(zk, "paused")
+    led = [p for p, s in before.items() if s.leader == victim]
+    cluster.brokers[victim].kill()
+    wait_until(lambda: all(s.leader != victim for s in states(zk, "paused").values()), MOVE_S,
+               f"broker {victim}'s partitions to move (or go offline: the paused broker left their ISRs)")
+    assert all(states(zk, "paused")[p].leader_epoch == before[p].leader_epoch + 1 for p in led)
+    assert f"controller: broker {victim} is gone" in cluster.brokers[second].log_tail(400)
+
+
+def test_create_topic_replication_factor_and_its_default(cluster, zk):
+    """CREATE_TOPIC's replication factor: 0 or -1 and auto-creation take
+    `default.replication.factor`; more replicas than live brokers is refused."""
+    settings = {**SETTINGS, "default.replication.factor": 2, "num.partitions": 3}
+    for broker_id in range(2):
+        cluster.start_broker(broker_id, settings)
+    with BrokerConnection(*cluster.brokers[0].address, timeout=30) as conn:
+        conn.create_topic("explicit", 2, replication_factor=1)
+        conn.create_topic("defaulted", 2, replication_factor=0)
+        conn.create_topic("auto", AUTO_PARTITIONS)
+        with pytest.raises(InvalidReplicationFactor, match=r"replication factor 3 .*1..2 \(the number of live brokers"):
+            conn.create_topic("wide", 1, replication_factor=3)
+        with pytest.raises(InvalidReplicationFactor):
+            conn.create_topic("negative", 1, replication_factor=-2)
+    assert [len(r) for r in read_assignment(zk, "explicit").values()] == [1, 1]
+    assert [len(r) for r in read_assignment(zk, "defaulted").values()] == [2, 2]
+    assert [len(set(r)) for r in read_assignment(zk, "auto").values()] == [2, 2, 2]
+    assert read_assignment(zk, "wide") is None

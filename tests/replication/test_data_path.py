@@ -1,0 +1,189 @@
+"""The replication data path on three real brokers (one ZooKeeper): followers copy the
+leader's bytes exactly, consumers read up to the high watermark only, acks=-1 waits
+for the in-sync replicas, the ISR shrinks and grows, and min.insync.replicas refuses
+acks=-1. Leadership is moved by writing the state node directly (the controller is the
+other helper's; these tests exercise the data path alone)."""
+
+import time
+
+import pytest
+
+from broker.errors import NotEnoughReplicas, NotLeaderForPartition
+from broker.zklayout import PartitionState, broker_path
+from harness.process import wait_until
+from tests.integration.brokerutil import connect, produce, read_partition
+from tests.replication.replicautil import (
+    replicated_topic, set_state, state, wait_identical, wait_isr, wait_leading,
+)
+
+FAST = {"log.flush.interval.ms": 20, "replica.fetch.wait.max.ms": 100}
+
+
+def start3(cluster, **settings):
+    for i in range(3):
+        cluster.start_broker(i, {**FAST, **settings})
+
+
+def test_followers_become_byte_identical_to_the_leader(cluster, zk):
+    start3(cluster, **{"log.segment.bytes": 4096})
+    assignment = replicated_topic(zk, cluster, "copies")
+    leader = assignment[0][0]
+    with connect(cluster.brokers[leader]) as conn:
+        for i in range(60):
+            produce(conn, "copies", 0, [b"message %03d " % i * 8], acks=-1 if i % 3 else 1)
+        files = wait_identical(cluster, [0, 1, 2], "copies")
+        assert len(files) > 1  # across segment rolls
+        assert [m.value for m in read_partition(conn, "copies", 0)] == [b"message %03d " % i * 8 for i in range(60)]
+    followers = [b for b in assignment[0] if b != leader]
+    with connect(cluster.brokers[followers[0]]) as other:
+        with pytest.raises(NotLeaderForPartition):
+            other.fetch("copies", 0, 0, 1000)
+
+
+def test_a_paused_follower_holds_the_high_watermark_until_it_leaves_the_isr(cluster, zk):
+    start3(cluster, **{"replica.lag.time.max.ms": 3000})
+    assignment = replicated_topic(zk, cluster, "lagging")
+    leader, follower = assignment[0][0], assignment[0][1]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        first = produce(conn, "lagging", 0, [b"before"], acks=-1)
+        cluster.brokers[follower].pause()
+        try:
+            second = produce(conn, "lagging", 0, [b"while paused"], acks=1)
+            time.sleep(1)
+            assert conn.offsets("lagging", 0, -1) == [first.next_offset]  # the HW waits for the paused follower
+            assert [m.value for m in read_partition(conn, "lagging", 0)] == [b"before"]
+            started = time.monotonic()
+            third = produce(conn, "lagging", 0, [b"acks all"], acks=-1)  # completes once the ISR shrinks
+            assert time.monotonic() - started > 0.5
+            assert set(state(zk, "lagging").isr) == set(assignment[0]) - {follower}
+            assert conn.offsets("lagging", 0, -1) == [third.next_offset]
+            assert [m.value for m in read_partition(conn, "lagging", 0)] == [b"before", b"while paused", b"acks all"]
+        finally:
+            cluster.brokers[follower].resume()
+        wait_isr(zk, "lagging", set(assignment[0]))  # it catches up and joins again
+        wait_identical(cluster, assignment[0], "lagging")
+        assert second.next_offset == third.base_offset
+
+
+def test_min_insync_replicas_refuses_acks_all_with_one_replica_left(cluster, zk):
+    start3(cluster, **{"min.insync.replicas": 2, "replica.lag.time.max.ms": 2000})
+    assignment = replicated_topic(zk, cluster, "guarded")
+    leader, others = assignment[0][0], assignment[0][1:]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        produce(conn, "guarded", 0, [b"three in sync"], acks=-1)
+        for b in others:
+            cluster.brokers[b].pause()
+        try:
+            wait_isr(zk, "guarded", {leader})
+            with pytest.raises(NotEnoughReplicas):
+                produce(conn, "guarded", 0, [b"refused"], acks=-1)
+            accepted = produce(conn, "guarded", 0, [b"accepted"], acks=1)
+            assert accepted.next_offset > accepted.base_offset
+        finally:
+            for b in others:
+                cluster.brokers[b].resume()
+        wait_isr(zk, "guarded", set(assignment[0]))
+        produce(conn, "guarded", 0, [b"again"], acks=-1)
+        assert [m.value for m in read_partition(conn, "guarded", 0)] == [b"three in sync", b"accepted", b"again"]
+
+
+def test_a_restarted_leader_truncates_its_unreplicated_tail_by_leader_epoch(cluster, zk):
+    """KIP-101: the old leader appended a tail no follower has, then died; a follower took
+    over in a new epoch and appended other messages at the same offsets. Coming back,
+    the old leader must cut its tail where epoch 0 ended on the new leader, then copy
+    the new messages — not keep its tail (its own high watermark says nothing of it)."""
+    start3(cluster)
+    assignment = replicated_topic(zk, cluster, "diverge")
+    old, new, third = assignment[0]
+    with connect(cluster.brokers[old], timeout=60) as conn:
+        committed = produce(conn, "diverge", 0, [b"committed 1", b"committed 2"], acks=-1)
+        wait_identical(cluster, assignment[0], "diverge")
+        cluster.brokers[new].kill()  # killed, not paused: a parked fetch would still deliver the tail
+        cluster.brokers[third].kill()
+        tail = produce(conn, "diverge", 0, [b"tail only on the old leader " * 4], acks=1)
+        time.sleep(0.2)  # flushed by the old leader's flush rule
+    cluster.brokers[old].kill()
+    assert tail.base_offset == committed.next_offset
+    # the controller's move, made by hand: `new` leads epoch 1 with the replicas that have everything committed
+    set_state(zk, "diverge", 0, PartitionState(new, 1, [new, third]))
+    cluster.start_broker(new)
+    cluster.start_broker(third)
+    wait_leading(cluster, new, "diverge")
+    with connect(cluster.brokers[new], timeout=60) as conn:
+        after = produce(conn, "diverge", 0, [b"epoch 1 message"], acks=-1)
+        assert after.base_offset == committed.next_offset  # the same offset the tail had on the old leader
+        cluster.start_broker(old)
+        files = wait_identical(cluster, assignment[0], "diverge")
+        assert b"tail only" not in b"".join(data for _, data in files)
+        assert [m.value for m in read_partition(conn, "diverge", 0)] == [b"committed 1", b"committed 2", b"epoch 1 message"]
+    wait_isr(zk, "diverge", set(assignment[0]))
+    epochs = (cluster.brokers[old].log_dir / "diverge-0" / "leader-epoch-checkpoint").read_text()
+    assert epochs == f"0 0\n1 {committed.next_offset}\n"
+
+
+def test_a_leader_whose_session_expired_stops_leading_and_follows_the_new_leader(cluster, zk):
+    """Freeze the leader past its ZooKeeper session; meanwhile leadership moves (written
+    by hand, as the controller would). Waking, the old leader fences itself, re-reads
+    its state nodes, becomes a follower, and rejoins the ISR."""
+    start3(cluster, **{"zookeeper.session.timeout.ms": 2000})
+    assignment = replicated_topic(zk, cluster, "expiry")
+    old, new, third = assignment[0]
+    with connect(cluster.brokers[old], timeout=60) as conn:
+        produce(conn, "expiry", 0, [b"before"], acks=-1)
+    cluster.brokers[old].pause()
+    try:
+        wait_until(lambda: zk.exists(broker_path(old)) is None, 30, "the old leader's session to expire")
+        set_state(zk, "expiry", 0, PartitionState(new, 1, [new, third]))
+        wait_leading(cluster, new, "expiry")
+    finally:
+        cluster.brokers[old].resume()
+    with connect(cluster.brokers[new], timeout=60) as conn:
+        produce(conn, "expiry", 0, [b"after"], acks=-1)
+        wait_isr(zk, "expiry", set(assignment[0]))
+        wait_identical(cluster, assignment[0], "expiry")
+        assert [m.value for m in read_partition(conn, "expiry", 0)] == [b"before", b"after"]
+    with connect(cluster.brokers[old]) as conn:
+        with pytest.raises(NotLeaderForPartition):
+            produce(conn, "expiry", 0, [b"to the old leader"], acks=1)
+    assert "ZooKeeper session lost; refusing produce" in cluster.brokers[old].log_tail(200)
+
+
+def test_a_killed_follower_comes_back_catches_up_and_rejoins_the_isr(cluster, zk):
+    start3(cluster, **{"replica.lag.time.max.ms": 1500, "log.segment.bytes": 8192})
+    assignment = replicated_topic(zk, cluster, "rejoin")
+    leader, follower = assignment[0][0], assignment[0][2]
+    values = [b"value %04d " % i * 6 for i in range(300)]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        for i in range(0, 100, 10):
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        cluster.brokers[follower].kill()
+        for i in range(100, 200, 10):  # waits for the ISR to drop the dead follower, then goes on
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        assert follower not in state(zk, "rejoin").isr
+        cluster.start_broker(follower)
+        for i in range(200, 300, 10):
+            produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
+        wait_isr(zk, "rejoin", set(assignment[0]))
+        wait_identical(cluster, assignment[0], "rejoin")
+        assert [m.value for m in read_partition(conn, "rejoin", 0)] == values
+
+
+def test_a_restarted_leader_starts_from_its_checkpointed_high_watermark(cluster, zk):
+    start3(cluster)
+    assignment = replicated_topic(zk, cluster, "checkpointed")
+    leader = assignment[0][0]
+    with connect(cluster.brokers[leader], timeout=60) as conn:
+        committed = produce(conn, "checkpointed", 0, [b"one", b"two"], acks=-1)
+    # followers first: with the controller running, a leader stopped first would lose the
+    # lead (and its ISR place) to a follower, and alone it could not lead again
+    for follower in assignment[0][1:]:  # followers keep the leader's HW in their checkpoints too
+        cluster.brokers[follower].stop()
+        assert "checkpointed 0 " in (cluster.brokers[follower].log_dir / "replication-offset-checkpoint").read_text()
+    cluster.brokers[leader].stop()
+    checkpoint = (cluster.brokers[leader].log_dir / "replication-offset-checkpoint").read_text()
+    assert f"checkpointed 0 {committed.next_offset}\n" in checkpoint
+    cluster.start_broker(leader)  # alone: no follower can move the HW, the checkpoint gives it
+    wait_leading(cluster, leader, "checkpointed")
+    with connect(cluster.brokers[leader]) as conn:
+        assert conn.offsets("checkpointed", 0, -1) == [committed.next_offset]
+        assert [m.value for m in read_partition(conn, "checkpointed", 0)] == [b"one", b"two"]

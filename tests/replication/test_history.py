@@ -1,0 +1,176 @@
+"""The history checker: its fault schedule and its rules (pure, fast), then a seeded
+run of 30+ faults against three brokers on a three-server ZooKeeper ensemble.
+
+Replay a failing run with `HISTORY_SEED=<seed>`; the seed and the fault log are
+printed with every failure."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from broker.message import encode_message_set
+from tests.replication.history import (
+    EXPIRE_SESSION, KILL_ZOOKEEPER, PAUSE_FOLLOWER, PAUSE_LEADER, Seen, SendLog, check_history, encode_value,
+    fault_schedule, run_history,
+)
+from tests.replication.replicated import BROKER_SETTINGS, LAG_MS, SESSION_MS, create_replicated_topic
+
+# ------------------------------------------------------------------ the schedule
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
+def test_a_schedule_is_a_function_of_its_seed(seed):
+    assert fault_schedule(seed) == fault_schedule(seed)
+    assert fault_schedule(seed) != fault_schedule(seed + 1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_schedule_has_thirty_faults_one_zookeeper_death_and_never_three_at_once(seed):
+    schedule = fault_schedule(seed, lag_ms=LAG_MS, session_ms=SESSION_MS)
+    assert len(schedule) >= 30
+    assert [f.kind for f in schedule].count(KILL_ZOOKEEPER) == 1
+    assert all(b.at > a.at for a, b in zip(schedule, schedule[1:]))
+    for fault in schedule:
+        overlapping = [f for f in schedule if f.at <= fault.at < f.healed_at]
+        assert len(overlapping) <= 2, fault
+        if fault.kind in (PAUSE_LEADER, PAUSE_FOLLOWER):
+            assert LAG_MS / 1000 < fault.hold < SESSION_MS / 1000, fault
+        if fault.kind == EXPIRE_SESSION:
+            assert fault.hold > SESSION_MS / 1000, fault
+    assert schedule[-1].healed_at < 80  # the run stays near a minute
+
+
+def test_every_kind_of_fault_occurs_across_a_few_seeds():
+    kinds = {f.kind for seed in range(5) for f in fault_schedule(seed)}
+    assert kinds == {"kill-leader", "kill-follower", "pause-leader", "pause-follower", "expire-session",
+                     "kill-zookeeper"}
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def log_of(entries: list[tuple[int, int, int]]) -> tuple[bytes, dict[tuple[int, int, int], int]]:
+    """A partition's bytes holding these (producer, seq, attempt) values, and their offsets."""
+    data, offsets = b"", {}
+    for item in entries:
+        offsets[item] = len(data)
+        data += encode_message_set([(None, encode_value(*item), 1)])
+    return data, offsets
+
+
+def sent(log: SendLog, producer: int, seq: int, attempts: int, acked_offset: int | None, partition: int = 0) -> None:
+    for attempt in range(attempts):
+        log.attempt(producer, seq, attempt, partition)
+    if acked_offset is not None:
+        log.ack(producer, seq, attempts - 1, partition, acked_offset)
+
+
+def test_identical_replicas_with_every_acknowledged_message_pass():
+    data, offsets = log_of([(0, 0, 0), (0, 1, 0), (1, 0, 1)])
+    log = SendLog()
+    sent(log, 0, 0, 1, offsets[(0, 0, 0)])
+    sent(log, 0, 1, 1, offsets[(0, 1, 0)])
+    sent(log, 1, 0, 2, offsets[(1, 0, 1)])  # the first attempt failed and did not land
+    sent(log, 1, 1, 3, None)  # never acknowledged, never landed
+    seen = [Seen(0, offsets[(0, 1, 0)], encode_value(0, 1, 0))]
+    verdict = check_history({0: {0: (0, data), 1: (0, data), 2: (0, data)}}, log, seen)
+    assert verdict.ok, verdict.problems
+    assert verdict.stats["acked"] == 3
+
+
+def test_a_retried_message_may_appear_once_per_attempt():
+    data, offsets = log_of([(0, 0, 0), (0, 0, 1)])  # the first attempt timed out but had landed
+    log = SendLog()
+    sent(log, 0, 0, 2, offsets[(0, 0, 1)])
+    verdict = check_history({0: {0: (0, data)}}, log, [])
+    assert verdict.ok, verdict.problems
+    assert verdict.stats["retried duplicates"] == 1
+
+
+def test_divergent_replicas_fail():
+    data, _ = log_of([(0, 0, 0), (0, 1, 0)])
+    other, _ = log_of([(0, 0, 0), (1, 0, 0)])
+    log = SendLog()
+    sent(log, 0, 0, 1, 0)
+    sent(log, 0, 1, 1, None)
+    sent(log, 1, 0, 1, None)
+    problems = check_history({0: {0: (0, data), 1: (0, other)}}, log, []).problems
+    assert any("differs" in p for p in problems), problems
+
+
+def test_a_lost_acknowledged_message_fails():
+    data, _ = log_of([(0, 0, 0)])
+    log = SendLog()
+    sent(log, 0, 0, 1, 0)
+    sent(log, 0, 1, 1, len(data))  # acknowledged past the end: lost in a truncation
+    problems = check_history({0: {0: (0, data)}}, log, []).problems
+    assert any(p.startswith("LOST") and "seq 1" in p for p in problems), problems
+
+
+def test_an_attempt_written_twice_fails():
+    data, offsets = log_of([(0, 0, 0), (0, 0, 0)])
+    log = SendLog()
+    sent(log, 0, 0, 1, 0)
+    problems = check_history({0: {0: (0, data)}}, log, []).problems
+    assert any(p.startswith("DUPLICATE") for p in problems), problems
+
+
+def test_a_message_never_sent_fails():
+    data, _ = log_of([(0, 0, 0), (0, 0, 5)])
+    log = SendLog()
+    sent(log, 0, 0, 1, 0)
+    problems = check_history({0: {0: (0, data)}}, log, []).problems
+    assert any(p.startswith("PHANTOM") for p in problems), problems
+
+
+def test_a_read_that_a_failover_took_back_fails():
+    data, offsets = log_of([(0, 0, 0)])
+    log = SendLog()
+    sent(log, 0, 0, 1, 0)
+    sent(log, 0, 1, 1, None)
+    seen = [Seen(0, len(data), encode_value(0, 1, 0))]  # read, then truncated away
+    problems = check_history({0: {0: (0, data)}}, log, seen).problems
+    assert any(p.startswith("TAKEN BACK") for p in problems), problems
+
+
+def test_acknowledged_messages_out_of_order_fail():
+    data, offsets = log_of([(0, 1, 0), (0, 0, 0)])
+    log = SendLog()
+    sent(log, 0, 0, 1, offsets[(0, 0, 0)])
+    sent(log, 0, 1, 1, offsets[(0, 1, 0)])
+    problems = check_history({0: {0: (0, data)}}, log, []).problems
+    assert any(p.startswith("REORDERED") for p in problems), problems
+
+
+# ------------------------------------------------------------------ the run
+
+
+def history_seed() -> int:
+    return int(os.environ.get("HISTORY_SEED") or random.SystemRandom().randrange(1 << 20))
+
+
+def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path):
+    """Three producers with acks=-1 and a consumer, three brokers, an RF=3 topic of
+    three partitions, a ZooKeeper ensemble: 30 faults (kills of leaders and followers,
+    pauses past the lag time, session expiries, one ZooKeeper server's death), then
+    healing and the check of every replica."""
+    from harness.cluster import LocalCluster
+    from tests.replication.replicated import zookeeper_client
+
+    seed = history_seed()
+    print(f"history seed {seed} (replay with HISTORY_SEED={seed})")
+    with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=BROKER_SETTINGS) as cluster, \
+            zookeeper_client(zookeeper_ensemble.connect_string) as zk:
+        cluster.start(3)
+        assignment = create_replicated_topic(cluster, zk, "history", partitions=3, replication_factor=3)
+        run = run_history(seed, cluster, zookeeper_ensemble, zk, "history", assignment, producers=3, faults=30,
+                          lag_ms=LAG_MS, session_ms=SESSION_MS)
+        print(run.report())
+        if not run.verdict.ok:
+            for broker in cluster.brokers.values():
+                print(f"\n---- broker {broker.broker_id} log ({broker.log_path}) ----\n{broker.log_tail(80)}")
+        assert run.verdict.ok, run.report()
+        assert run.verdict.stats["acked"] > 0
