@@ -210,6 +210,8 @@ class ReplicaManager:
         """Compare-and-set the ISR on the state node, same leader and epoch; on a lost
         race re-read it (the controller may have moved leadership) and apply that."""
         part.isr_change_pending = True
+        if len(isr) < len(part.isr):
+            part.shrinking = isr
         state, version = part.state, part.zk_version
         wanted = PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch, state.version)
         loop = asyncio.get_running_loop()
@@ -228,6 +230,7 @@ class ReplicaManager:
         finally:
             part.isr_change_pending = False
             part.joining = None
+            part.shrinking = None
 
     # ------------------------------------------------------------ what handlers ask
 
@@ -252,10 +255,12 @@ class ReplicaManager:
         )
 
     def check_insync(self, part: Partition) -> None:
-        """acks=-1 is refused, before anything is appended, with too few in sync."""
-        if len(part.isr) < self.config.min_insync_replicas:
+        """acks=-1 is refused, before anything is appended, with too few in sync (counting
+        a shrink being written as done)."""
+        isr = part.isr if part.shrinking is None else part.shrinking
+        if len(isr) < self.config.min_insync_replicas:
             raise NotEnoughReplicas(
-                f"partition {part.name} has {len(part.isr)} in-sync replica(s) {part.isr}, fewer than "
+                f"partition {part.name} has {len(isr)} in-sync replica(s) {isr}, fewer than "
                 f"min.insync.replicas={self.config.min_insync_replicas}; nothing was appended"
             )
 

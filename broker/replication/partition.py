@@ -60,6 +60,11 @@ class Partition:
         # larger ISR the controller may make it leader — an acks=-1 answer given before
         # the write's result is applied here must not rest on the smaller ISR.
         self.joining: int | None = None
+        # The ISR a shrink is writing: acks=-1 is refused against it from the moment the
+        # write starts, because once ZooKeeper holds the smaller ISR a client may rightly
+        # expect NotEnoughReplicas — an append accepted against the larger ISR meanwhile
+        # could only end in NotEnoughReplicasAfterAppend or a timeout.
+        self.shrinking: list[int] | None = None
         flusher.on_flushed = lambda flushed: self.update_high_watermark()
 
     @property
