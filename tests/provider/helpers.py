@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from broker.client.producer import Producer
 from broker.message import iter_messages
@@ -59,3 +60,28 @@ class FakeTaskInstance:
 
     def xcom_pull(self, task_ids: str) -> dict | None:
         return self.xcoms.get(task_ids)
+
+
+HOUR_MS = 3_600_000
+
+
+def fill_last_hour(cluster, topic: str, messages: int, brokers: int = 2) -> tuple[str, int]:
+    """Start `brokers` brokers of 2 partitions each, point the logbus connection at
+    them and produce `messages` messages one second apart from the start of the last
+    whole hour, waiting until every partition has data; (ZooKeeper connect string, that
+    hour's start in ms)."""
+    from harness.process import wait_until
+
+    from .conftest import use_logbus_connection
+
+    for broker_id in range(brokers):
+        cluster.start_broker(broker_id, {"num.partitions": 2})
+    zk = cluster.zookeeper
+    use_logbus_connection(zk)
+    now = int(time.time() * 1000)
+    start = now - now % HOUR_MS - HOUR_MS
+    produce(zk, topic, [start + i * 1000 for i in range(messages)])
+    with LogbusCluster(zk) as c:
+        wait_until(lambda: all(o.latest > 0 for o in c.partition_offsets(topic).values()), 30, "every partition")
+    return zk, start
+

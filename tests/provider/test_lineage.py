@@ -11,17 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from harness.process import wait_until
 
 from airflow_provider_logbus.cluster import LogbusCluster
 
-from .conftest import use_logbus_connection
-from .helpers import produce
+from .helpers import fill_last_hour
 
 pytest.importorskip("airflow.providers.openlineage", reason="the OpenLineage provider is an optional extra")
 pytestmark = pytest.mark.slow
@@ -67,14 +64,8 @@ def completed_tasks(events_file: Path) -> dict[str, dict]:
 
 
 def test_load_and_commit_report_the_topics_offset_ranges_and_the_tables_batch(cluster, airflow_db, tmp_path):
-    cluster.start_broker(0, {"num.partitions": 2})
-    zk = cluster.zookeeper
-    use_logbus_connection(zk)
-    now = int(time.time() * 1000)
-    start = now - now % HOUR - HOUR
-    produce(zk, TOPIC, [start + i * 1000 for i in range(MESSAGES)])
+    zk, start = fill_last_hour(cluster, TOPIC, MESSAGES, brokers=1)
     with LogbusCluster(zk) as c:
-        wait_until(lambda: all(o.latest > 0 for o in c.partition_offsets(TOPIC).values()), 30, "both partitions")
         ends = {p: o.latest for p, o in c.partition_offsets(TOPIC).items()}
     dags, warehouse, events = tmp_path / "dags", tmp_path / "warehouse", tmp_path / "lineage.jsonl"
     dags.mkdir()

@@ -19,8 +19,7 @@ from airflow_provider_logbus.spark.failure import ERROR_FILE, SPARK_LOG
 from airflow_provider_logbus.targets.directory import DirectoryTarget
 from harness.process import wait_until
 
-from .conftest import use_logbus_connection
-from .helpers import FakeTaskInstance, produce
+from .helpers import FakeTaskInstance, fill_last_hour
 from .netlisten import listeners
 
 pytestmark = pytest.mark.slow
@@ -31,15 +30,8 @@ TOPIC = TABLE = "clicks"
 @pytest.fixture
 def loadable(cluster, airflow_db, tmp_path):
     """Two brokers, a topic with data on both partitions, and the batch's snapshot."""
-    cluster.start_broker(0, {"num.partitions": 2})
-    cluster.start_broker(1, {"num.partitions": 2})
-    zk = cluster.zookeeper
-    use_logbus_connection(zk)
-    now = int(time.time() * 1000)
-    start = now - now % HOUR - HOUR
-    produce(zk, TOPIC, [start + i * 1000 for i in range(40)])
+    zk, start = fill_last_hour(cluster, TOPIC, 40)
     with LogbusCluster(zk) as c:
-        wait_until(lambda: all(o.latest > 0 for o in c.partition_offsets(TOPIC).values()), 30, "both partitions")
         leaders = c.leaders(TOPIC)
     warehouse = tmp_path / "warehouse"
     hook = LogbusHook()

@@ -20,16 +20,14 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_logbus.batch import plan_batch
-from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.commit import LogbusCommitOperator
 from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
 from airflow_provider_logbus.targets.directory import DirectoryTarget
-from harness.process import wait_until
 from harness.spark import SparkStandalone
 
-from .conftest import ROOT, use_logbus_connection
-from .helpers import all_offsets, produce, table_rows
+from .conftest import ROOT
+from .helpers import all_offsets, fill_last_hour, table_rows
 from .netlisten import Listener, listeners
 
 pytestmark = pytest.mark.slow
@@ -106,15 +104,7 @@ def source_scan(event_log: Path) -> tuple[dict[str, str], list[dict]]:
 
 
 def test_a_standalone_worker_loads_a_batch_exactly_once(cluster, airflow_db, standalone, tmp_path):
-    cluster.start_broker(0, {"num.partitions": 2})
-    cluster.start_broker(1, {"num.partitions": 2})
-    zk = cluster.zookeeper
-    use_logbus_connection(zk)
-    now = int(time.time() * 1000)
-    start = now - now % HOUR - HOUR
-    produce(zk, TOPIC, [start + i * 1000 for i in range(MESSAGES)])
-    with LogbusCluster(zk) as c:
-        wait_until(lambda: all(o.latest > 0 for o in c.partition_offsets(TOPIC).values()), 30, "both partitions")
+    zk, start = fill_last_hour(cluster, TOPIC, MESSAGES)
     produced = all_offsets(zk, TOPIC)
     warehouse, events = tmp_path / "warehouse", tmp_path / "events"
     events.mkdir()
