@@ -72,7 +72,8 @@ class Controller:
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     # ------------------------------------------------------------ kazoo callbacks
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker import __version__
@@ -70,7 +70,11 @@ class BrokerRegistry:
 
     def register(self) -> None:
         """Create our ephemeral node. After a crash, the previous session's node can
-        linger until ZooKeeper expires it: wait for that, up to a session timeout."""
+        linger until ZooKeeper expires it: wait for that, up to a session timeout.
+
+        The connection may drop, or the session expire, while we wait (a broker paused
+        during its start-up): retry, since a create that did land shows up as a node
+        our own session owns."""
         data = encode_broker(self.broker, __version__)
         path = broker_path(self.broker.broker_id)
         deadline = time.monotonic() + 2 * self.session_timeout_ms / 1000 + 5
@@ -79,6 +83,14 @@ class BrokerRegistry:
                 self.zk.create(path, data, ephemeral=True, makepath=True)
                 logger.info("registered broker %d at %s:%d", self.broker.broker_id, self.broker.host, self.broker.port)
                 return
+            except (ConnectionLoss, SessionExpiredError) as exc:
+                if time.monotonic() > deadline:
+                    raise UnknownError(
+                        f"cannot register broker {self.broker.broker_id} at {path}: ZooKeeper kept failing "
+                        f"({type(exc).__name__})"
+                    ) from exc
+                logger.info("registering broker %d: %s; retrying", self.broker.broker_id, type(exc).__name__)
+                time.sleep(0.2)
             except NodeExistsError:
                 try:
                     _, stat = self.zk.get(path)

@@ -558,6 +558,21 @@ class Broker:
                 logger.info("%s: idle for %d ms; closing", conn.peer, self.config.connections_max_idle_ms)
                 conn.close()
 
+    async def abort(self) -> None:
+        """Undo a failed start: leave ZooKeeper, stop serving and replicating. The logs
+        are left unmarked, so the next start recovers them: the start may have failed
+        while loading them. Never raises over the start's own error."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.controller.stop)
+            self.replicas.stop()
+            await loop.run_in_executor(None, self.registry.stop)
+        except Exception:
+            logger.exception("broker %d: cleaning up after a failed start failed", self.config.broker_id)
+        if self._server is not None:
+            self._server.close()
+        self.scheduler.shutdown()
+
     async def stop(self) -> None:
         """Deregister, stop serving, flush every log, mark the shutdown clean."""
         loop = asyncio.get_running_loop()
@@ -583,7 +598,13 @@ async def serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await broker.start()
+    try:
+        await broker.start()
+    except BaseException:
+        # a half-started broker must not stay registered in ZooKeeper, nor keep its
+        # session's threads alive, after its event loop is gone
+        await broker.abort()
+        raise
     await stop.wait()
     logger.info("signal received; shutting down")
     await broker.stop()

@@ -1,6 +1,7 @@
 """The broker's registration and topic assignment in a real ZooKeeper (DESIGN §5)."""
 
 import json
+import time
 
 import pytest
 
@@ -56,6 +57,29 @@ def test_restarted_broker_waits_out_its_stale_registration(cluster, zk):
     broker.kill()
     cluster.start_broker(0)  # old node may still be there; start must not fail
     assert zk.exists(broker_path(0))
+
+
+def test_broker_paused_while_waiting_out_its_stale_registration_still_starts(cluster, zk):
+    """A restarted broker frozen past its session timeout while it waits for its old
+    node to expire: its ZooKeeper connection drops under the wait. It must retry and
+    serve, not half-start (registered, with no event loop behind the port)."""
+    broker = cluster.start_broker(0, {"zookeeper.session.timeout.ms": 2000})
+    broker.kill()
+    broker = cluster.start_broker(0, wait=False)
+    wait_until(lambda: "waiting for the previous registration" in broker.log_tail(200), 30,
+               "the broker to wait for its stale node")
+    broker.pause()
+    try:
+        wait_until(lambda: zk.exists(broker_path(0)) is None, 30, "the stale node to expire")
+        time.sleep(3)  # and this start's own session with it, while frozen
+    finally:
+        broker.resume()
+    broker.wait_ready(60)
+    assert broker.alive
+    with connect(broker) as conn:
+        conn.create_topic("restarted", 1)
+        produce(conn, "restarted", 0, [b"alive"])
+        assert [m.value for m in read_partition(conn, "restarted", 0)] == [b"alive"]
 
 
 def test_topic_created_through_one_broker_spreads_over_both(cluster, zk):

@@ -368,6 +368,7 @@ class FaultInjector(threading.Thread):
         self.killed: set[int] = set()
         self.paused: set[int] = set()
         self.zookeeper_stopped: set[int] = set()
+        self.crashed: list[str] = []  # brokers that exited without being killed: a bug
         self._start = 0.0
         self.error: BaseException | None = None
 
@@ -445,6 +446,8 @@ class FaultInjector(threading.Thread):
                 self.heal(fault)
         for broker_id, broker in self.cluster.brokers.items():
             if not broker.alive:
+                self.crashed.append(f"broker {broker_id} exited on its own (code {broker.process.returncode}); "
+                                    f"its log: {broker.log_path}")
                 self.note(f"broker {broker_id} found dead at the end ({broker.process.returncode}); restarting")
                 self.cluster.start_broker(broker_id, wait=False)
 
@@ -525,7 +528,7 @@ def run_history(
     log_dirs = {b: broker.log_dir for b, broker in cluster.brokers.items()}
     replicas = {p: {b: read_replica(log_dirs[b], topic, p) for b in brokers} for p, brokers in assignment.items()}
     verdict = check_history(replicas, log, consumer.seen)
-    verdict.problems[:0] = [f"NOT HEALED {m}" for m in unhealed]
+    verdict.problems[:0] = [f"NOT HEALED {m}" for m in unhealed] + [f"CRASHED {c}" for c in injector.crashed]
     verdict.stats["consumer out-of-range answers"] = consumer.anomalies[:10]
     if injector.error is not None:
         verdict.problems.insert(0, f"fault injector failed: {injector.error!r}")
