@@ -24,7 +24,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from broker.election import OFFLINE, bounced, elect
+from broker.election import OFFLINE, bounced, elect, registered_after
 from broker.zklayout import (
     BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PartitionState, broker_path, decode_controller,
     encode_controller, partition_state_path, read_assignment, read_partition_state,
@@ -164,9 +164,7 @@ class Controller:
     # ---------------------------------------------------------------- decisions
 
     def _pass(self) -> None:
-        """Re-decide every partition. A broker that re-registered since the last pass
-        (restart, session expiry) is first treated as dead — it loses the leaderships
-        it may no longer be fit for and leaves the ISRs — then as live."""
+        """Re-decide every partition against the live brokers."""
         live = self._live_brokers()
         back = bounced(self._live, live)
         for gone in sorted(set(self._live) - set(live)):
@@ -176,28 +174,37 @@ class Controller:
         if back:
             logger.info("controller: brokers %s re-registered (restarted or new session); moving their leaderships",
                         sorted(back))
-            self._decide_all(set(live) - back)
-        self._decide_all(set(live))
+        self._decide_all(live, back)
         self._live = live
 
-    def _decide_all(self, live: set[int]) -> None:
+    def _decide_all(self, live: dict[int, int], back: set[int]) -> None:
         for topic in self.zk.get_children(BROKER_TOPICS):
             assignment = read_assignment(self.zk, topic) or {}
             for partition, replicas in sorted(assignment.items()):
-                self._decide(topic, partition, replicas, live)
+                self._decide(topic, partition, replicas, live, back)
 
-    def _decide(self, topic: str, partition: int, replicas: list[int], live: set[int]) -> None:
+    def _decide(self, topic: str, partition: int, replicas: list[int], live: dict[int, int], back: set[int]) -> None:
+        """Decide one partition. A broker that re-registered since the last pass (`back`)
+        or since the state node was last written is first treated as dead — it loses a
+        leadership it may no longer be fit for (a restarted leader may have lost its
+        tail: KIP-101) and leaves the ISR — then, once that is written, as live. The
+        broker itself refuses to lead such a node (`ReplicaManager.apply_state`), so
+        the two rules meet: a partition is never left waiting on the other."""
         for _ in range(CAS_ATTEMPTS):
-            current = read_partition_state(self.zk, topic, partition)
-            if current is None or current[1] == -1:
+            node = read_partition_state(self.zk, topic, partition)
+            if node is None or node.version == -1:
                 return  # gone, or a topic from before replication (no state node): nothing to move
-            state, version = current
-            election = elect(state, replicas, live, self.unclean_election, self.epoch)
+            named = {node.state.leader, *node.state.isr}  # what the node may wrongly credit them with
+            unfit = (back | registered_after(live, node.mzxid)) & live.keys() & named
+            election = elect(node.state, replicas, live.keys() - unfit, self.unclean_election, self.epoch)
+            if election is None and unfit:  # nothing to take from them: decide with everyone live
+                election = elect(node.state, replicas, set(live), self.unclean_election, self.epoch)
             if election is None:
                 return
-            if self._write(topic, partition, election.state, version):
-                self._log(topic, partition, state, election.state, election.unclean)
-                return
+            if self._write(topic, partition, election.state, node.version):
+                self._log(topic, partition, node.state, election.state, election.unclean)
+                back = set()  # the node now postdates every registration we saw: decide again with all live
+                continue
             logger.info("controller: state of %s-%d changed while deciding; reading it again", topic, partition)
         logger.warning("controller: gave up on %s-%d after %d concurrent updates; next pass retries",
                        topic, partition, CAS_ATTEMPTS)

@@ -4,7 +4,8 @@ so every case — clean, unclean, offline, a broker that bounced — is unit-tes
 The rules (docs/replication.md, "The controller"):
 - a live leader keeps leading; dead brokers leave its ISR (a broker that comes back
   rejoins as a follower and the leader re-admits it once caught up);
-- a dead (or bounced) leader is replaced by the first live ISR member in replica-list
+- a dead (or bounced: re-registered since the last pass, or since the state node was
+  last written) leader is replaced by the first live ISR member in replica-list
   order (the preferred order), with leader_epoch + 1 and the ISR cut to its live members;
 - with no live ISR member the partition goes offline (leader = -1, epoch + 1) and
   keeps its last ISR, so that the first of those brokers to return leads again;
@@ -64,6 +65,14 @@ def elect(state: PartitionState, replicas: list[int], live: set[int], unclean_al
 def _lead(state: PartitionState, leader: int, isr: list[int], controller_epoch: int) -> PartitionState:
     return dataclasses.replace(state, leader=leader, leader_epoch=state.leader_epoch + 1, isr=isr,
                                controller_epoch=controller_epoch)
+
+
+def registered_after(registrations: dict[int, int], written_zxid: int) -> set[int]:
+    """Brokers ({broker id: registration czxid}) registered after a state node's last
+    write (its mzxid): whatever the node says of them predates their restart or new
+    session. Unlike `bounced`, this needs no earlier snapshot, so it holds for a
+    controller that has just taken over."""
+    return {b for b, created in registrations.items() if created > written_zxid}
 
 
 def bounced(before: dict[int, int], now: dict[int, int]) -> set[int]:

@@ -60,6 +60,10 @@ class BrokerRegistry:
         self._lock = threading.Lock()  # guards replacing `view` and `_watched_topics`
         self._session_lost = False
         self._stopping = False
+        # the czxid of our broker node in the current session, None while unregistered:
+        # a state node written before it cannot make this broker a leader (KIP-101)
+        self.registered_zxid: int | None = None
+        self.on_registered: Callable[[], None] = lambda: None
 
     def start(self) -> None:
         for path in (BROKER_IDS, BROKER_TOPICS, CONSUMERS):
@@ -80,8 +84,9 @@ class BrokerRegistry:
         deadline = time.monotonic() + 2 * self.session_timeout_ms / 1000 + 5
         while True:
             try:
-                self.zk.create(path, data, ephemeral=True, makepath=True)
+                _, stat = self.zk.create(path, data, ephemeral=True, makepath=True, include_data=True)
                 logger.info("registered broker %d at %s:%d", self.broker.broker_id, self.broker.host, self.broker.port)
+                self._registered(stat.czxid)
                 return
             except (ConnectionLoss, SessionExpiredError) as exc:
                 if time.monotonic() > deadline:
@@ -97,6 +102,7 @@ class BrokerRegistry:
                 except NoNodeError:
                     continue
                 if stat.ephemeralOwner == self.zk.client_id[0]:
+                    self._registered(stat.czxid)
                     return
                 if time.monotonic() > deadline:
                     raise UnknownError(
@@ -105,6 +111,10 @@ class BrokerRegistry:
                     ) from None
                 logger.info("waiting for the previous registration of broker %d to expire", self.broker.broker_id)
                 time.sleep(0.5)
+
+    def _registered(self, czxid: int) -> None:
+        self.registered_zxid = czxid
+        self.on_registered()
 
     def _on_state(self, state: str) -> None:
         """kazoo's state listener: log every change; after a session loss, register again
@@ -118,6 +128,7 @@ class BrokerRegistry:
             return
         if state == KazooState.LOST:
             self._session_lost = True
+            self.registered_zxid = None
             logger.warning("ZooKeeper session lost (expired); broker %d is unregistered until it reconnects",
                            self.broker.broker_id)
         elif state == KazooState.SUSPENDED:

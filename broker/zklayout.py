@@ -21,6 +21,7 @@ import json
 import logging
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -264,21 +265,31 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
 # ------------------------------------------------------------------ partition state
 
 
-def read_partition_state(zk: KazooClient, topic: str, partition: int) -> tuple[PartitionState, int] | None:
-    """A partition's state and its znode version (for compare-and-set). A partition of
-    a topic created before replication has no state node: it reads as led by its first
-    replica, alone in sync, epoch 0, with version -1 (a CAS write then creates the node).
-    None if the partition does not exist."""
+class StateNode(NamedTuple):
+    """A partition's state as read, with the znode's `version` (for compare-and-set)
+    and `mzxid`, the ZooKeeper transaction id of its last write: a broker registered
+    after that write (a larger registration czxid) restarted or lost its session since,
+    so it cannot have been judged fit to lead the epoch the node names (KIP-101)."""
+
+    state: PartitionState
+    version: int
+    mzxid: int = 0
+
+
+def read_partition_state(zk: KazooClient, topic: str, partition: int) -> StateNode | None:
+    """A partition's state node. A partition of a topic created before replication has
+    no state node: it reads as led by its first replica, alone in sync, epoch 0, with
+    version -1 (a CAS write then creates the node). None if the partition does not exist."""
     try:
         data, stat = zk.get(partition_state_path(topic, partition))
-        return PartitionState.decode(data), stat.version
+        return StateNode(PartitionState.decode(data), stat.version, stat.mzxid)
     except NoNodeError:
         pass
     assignment = read_assignment(zk, topic)
     if not assignment or partition not in assignment:
         return None
     leader = assignment[partition][0]
-    return PartitionState(leader, 0, [leader]), -1
+    return StateNode(PartitionState(leader, 0, [leader]), -1)
 
 
 def write_partition_state(zk: KazooClient, topic: str, partition: int, state: PartitionState,

@@ -31,7 +31,9 @@ from broker.protocol import (
 from broker.registration import BrokerRegistry
 from broker.replication.fetcher import ReplicaFetcher
 from broker.replication.partition import Partition, Role
-from broker.zklayout import PartitionState, partition_state_path, read_partition_state, write_partition_state
+from broker.zklayout import (
+    PartitionState, StateNode, partition_state_path, read_partition_state, write_partition_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +55,13 @@ class ReplicaManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._isr_writes: set[asyncio.Task] = set()
-        self._session_lost = False
 
     # ------------------------------------------------------------------ life cycle
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.zk.add_listener(self._on_zk_state)
+        self.registry.on_registered = self._on_registered
         self._tasks = [
             asyncio.ensure_future(self._every(self.config.replica_lag_time_max_ms / 4000, self._shrink_isr)),
             asyncio.ensure_future(self._every(self.config.replica_high_watermark_checkpoint_interval_ms / 1000,
@@ -67,6 +69,7 @@ class ReplicaManager:
         ]
 
     def stop(self) -> None:
+        self.zk.remove_listener(self._on_zk_state)
         for task in self._tasks:
             task.cancel()
         for fetcher in self._fetchers.values():
@@ -102,20 +105,23 @@ class ReplicaManager:
         # exactly two parameters: kazoo passes a third (the event) to callbacks that take one
         def watch(data: bytes | None, stat) -> None:
             if data is None:  # created before replication: the first replica leads alone
-                state, version = PartitionState(replicas[0], 0, [replicas[0]]), -1
+                node = StateNode(PartitionState(replicas[0], 0, [replicas[0]]), -1)
             else:
                 try:
-                    state, version = PartitionState.decode(data), stat.version
+                    node = StateNode(PartitionState.decode(data), stat.version, stat.mzxid)
                 except (ValueError, KeyError, TypeError):
                     logger.error("ignoring unreadable state of %s-%d: %r", topic, partition, data[:200])
                     return
-            self._loop.call_soon_threadsafe(self.apply_state, topic, partition, replicas, state, version)
+            self._loop.call_soon_threadsafe(self.apply_state, topic, partition, replicas, node)
 
         return watch
 
-    def apply_state(self, topic: str, partition: int, replicas: list[int], state: PartitionState,
-                    version: int) -> None:
-        """On the event loop: take the role the state node gives this broker."""
+    def apply_state(self, topic: str, partition: int, replicas: list[int], node: StateNode) -> None:
+        """On the event loop: take the role the state node gives this broker — except
+        leading an epoch named before this broker's registration: it restarted or lost
+        its session since, may have lost that epoch's tail, and the controller treats
+        it as unfit until it writes a new epoch (`Controller._decide`)."""
+        state, version = node.state, node.version
         key = (topic, partition)
         part = self.partitions.get(key)
         if part is None:
@@ -126,6 +132,12 @@ class ReplicaManager:
         if version != -1 and version < part.zk_version or state.leader_epoch < part.epoch:
             return  # an older read than the one applied
         me = self.config.broker_id
+        if state.leader == me and not self._fit_to_lead(node):
+            if part.is_leader:
+                part.fenced = True
+            logger.info("%s: the state naming this broker leader of epoch %d predates its registration; "
+                        "waiting for the controller's next epoch", part.name, state.leader_epoch)
+            return
         same_role = part.state.leader == state.leader and part.epoch == state.leader_epoch and part.role is not Role.NONE
         if same_role and not part.fenced:
             part.update_isr(state, version)
@@ -137,6 +149,17 @@ class ReplicaManager:
             part.become_follower(state, version)
             if state.leader >= 0:
                 self._start_fetcher(key, part, state.leader)
+
+    def _fit_to_lead(self, node: StateNode) -> bool:
+        registered = self.registry.registered_zxid
+        return node.version == -1 or (registered is not None and node.mzxid > registered)
+
+    def _on_registered(self) -> None:
+        """A state that came before our registration's zxid was known may have been
+        refused: read them all again now that it is (in a thread: this runs inside a
+        ZooKeeper call)."""
+        if self._loop is not None:
+            threading.Thread(target=self._reread_all, name="logbus-reread-state", daemon=True).start()
 
     def _start_high_watermark(self, log: Log) -> None:
         if log.high_watermark is None:
@@ -168,13 +191,10 @@ class ReplicaManager:
 
     def _on_zk_state(self, state: str) -> None:
         """A lost session may mean another broker leads now: stop acting as leader (no
-        produce) until the state nodes are read again in the new session."""
+        produce) until the state nodes are read again, once registered in the new
+        session (`_on_registered`)."""
         if state == KazooState.LOST:
-            self._session_lost = True
             self._loop.call_soon_threadsafe(self._fence_all)
-        elif state == KazooState.CONNECTED and self._session_lost:
-            self._session_lost = False
-            threading.Thread(target=self._reread_all, name="logbus-reread-state", daemon=True).start()
 
     def _fence_all(self) -> None:
         for part in self.partitions.values():
@@ -192,7 +212,7 @@ class ReplicaManager:
                 logger.warning("could not re-read the state of %s-%d: %s", topic, partition, exc)
                 continue
             if found is not None:
-                self._loop.call_soon_threadsafe(self.apply_state, topic, partition, replicas, *found)
+                self._loop.call_soon_threadsafe(self.apply_state, topic, partition, replicas, found)
 
     # --------------------------------------------------------------------- ISR changes
 
@@ -224,7 +244,7 @@ class ReplicaManager:
             else:
                 found = await loop.run_in_executor(None, read_partition_state, self.zk, topic, partition)
                 if found is not None:
-                    self.apply_state(topic, partition, part.replicas, *found)
+                    self.apply_state(topic, partition, part.replicas, found)
         except Exception as exc:  # ZooKeeper unavailable: try again on the next check or fetch
             logger.warning("%s: could not change the isr to %s: %s", part.name, isr, exc)
         finally:

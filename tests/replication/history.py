@@ -348,7 +348,7 @@ def partition_roles(zk, topic: str, partition: int) -> tuple[int, list[int]]:
     """(leader, ISR) from the partition's state node (leader -1: offline)."""
     from broker.zklayout import read_partition_state
 
-    state, _ = zk.retry(read_partition_state, zk, topic, partition)
+    state = zk.retry(read_partition_state, zk, topic, partition).state
     return state.leader, list(state.isr)
 
 

@@ -43,7 +43,7 @@ def state(zk: KazooClient, topic: str, partition: int = 0) -> PartitionState:
 def set_state(zk: KazooClient, topic: str, partition: int, new: PartitionState) -> None:
     """Write the state node as the controller would (the controller is another helper's
     work: these tests move leadership by writing the node directly)."""
-    _, version = read_partition_state(zk, topic, partition)
+    version = read_partition_state(zk, topic, partition).version
     assert write_partition_state(zk, topic, partition, new, version) is not None
 
 

@@ -226,3 +226,35 @@ def test_create_topic_replication_factor_and_its_default(cluster, zk):
     assert [len(r) for r in read_assignment(zk, "defaulted").values()] == [2, 2]
     assert [len(set(r)) for r in read_assignment(zk, "auto").values()] == [2, 2, 2]
     assert read_assignment(zk, "wide") is None
+
+
+def test_a_leader_back_first_after_the_whole_cluster_died_leads_a_new_epoch(cluster, zk, zk_connect):
+    """The case a controller's snapshot of registrations cannot catch: every broker dies,
+    and the leader comes back first and becomes the controller with no earlier view.
+    The state node still names it leader of epoch E, written before its registration:
+    it must not lead E again — it may have lost E's tail (KIP-101), and a follower with
+    more of E would then truncate to it — but a new epoch, recorded in its log."""
+    for broker_id in range(3):
+        cluster.start_broker(broker_id, SETTINGS)
+    create_topic(zk, "restart", 1, replication_factor=3)
+    initial = states(zk, "restart")[0]
+    leader = initial.leader
+    before, after = [b"before-%d" % i for i in range(10)], [b"after-%d" % i for i in range(10)]
+    with Producer(zookeeper=zk_connect, acks=-1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+        for value in before:
+            producer.send("restart", value, partition=0)
+    for broker_id in range(3):
+        cluster.brokers[broker_id].kill()
+
+    cluster.start_broker(leader)
+    state = wait_until(lambda: (s := states(zk, "restart")[0]).leader == leader and s.leader_epoch > initial.leader_epoch
+                       and s, MOVE_S, f"broker {leader} to lead a new epoch")
+    assert state.isr == [leader]
+    with Producer(zookeeper=zk_connect, acks=1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+        end = producer.send("restart", after[0], partition=0).offset
+        for value in after[1:]:
+            producer.send("restart", value, partition=0)
+    checkpoint = (cluster.brokers[leader].log_dir / "restart-0" / "leader-epoch-checkpoint").read_text().split("\n")
+    assert checkpoint[-2] == f"{state.leader_epoch} {end}"  # the new epoch starts where the old data ends
+    assert [m.value for m in read_topic(zk_connect, "restart")[0]] == before + after
+    assert "predates its registration" in cluster.brokers[leader].log_tail(400)

@@ -31,7 +31,7 @@ def test_a_replicated_topic_survives_the_loss_of_its_leader(cluster, zk, zk_conn
     where = ({"zookeeper": zk_connect} if discovery == "zookeeper"
              else {"brokers": [f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values())]})
     create_topic(zk, TOPIC, 1, replication_factor=3)
-    initial, _ = read_partition_state(zk, TOPIC, 0)
+    initial = read_partition_state(zk, TOPIC, 0).state
 
     # sync: one message at a time, so a retry cannot overtake a later message (an async
     # producer with several batches in flight may reorder retried batches, docs/clients.md)

@@ -3,7 +3,7 @@
 import pytest
 
 from broker.errors import InvalidReplicationFactor
-from broker.election import OFFLINE, bounced, elect
+from broker.election import OFFLINE, bounced, elect, registered_after
 from broker.zklayout import PartitionState, assign_round_robin
 
 
@@ -92,3 +92,9 @@ def test_more_replicas_than_brokers_is_refused():
         assign_round_robin("clicks", 1, [0, 1, 2], 4)
     with pytest.raises(InvalidReplicationFactor):
         assign_round_robin("clicks", 1, [0, 1, 2], 0)
+
+
+def test_brokers_registered_after_a_state_write_are_found_without_an_earlier_snapshot():
+    # what a controller that has just taken over knows: registrations and the node's last write
+    assert registered_after({0: 10, 1: 25, 2: 31}, written_zxid=24) == {1, 2}
+    assert registered_after({0: 10}, written_zxid=24) == set()
