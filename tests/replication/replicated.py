@@ -1,20 +1,22 @@
 """What the replication tests share: the brokers' settings (short lag and session
 timeouts so faults bite within a second or two), creating a replicated topic and
-waiting for its leaders, sending with a given acks, and waiting on partition state."""
+waiting for its leaders, sending with a given acks, reading, writing and waiting on
+partition state, and byte-level comparison of the replicas' segment files."""
 
 from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 from kazoo.client import KazooClient
 
 from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
-from broker.zklayout import read_assignment
+from broker.errors import LogbusError
+from broker.zklayout import PartitionState, read_assignment, read_partition_state, write_partition_state
 from harness.process import wait_until
-from tests.replication.history import read_replica
 
 LAG_MS = 1000
 SESSION_MS = 2000  # the ensemble's tick is 500 ms: sessions of 1 to 10 s are allowed
@@ -49,10 +51,15 @@ def zookeeper_client(connect: str) -> Iterator[KazooClient]:
         zk.close()
 
 
-def state(zk: KazooClient, topic: str, partition: int):
-    from broker.zklayout import read_partition_state  # replication's (issue 11)
+def state(zk: KazooClient, topic: str, partition: int = 0) -> PartitionState:
+    return zk.retry(read_partition_state, zk, topic, partition).state
 
-    return zk.retry(read_partition_state, zk, topic, partition)[0]
+
+def set_state(zk: KazooClient, topic: str, partition: int, new: PartitionState) -> None:
+    """Write the state node as the controller would (compare-and-set), to move
+    leadership by hand in tests of the data path alone."""
+    version = read_partition_state(zk, topic, partition).version
+    assert write_partition_state(zk, topic, partition, new, version) is not None
 
 
 def wait_for_state(zk: KazooClient, topic: str, partition: int, condition: Callable[[object], bool], what: str,
@@ -62,10 +69,27 @@ def wait_for_state(zk: KazooClient, topic: str, partition: int, condition: Calla
                       f"{topic}-{partition}: {what}", 0.1)
 
 
-def create_replicated_topic(cluster, zk: KazooClient, topic: str, partitions: int,
-                            replication_factor: int) -> dict[int, list[int]]:
+def wait_isr(zk: KazooClient, topic: str, isr: set[int], partition: int = 0, timeout: float = 30) -> None:
+    wait_for_state(zk, topic, partition, lambda s: set(s.isr) == isr, f"the ISR to be {sorted(isr)}", timeout)
+
+
+def wait_leading(cluster, broker_id: int, topic: str, partition: int = 0, timeout: float = 30) -> None:
+    """Wait until `broker_id` answers OFFSETS for the partition: it has taken the lead."""
+    def leading() -> bool:
+        try:
+            with BrokerConnection(*cluster.brokers[broker_id].address) as connection:
+                connection.offsets(topic, partition, -1)
+            return True
+        except (LogbusError, OSError):
+            return False
+
+    wait_until(leading, timeout, f"broker {broker_id} to lead {topic}-{partition}", 0.1)
+
+
+def create_replicated_topic(cluster, zk: KazooClient, topic: str, partitions: int = 1,
+                            replication_factor: int = 3) -> dict[int, list[int]]:
     """CREATE_TOPIC at a live broker; returns {partition: replicas} once every
-    partition has its preferred leader and a full ISR."""
+    partition has its preferred leader, acting as one, and a full ISR."""
     broker = next(b for b in cluster.brokers.values() if b.alive)
     with BrokerConnection(*broker.address) as connection:
         connection.create_topic(topic, partitions, replication_factor)
@@ -73,6 +97,7 @@ def create_replicated_topic(cluster, zk: KazooClient, topic: str, partitions: in
     for partition, replicas in assignment.items():
         wait_for_state(zk, topic, partition, lambda s, r=replicas: s.leader == r[0] and sorted(s.isr) == sorted(r),
                        f"leader {replicas[0]} and ISR {replicas}")
+        wait_leading(cluster, replicas[0], topic, partition)
     return {int(p): list(r) for p, r in assignment.items()}
 
 
@@ -83,13 +108,21 @@ def send(zookeeper: str, topic: str, partition: int, values: list[bytes], acks: 
         return [producer.send(topic, value, partition=partition).offset for value in values]
 
 
+def segments(cluster, broker_id: int, topic: str, partition: int = 0) -> list[tuple[str, bytes]]:
+    """A replica's segment files, (name, bytes), in offset order."""
+    directory = Path(cluster.brokers[broker_id].log_dir) / f"{topic}-{partition}"
+    return [(p.name, p.read_bytes()) for p in sorted(directory.glob("*.kafka"), key=lambda p: int(p.stem))]
+
+
 def wait_identical(cluster, topic: str, partition: int, replicas: list[int], timeout: float = 30) -> bytes:
-    """The partition's bytes once every replica holds the same (the followers caught up)."""
+    """The partition's bytes once every replica holds the same segment files, names and
+    bytes (the followers caught up, and rolled where the leader did)."""
     def same() -> bool:
-        return len({read_replica(cluster.brokers[b].log_dir, topic, partition) for b in replicas}) == 1
+        files = [segments(cluster, b, topic, partition) for b in replicas]
+        return all(f == files[0] for f in files)
     try:
         wait_until(same, timeout, f"the replicas of {topic}-{partition} to be identical", 0.1)
     except TimeoutError:
-        sizes = {b: len(read_replica(cluster.brokers[b].log_dir, topic, partition)[1]) for b in replicas}
+        sizes = {b: sum(len(d) for _, d in segments(cluster, b, topic, partition)) for b in replicas}
         raise AssertionError(f"replicas of {topic}-{partition} still differ after {timeout}s: sizes {sizes}") from None
-    return read_replica(cluster.brokers[replicas[0]].log_dir, topic, partition)[1]
+    return b"".join(data for _, data in segments(cluster, replicas[0], topic, partition))

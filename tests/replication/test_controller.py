@@ -256,5 +256,7 @@ def test_a_leader_back_first_after_the_whole_cluster_died_leads_a_new_epoch(clus
             producer.send("restart", value, partition=0)
     checkpoint = (cluster.brokers[leader].log_dir / "restart-0" / "leader-epoch-checkpoint").read_text().split("\n")
     assert checkpoint[-2] == f"{state.leader_epoch} {end}"  # the new epoch starts where the old data ends
-    assert [m.value for m in read_topic(zk_connect, "restart")[0]] == before + after
+    values = wait_until(lambda: (v := [m.value for m in read_topic(zk_connect, "restart")[0]]) == before + after
+                        and v, MOVE_S, "every message, once flushed (acks=1 answers before the flush)")
+    assert values == before + after
     assert "predates its registration" in cluster.brokers[leader].log_tail(400)

@@ -12,8 +12,8 @@ from broker.errors import NotEnoughReplicas, NotLeaderForPartition
 from broker.zklayout import PartitionState, broker_path
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
-from tests.replication.replicautil import (
-    replicated_topic, set_state, state, wait_identical, wait_isr, wait_leading,
+from tests.replication.replicated import (
+    create_replicated_topic, segments, set_state, state, wait_identical, wait_isr, wait_leading,
 )
 
 FAST = {"log.flush.interval.ms": 20, "replica.fetch.wait.max.ms": 100}
@@ -26,13 +26,13 @@ def start3(cluster, **settings):
 
 def test_followers_become_byte_identical_to_the_leader(cluster, zk):
     start3(cluster, **{"log.segment.bytes": 4096})
-    assignment = replicated_topic(zk, cluster, "copies")
+    assignment = create_replicated_topic(cluster, zk, "copies")
     leader = assignment[0][0]
     with connect(cluster.brokers[leader]) as conn:
         for i in range(60):
             produce(conn, "copies", 0, [b"message %03d " % i * 8], acks=-1 if i % 3 else 1)
-        files = wait_identical(cluster, [0, 1, 2], "copies")
-        assert len(files) > 1  # across segment rolls
+        wait_identical(cluster, "copies", 0, [0, 1, 2])
+        assert len(segments(cluster, 0, "copies")) > 1  # across segment rolls
         assert [m.value for m in read_partition(conn, "copies", 0)] == [b"message %03d " % i * 8 for i in range(60)]
     followers = [b for b in assignment[0] if b != leader]
     with connect(cluster.brokers[followers[0]]) as other:
@@ -42,7 +42,7 @@ def test_followers_become_byte_identical_to_the_leader(cluster, zk):
 
 def test_a_paused_follower_holds_the_high_watermark_until_it_leaves_the_isr(cluster, zk):
     start3(cluster, **{"replica.lag.time.max.ms": 3000})
-    assignment = replicated_topic(zk, cluster, "lagging")
+    assignment = create_replicated_topic(cluster, zk, "lagging")
     leader, follower = assignment[0][0], assignment[0][1]
     with connect(cluster.brokers[leader], timeout=60) as conn:
         first = produce(conn, "lagging", 0, [b"before"], acks=-1)
@@ -61,13 +61,13 @@ def test_a_paused_follower_holds_the_high_watermark_until_it_leaves_the_isr(clus
         finally:
             cluster.brokers[follower].resume()
         wait_isr(zk, "lagging", set(assignment[0]))  # it catches up and joins again
-        wait_identical(cluster, assignment[0], "lagging")
+        wait_identical(cluster, "lagging", 0, assignment[0])
         assert second.next_offset == third.base_offset
 
 
 def test_min_insync_replicas_refuses_acks_all_with_one_replica_left(cluster, zk):
     start3(cluster, **{"min.insync.replicas": 2, "replica.lag.time.max.ms": 2000})
-    assignment = replicated_topic(zk, cluster, "guarded")
+    assignment = create_replicated_topic(cluster, zk, "guarded")
     leader, others = assignment[0][0], assignment[0][1:]
     with connect(cluster.brokers[leader], timeout=60) as conn:
         produce(conn, "guarded", 0, [b"three in sync"], acks=-1)
@@ -93,11 +93,11 @@ def test_a_restarted_leader_truncates_its_unreplicated_tail_by_leader_epoch(clus
     the old leader must cut its tail where epoch 0 ended on the new leader, then copy
     the new messages — not keep its tail (its own high watermark says nothing of it)."""
     start3(cluster)
-    assignment = replicated_topic(zk, cluster, "diverge")
+    assignment = create_replicated_topic(cluster, zk, "diverge")
     old, new, third = assignment[0]
     with connect(cluster.brokers[old], timeout=60) as conn:
         committed = produce(conn, "diverge", 0, [b"committed 1", b"committed 2"], acks=-1)
-        wait_identical(cluster, assignment[0], "diverge")
+        wait_identical(cluster, "diverge", 0, assignment[0])
         cluster.brokers[new].kill()  # killed, not paused: a parked fetch would still deliver the tail
         cluster.brokers[third].kill()
         tail = produce(conn, "diverge", 0, [b"tail only on the old leader " * 4], acks=1)
@@ -113,8 +113,7 @@ def test_a_restarted_leader_truncates_its_unreplicated_tail_by_leader_epoch(clus
         after = produce(conn, "diverge", 0, [b"epoch 1 message"], acks=-1)
         assert after.base_offset == committed.next_offset  # the same offset the tail had on the old leader
         cluster.start_broker(old)
-        files = wait_identical(cluster, assignment[0], "diverge")
-        assert b"tail only" not in b"".join(data for _, data in files)
+        assert b"tail only" not in wait_identical(cluster, "diverge", 0, assignment[0])
         assert [m.value for m in read_partition(conn, "diverge", 0)] == [b"committed 1", b"committed 2", b"epoch 1 message"]
     wait_isr(zk, "diverge", set(assignment[0]))
     # epoch 0 from the start, then the new leader's epoch from the first offset after the
@@ -129,7 +128,7 @@ def test_a_leader_whose_session_expired_stops_leading_and_follows_the_new_leader
     by hand, as the controller would). Waking, the old leader fences itself, re-reads
     its state nodes, becomes a follower, and rejoins the ISR."""
     start3(cluster, **{"zookeeper.session.timeout.ms": 2000})
-    assignment = replicated_topic(zk, cluster, "expiry")
+    assignment = create_replicated_topic(cluster, zk, "expiry")
     old, new, third = assignment[0]
     with connect(cluster.brokers[old], timeout=60) as conn:
         produce(conn, "expiry", 0, [b"before"], acks=-1)
@@ -143,7 +142,7 @@ def test_a_leader_whose_session_expired_stops_leading_and_follows_the_new_leader
     with connect(cluster.brokers[new], timeout=60) as conn:
         produce(conn, "expiry", 0, [b"after"], acks=-1)
         wait_isr(zk, "expiry", set(assignment[0]))
-        wait_identical(cluster, assignment[0], "expiry")
+        wait_identical(cluster, "expiry", 0, assignment[0])
         assert [m.value for m in read_partition(conn, "expiry", 0)] == [b"before", b"after"]
     with connect(cluster.brokers[old]) as conn:
         with pytest.raises(NotLeaderForPartition):
@@ -153,7 +152,7 @@ def test_a_leader_whose_session_expired_stops_leading_and_follows_the_new_leader
 
 def test_a_killed_follower_comes_back_catches_up_and_rejoins_the_isr(cluster, zk):
     start3(cluster, **{"replica.lag.time.max.ms": 1500, "log.segment.bytes": 8192})
-    assignment = replicated_topic(zk, cluster, "rejoin")
+    assignment = create_replicated_topic(cluster, zk, "rejoin")
     leader, follower = assignment[0][0], assignment[0][2]
     values = [b"value %04d " % i * 6 for i in range(300)]
     with connect(cluster.brokers[leader], timeout=60) as conn:
@@ -167,13 +166,13 @@ def test_a_killed_follower_comes_back_catches_up_and_rejoins_the_isr(cluster, zk
         for i in range(200, 300, 10):
             produce(conn, "rejoin", 0, values[i:i + 10], acks=-1)
         wait_isr(zk, "rejoin", set(assignment[0]))
-        wait_identical(cluster, assignment[0], "rejoin")
+        wait_identical(cluster, "rejoin", 0, assignment[0])
         assert [m.value for m in read_partition(conn, "rejoin", 0)] == values
 
 
 def test_a_restarted_leader_starts_from_its_checkpointed_high_watermark(cluster, zk):
     start3(cluster)
-    assignment = replicated_topic(zk, cluster, "checkpointed")
+    assignment = create_replicated_topic(cluster, zk, "checkpointed")
     leader = assignment[0][0]
     with connect(cluster.brokers[leader], timeout=60) as conn:
         committed = produce(conn, "checkpointed", 0, [b"one", b"two"], acks=-1)
