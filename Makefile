@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: system-deps $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 demo: system-deps $(STAMP)
 	$(PY) demo/run_demo.py
