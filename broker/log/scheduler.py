@@ -29,6 +29,7 @@ class PartitionFlusher:
         self._advanced = asyncio.Event()
         self._running = False
         self._timer: asyncio.TimerHandle | None = None
+        self._wanted = 0  # an offset someone waits to see on disk without a future here
         self.on_flushed: Callable[[int], None] | None = None  # a replicated partition's HW update
 
     def appended(self) -> None:
@@ -64,7 +65,7 @@ class PartitionFlusher:
                     self._wake(flushed)
                     if self.on_flushed is not None:
                         self.on_flushed(flushed)
-                if not (self._waiters or self.log.flush_due()):
+                if not (self._waiters or self.log.flush_due() or self.log.flushed_offset < self._wanted):
                     return
         finally:
             self._running = False
@@ -102,6 +103,17 @@ class PartitionFlusher:
         self._waiters.append((offset, future))
         self.flush_soon()
         await future
+
+    def flush_to(self, offset: int) -> None:
+        """Flush until everything below `offset` is on disk, for a waiter that is not
+        a future here (a replicated partition's acks=-1 waits for the high watermark,
+        which the leader's own flushed end bounds). A flush already running when the
+        request comes may not cover it: the loop goes on until one does, rather than
+        leave the rest to the `log.flush.interval.ms` timer."""
+        if self.log.flushed_offset >= offset:
+            return
+        self._wanted = max(self._wanted, offset)
+        self.flush_soon()
 
     def advanced(self) -> asyncio.Event:
         """An event set by the next flush that moves the high watermark."""

@@ -202,7 +202,7 @@ class Partition:
             return
         future = asyncio.get_running_loop().create_future()
         self._committers.append((offset, future))
-        self.flusher.flush_soon()  # the leader's own flushed end counts too
+        self.flusher.flush_to(offset)  # the leader's own flushed end counts too
         try:
             await asyncio.wait_for(future, timeout_ms / 1000 if timeout_ms > 0 else None)
         except asyncio.TimeoutError:

@@ -2,6 +2,7 @@
 on a real log: the high watermark over the ISR, who may join, who lags, acks=-1."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -112,5 +113,40 @@ def test_a_joining_follower_counts_for_the_hw_before_its_isr_write_is_applied(tm
         assert part.high_watermark == end  # not `more`: follower 1 does not have it yet
         part.record_fetch(1, more, more)
         assert part.high_watermark == more
+
+    asyncio.run(run())
+
+
+def test_acks_all_flushes_the_leader_even_while_an_earlier_flush_runs(tmp_path):
+    """A replicated acks=-1 waits for the HW, which the leader's own flushed end bounds.
+    Its request to flush can come while a flush that does not cover it is running: the
+    flusher must go on until it is covered, not leave the rest to the flush interval
+    timer (an hour here, so the wait below is not a timing assertion: without the fix
+    it fails at its 30 s)."""
+    async def run():
+        log = Log(tmp_path / "t-0", "t", 0, LogConfig(flush_interval_ms=3_600_000))
+        log.high_watermark = 0
+        part = Partition(log, 0, [0, 1], FlushScheduler(1).flusher(log), 1)
+        part.become_leader(PartitionState(0, 1, [0, 1]), 0)
+        flushed, gate, real_flush = threading.Event(), threading.Event(), log.flush
+
+        def held_flush():  # the first flush has synced the first message, then is held
+            result = real_flush()
+            flushed.set()
+            gate.wait(10)
+            return result
+
+        log.flush = held_flush
+        append(log, [b"first"])
+        part.flusher.flush_soon()
+        await asyncio.get_running_loop().run_in_executor(None, flushed.wait, 10)
+        log.flush = real_flush
+        second = append(log, [b"second"]).next_offset
+        waiting = asyncio.ensure_future(part.wait_committed(second, 0))
+        part.record_fetch(1, second, second)  # the follower has everything on its disk
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.wait_for(waiting, 30)
+        assert log.flushed_offset == second == part.high_watermark
 
     asyncio.run(run())
