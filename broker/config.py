@@ -109,6 +109,9 @@ class BrokerConfig:
     replica_fetch_wait_max_ms: int = _setting("replica.fetch.wait.max.ms", 500, int, *_non_negative)
     default_replication_factor: int = _setting("default.replication.factor", 1, int, *_positive)
     unclean_leader_election_enable: bool = _setting("unclean.leader.election.enable", False, _bool)
+    auto_leader_rebalance_enable: bool = _setting("auto.leader.rebalance.enable", True, _bool)
+    leader_imbalance_check_interval_seconds: int = _setting(
+        "leader.imbalance.check.interval.seconds", 300, int, *_positive)
     replica_high_watermark_checkpoint_interval_ms: int = _setting(
         "replica.high.watermark.checkpoint.interval.ms", 5000, int, *_positive)
 

@@ -24,7 +24,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from broker.election import OFFLINE, bounced, elect, registered_after
+from broker.election import OFFLINE, bounced, elect, prefer, registered_after
 from broker.zklayout import (
     BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PartitionState, broker_path, decode_controller,
     encode_controller, partition_state_path, read_assignment, read_partition_state,
@@ -49,11 +49,14 @@ def read_controller(zk: KazooClient) -> int | None:
 
 
 class Controller:
-    def __init__(self, zk: KazooClient, broker_id: int, unclean_election: bool, recheck_interval: float = 5.0) -> None:
+    def __init__(self, zk: KazooClient, broker_id: int, unclean_election: bool, rebalance_interval: float | None = None,
+                 recheck_interval: float = 5.0) -> None:
         self.zk = zk
         self.broker_id = broker_id
         self.unclean_election = unclean_election
+        self.rebalance_interval = rebalance_interval  # seconds between preferred-leader checks; None: never
         self.recheck_interval = recheck_interval
+        self._next_rebalance = 0.0
         self.active = False
         self.epoch = 0
         self._epoch_version = -1  # zk version of /controller_epoch when we bumped it
@@ -101,7 +104,7 @@ class Controller:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._wake.wait(self.recheck_interval)
+            self._wake.wait(self._until_next_check())
             self._wake.clear()
             if self._stopping:
                 return
@@ -110,6 +113,8 @@ class Controller:
                     self._try_to_become_controller()
                 if self.active:
                     self._pass()
+                    if self.rebalance_interval is not None and time.monotonic() >= self._next_rebalance:
+                        self._rebalance()
             except Deposed:
                 self.active = False
                 logger.warning("broker %d: another controller took over; stepping down", self.broker_id)
@@ -117,6 +122,11 @@ class Controller:
                 logger.warning("controller pass on broker %d failed (%s); retrying", self.broker_id, exc)
                 self._wake.set()
                 time.sleep(0.5)
+
+    def _until_next_check(self) -> float:
+        if not self.active or self.rebalance_interval is None:
+            return self.recheck_interval
+        return max(0.0, min(self.recheck_interval, self._next_rebalance - time.monotonic()))
 
     def _try_to_become_controller(self) -> None:
         try:
@@ -132,6 +142,7 @@ class Controller:
             # ours: created just before a failure cut this takeover short; finish it
         self.epoch, self._epoch_version = self._bump_epoch()
         self._live = self._live_brokers()
+        self._next_rebalance = time.monotonic() + (self.rebalance_interval or 0)
         self.active = True
         logger.info("broker %d is the controller (controller epoch %d); live brokers %s",
                     self.broker_id, self.epoch, sorted(self._live))
@@ -208,6 +219,24 @@ class Controller:
             logger.info("controller: state of %s-%d changed while deciding; reading it again", topic, partition)
         logger.warning("controller: gave up on %s-%d after %d concurrent updates; next pass retries",
                        topic, partition, CAS_ATTEMPTS)
+
+    def _rebalance(self) -> None:
+        """auto.leader.rebalance.enable: hand each leadership back to its preferred
+        replica when that one is live, in the ISR and registered before the state node's
+        last write (`election.prefer`). A lost compare-and-set waits for the next check."""
+        self._next_rebalance = time.monotonic() + self.rebalance_interval
+        live = self._live_brokers()
+        for topic in self.zk.get_children(BROKER_TOPICS):
+            for partition, replicas in sorted((read_assignment(self.zk, topic) or {}).items()):
+                node = read_partition_state(self.zk, topic, partition)
+                if node is None or node.version == -1:
+                    continue
+                fit = live.keys() - registered_after(live, node.mzxid)
+                election = prefer(node.state, replicas, fit, self.epoch)
+                if election is not None and self._write(topic, partition, election.state, node.version):
+                    logger.info("controller: %s-%d leader %d -> %d, its preferred replica, epoch %d (leader rebalance)",
+                                topic, partition, node.state.leader, election.state.leader,
+                                election.state.leader_epoch)
 
     def _write(self, topic: str, partition: int, state: PartitionState, version: int) -> bool:
         """CAS the state node, only while /controller_epoch is still the one we set."""

@@ -11,7 +11,9 @@ The rules (docs/replication.md, "The controller"):
   keeps its last ISR, so that the first of those brokers to return leads again;
 - a partition with a single replica keeps its state: there is no one else to lead;
 - only with `unclean.leader.election.enable` may a live replica outside the ISR lead
-  (ISR = [it]): messages only the old ISR had are lost.
+  (ISR = [it]): messages only the old ISR had are lost;
+- with `auto.leader.rebalance.enable`, every `leader.imbalance.check.interval.seconds`
+  a live, in-sync preferred replica takes its leadership back (`prefer`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,20 @@ def elect(state: PartitionState, replicas: list[int], live: set[int], unclean_al
     if state.leader == OFFLINE:
         return None
     return Election(_lead(state, OFFLINE, list(state.isr), controller_epoch))
+
+
+def prefer(state: PartitionState, replicas: list[int], live: set[int], controller_epoch: int) -> Election | None:
+    """Give leadership back to the preferred replica (the first of the replica list) if
+    another replica leads and the preferred one is live and in the ISR — the state
+    failovers leave behind, with a few brokers leading everything. Being in the ISR,
+    it has every committed message; the old leader follows it and truncates by epoch.
+    None if the partition is balanced, offline or single-replica."""
+    preferred = replicas[0]
+    if len(replicas) == 1 or state.leader in (OFFLINE, preferred):
+        return None
+    if preferred not in live or preferred not in state.isr:
+        return None
+    return Election(_lead(state, preferred, list(state.isr), controller_epoch))
 
 
 def _lead(state: PartitionState, leader: int, isr: list[int], controller_epoch: int) -> PartitionState:

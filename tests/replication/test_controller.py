@@ -1,8 +1,9 @@
 """The controller with real brokers and ZooKeeper: one broker wins `/controller`, a
 killed controller is replaced, a killed leader's partitions move to an ISR member with
-the next leader epoch, a returning broker does not take leadership back, and without a
-live ISR member a partition goes offline unless unclean election is on
-(broker/controller.py, broker/election.py)."""
+the next leader epoch, a returning broker does not take leadership back until it is
+in sync and the leader rebalance hands it over, a leader that was down with the whole
+cluster leads a new epoch, and without a live ISR member a partition goes offline
+unless unclean election is on (broker/controller.py, broker/election.py)."""
 
 from __future__ import annotations
 
@@ -260,3 +261,42 @@ def test_a_leader_back_first_after_the_whole_cluster_died_leads_a_new_epoch(clus
                         and v, MOVE_S, "every message, once flushed (acks=1 answers before the flush)")
     assert values == before + after
     assert "predates its registration" in cluster.brokers[leader].log_tail(400)
+
+
+def test_leaderships_go_back_to_the_preferred_replicas_once_they_are_in_sync(cluster, zk, zk_connect):
+    """auto.leader.rebalance.enable: a killed broker's leaderships move to the others;
+    once it is back and in the ISR again, the controller hands each back to it, in a new
+    epoch, and every acknowledged message is still there — instead of leaving the
+    survivors to lead everything after a rolling restart."""
+    settings = {**SETTINGS, "leader.imbalance.check.interval.seconds": 1}
+    for broker_id in range(3):
+        cluster.start_broker(broker_id, settings)
+    assignment = create_topic(zk, "balanced", 3, replication_factor=3)
+    victim = assignment[0][0]
+    sent = {p: [] for p in assignment}
+
+    def send(label: str) -> None:
+        with Producer(zookeeper=zk_connect, acks=-1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+            for partition in assignment:
+                for i in range(10):
+                    value = b"%s-%d-%d" % (label.encode(), partition, i)
+                    producer.send("balanced", value, partition=partition)
+                    sent[partition].append(value)
+
+    send("before")
+    cluster.brokers[victim].kill()
+    moved = wait_until(lambda: (s := states(zk, "balanced")) and all(x.leader not in (victim, -1) for x in s.values())
+                       and s, MOVE_S, f"broker {victim}'s leaderships to move")
+    send("while-down")
+    cluster.start_broker(victim)
+    back = wait_until(lambda: (s := states(zk, "balanced")) and all(
+        s[p].leader == replicas[0] and sorted(s[p].isr) == sorted(replicas) for p, replicas in assignment.items())
+        and s, MOVE_S, "every partition led by its preferred replica, with a full ISR")
+    led_by_victim = [p for p, replicas in assignment.items() if replicas[0] == victim]
+    assert led_by_victim and all(back[p].leader_epoch > moved[p].leader_epoch for p in led_by_victim)
+    send("after")
+    read = wait_until(lambda: (r := read_topic(zk_connect, "balanced")) and all(
+        [m.value for m in r.get(p, [])] == sent[p] for p in assignment) and r, MOVE_S, "every acknowledged message")
+    assert {p: [m.value for m in read[p]] for p in assignment} == sent
+    logs = "".join(broker.log_tail(2000) for broker in cluster.brokers.values())
+    assert "(leader rebalance)" in logs

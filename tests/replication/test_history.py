@@ -155,14 +155,17 @@ def history_seed() -> int:
 def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path):
     """Three producers with acks=-1 and a consumer, three brokers, an RF=3 topic of
     three partitions, a ZooKeeper ensemble: 30 faults (kills of leaders and followers,
-    pauses past the lag time, session expiries, one ZooKeeper server's death), then
-    healing and the check of every replica."""
+    pauses past the lag time, session expiries, one ZooKeeper server's death) while the
+    controller also hands leaderships back to preferred replicas, then healing and the
+    check of every replica."""
     from harness.cluster import LocalCluster
     from tests.replication.replicated import zookeeper_client
 
     seed = history_seed()
     print(f"history seed {seed} (replay with HISTORY_SEED={seed})")
-    with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=BROKER_SETTINGS) as cluster, \
+    # leaderships also move back to preferred replicas every few seconds, faults or not
+    settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3}
+    with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=settings) as cluster, \
             zookeeper_client(zookeeper_ensemble.connect_string) as zk:
         cluster.start(3)
         assignment = create_replicated_topic(cluster, zk, "history", partitions=3, replication_factor=3)

@@ -3,7 +3,7 @@
 import pytest
 
 from broker.errors import InvalidReplicationFactor
-from broker.election import OFFLINE, bounced, elect, registered_after
+from broker.election import OFFLINE, bounced, elect, prefer, registered_after
 from broker.zklayout import PartitionState, assign_round_robin
 
 
@@ -98,3 +98,14 @@ def test_brokers_registered_after_a_state_write_are_found_without_an_earlier_sna
     # what a controller that has just taken over knows: registrations and the node's last write
     assert registered_after({0: 10, 1: 25, 2: 31}, written_zxid=24) == {1, 2}
     assert registered_after({0: 10}, written_zxid=24) == set()
+
+
+def test_the_preferred_replica_takes_its_leadership_back_only_when_live_and_in_sync():
+    moved = PartitionState(1, 4, [1, 2, 0], controller_epoch=2)
+    back = prefer(moved, [0, 1, 2], {0, 1, 2}, controller_epoch=3)
+    assert back.state == PartitionState(0, 5, [1, 2, 0], controller_epoch=3) and not back.unclean
+    assert prefer(moved, [0, 1, 2], {1, 2}, 3) is None  # preferred replica dead
+    assert prefer(PartitionState(1, 4, [1, 2]), [0, 1, 2], {0, 1, 2}, 3) is None  # not caught up
+    assert prefer(PartitionState(0, 4, [0, 1]), [0, 1, 2], {0, 1, 2}, 3) is None  # already balanced
+    assert prefer(PartitionState(OFFLINE, 4, [0]), [0, 1], {0, 1}, 3) is None  # offline: elect()'s case
+    assert prefer(PartitionState(0, 0, [0]), [0], {0}, 3) is None
