@@ -1,8 +1,11 @@
 """The history checker: its fault schedule and its rules (pure, fast), then a seeded
 run of 30+ faults against three brokers on a three-server ZooKeeper ensemble.
 
-Replay a failing run with `HISTORY_SEED=<seed>`; the seed and the fault log are
-printed with every failure."""
+The run uses seed 258873 unless `HISTORY_SEED` says otherwise: a fixed schedule, so that
+a CI failure is a regression rather than a new seed's bad luck (its timings still vary
+run to run). `HISTORY_SEED=random` draws a fresh seed; `make soak` runs many. Replay a
+failing run with `HISTORY_SEED=<seed>`; the seed and the fault log are printed with
+every failure."""
 
 from __future__ import annotations
 
@@ -148,8 +151,15 @@ def test_acknowledged_messages_out_of_order_fail():
 # ------------------------------------------------------------------ the run
 
 
+# the seed of the run that found a broker paused while waiting out its stale registration
+DEFAULT_SEED = 258873
+
+
 def history_seed() -> int:
-    return int(os.environ.get("HISTORY_SEED") or random.SystemRandom().randrange(1 << 20))
+    chosen = os.environ.get("HISTORY_SEED", "")
+    if chosen == "random":
+        return random.SystemRandom().randrange(1 << 20)
+    return int(chosen) if chosen else DEFAULT_SEED
 
 
 def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path):
