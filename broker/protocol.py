@@ -359,33 +359,55 @@ class CreateTopicRequest:
 
 
 @dataclass(frozen=True)
-class ReplicaFetchRequest:
-    """A follower's fetch from its leader. `fetch_offset` is the follower's log end (where
-    it wants bytes from) and `flushed_offset` its flushed end: the leader records both,
-    which is how it knows what each follower has (ISR, high watermark)."""
+class ReplicaFetchPartition:
+    """One partition of a follower's fetch. `fetch_offset` is the follower's log end
+    (where it wants bytes from) and `flushed_offset` its flushed end: the leader records
+    both, which is how it knows what each follower has (ISR, high watermark)."""
 
-    API: ClassVar[ApiKey] = ApiKey.REPLICA_FETCH
-    replica_id: int
-    leader_epoch: int
     topic: str
     partition: int
+    leader_epoch: int
     fetch_offset: int
     flushed_offset: int
     max_bytes: int
-    max_wait_ms: int = 0
+
+    def write(self, w: Writer) -> Writer:
+        return w.string(self.topic).int32(self.partition).int32(self.leader_epoch).int64(self.fetch_offset).int64(
+            self.flushed_offset).int32(self.max_bytes)
+
+    @classmethod
+    def read(cls, r: Reader) -> "ReplicaFetchPartition":
+        part = cls(r.string(), r.int32(), r.int32(), r.int64(), r.int64(), r.int32())
+        if part.max_bytes < 0:
+            raise InvalidRequest(f"negative max_bytes in {part}")
+        return part
+
+
+@dataclass(frozen=True)
+class ReplicaFetchRequest:
+    """A follower's fetch of every partition it follows on one leader, in one request
+    (Kafka's fetcher per source broker): one connection and one long poll per leader,
+    however many partitions. Answered when any partition has data, or after
+    `max_wait_ms`; the answer's entries are in the request's order."""
+
+    API: ClassVar[ApiKey] = ApiKey.REPLICA_FETCH
+    replica_id: int
+    max_wait_ms: int
+    partitions: tuple[ReplicaFetchPartition, ...]
 
     def encode(self) -> bytes:
-        return bytes(
-            Writer().int32(self.replica_id).int32(self.leader_epoch).string(self.topic).int32(self.partition)
-            .int64(self.fetch_offset).int64(self.flushed_offset).int32(self.max_bytes).int32(self.max_wait_ms).buf
-        )
+        w = Writer().int32(self.replica_id).int32(self.max_wait_ms).int16(len(self.partitions))
+        for part in self.partitions:
+            part.write(w)
+        return bytes(w.buf)
 
     @classmethod
     def decode(cls, r: Reader) -> "ReplicaFetchRequest":
-        req = cls(r.int32(), r.int32(), r.string(), r.int32(), r.int64(), r.int64(), r.int32(), r.int32())
+        replica_id, max_wait_ms, n = r.int32(), r.int32(), r.int16()
+        if max_wait_ms < 0 or n < 0:
+            raise InvalidRequest(f"negative max_wait_ms ({max_wait_ms}) or partition count ({n}) in a replica fetch")
+        req = cls(replica_id, max_wait_ms, tuple(ReplicaFetchPartition.read(r) for _ in range(n)))
         r.done()
-        if req.max_bytes < 0 or req.max_wait_ms < 0:
-            raise InvalidRequest(f"negative max_bytes or max_wait_ms in {req}")
         return req
 
 
@@ -574,6 +596,11 @@ def decode_multifetch(r: Reader) -> list[PartitionResult]:
 
 def decode_multiproduce(r: Reader) -> list[PartitionResult]:
     return _decode_results(r, ProduceResponse.decode)
+
+
+def decode_replica_fetch(r: Reader) -> list[PartitionResult]:
+    """A REPLICA_FETCH answer: a `ReplicaFetchResponse` or an error per partition."""
+    return _decode_results(r, ReplicaFetchResponse.decode)
 
 
 def _decode_results(r: Reader, decode_value) -> list[PartitionResult]:

@@ -1,10 +1,13 @@
-"""A follower's side of one partition: truncate to where its log agrees with the new
-leader's (KIP-101), then fetch the leader's bytes and append them unchanged, flushing
-after every fetch that brought data, until the role changes.
+"""A follower's side of replication: one `SourceFetcher` per leader broker fetches every
+partition this broker follows there, over one connection and one long poll (Kafka's
+fetcher per source broker), so connections and idle polls grow with brokers, not with
+partitions. Each partition (`FollowedPartition`) is first truncated to where its log
+agrees with the leader's (KIP-101), then appended the leader's bytes unchanged and
+flushed after every fetch that brought data, until its role changes.
 
 The broker server never imports the client package, so the fetcher speaks the wire
-protocol itself over one asyncio connection per followed partition (`LeaderLink`):
-one request at a time, encoded and decoded by `broker.protocol`.
+protocol itself (`LeaderLink`): one request at a time, encoded and decoded by
+`broker.protocol`.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import asyncio
 import itertools
 import logging
 import struct
+import time
 from typing import Callable
 
 from broker.config import BrokerConfig
-from broker.errors import FencedLeaderEpoch, LogbusError, NotLeaderForPartition, OffsetOutOfRange
+from broker.errors import ErrorCode, FencedLeaderEpoch, LogbusError, NotLeaderForPartition
 from broker.log.epochs import UNDEFINED
 from broker.protocol import (
-    BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, Reader, ReplicaFetchRequest, ReplicaFetchResponse,
-    decode_response_header, encode_request, raise_for_error,
+    BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, Reader, ReplicaFetchPartition, ReplicaFetchRequest,
+    ReplicaFetchResponse, decode_replica_fetch, decode_response_header, encode_request, raise_for_error,
 )
 from broker.replication.partition import Partition
 
@@ -59,78 +63,50 @@ class LeaderLink:
         self._writer.close()
 
 
-class ReplicaFetcher:
-    def __init__(self, partition: Partition, leader: BrokerInfo, config: BrokerConfig, executor,
-                 locate: Callable[[int], BrokerInfo | None]) -> None:
+class FollowedPartition:
+    """One partition a `SourceFetcher` follows, in the epoch it was told: whether it is
+    truncated on the current connection, and the leader's newer epochs not yet reached.
+    `active` turns false once the partition's role changes; whatever the fetcher is
+    awaiting for it then is dropped, never applied."""
+
+    def __init__(self, partition: Partition) -> None:
         self.partition = partition
         self.log = partition.log
-        self.leader = leader
-        self._locate = locate  # the leader's current address (it may restart elsewhere)
         self.epoch = partition.epoch
-        self.config = config
-        self._executor = executor
+        self.active = True
+        self.truncated = False  # on the current connection
+        self.retry_at = 0.0  # after a refusal: not before this (monotonic)
         self._pending_epochs: list[tuple[int, int]] = []  # the leader's (epoch, start) not yet reached
-        self._task: asyncio.Task | None = None
+        self._complaint = ""
 
-    def start(self) -> None:
-        self._task = asyncio.ensure_future(self._run())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    @property
-    def _timeout(self) -> float:
-        return self.config.replica_fetch_wait_max_ms / 1000 + self.config.request_read_timeout_ms / 1000
-
-    async def _run(self) -> None:
-        """Truncate on every new connection, not only on becoming a follower: a leader
-        that restarted may have lost a tail this follower holds (the controller gives it
-        a new epoch; checking again keeps the window small even when it does not)."""
-        complaint = ""
-        while True:
-            link = None
-            self.leader = self._locate(self.leader.broker_id) or self.leader
-            try:
-                link = await LeaderLink.open(self.leader, f"replica-{self.config.broker_id}", self._timeout)
-                await self._truncate(link)
-                while True:
-                    await self._fetch_once(link)
-                    complaint = ""
-            except asyncio.CancelledError:
-                raise
-            except OffsetOutOfRange as exc:
-                logger.warning("%s: %s; truncating again", self.log.name, exc)
-            except (FencedLeaderEpoch, NotLeaderForPartition) as exc:
-                complaint = self._complain(complaint, f"leader {self.leader.broker_id} answers: {exc}")
-            except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, LogbusError) as exc:
-                complaint = self._complain(complaint, f"fetching from broker {self.leader.broker_id} failed: {exc!r}")
-            finally:
-                if link is not None:
-                    link.close()
-            await asyncio.sleep(RETRY_SECONDS)
-
-    def _complain(self, last: str, text: str) -> str:
-        """Log a failure once, not on every retry."""
-        if text != last:
+    def complain(self, text: str) -> None:
+        """Log a refusal once, not on every retry; fetch it again a little later."""
+        if text != self._complaint:
             logger.warning("%s (epoch %d): %s; retrying", self.log.name, self.epoch, text)
-        return text
+        self._complaint = text
+        self.truncated = False  # truncate again before fetching: the leader may have moved on
+        self.retry_at = time.monotonic() + RETRY_SECONDS
 
-    async def _leader_epoch_end(self, link: LeaderLink, epoch: int) -> tuple[int, int]:
-        req = LeaderEpochEndRequest(self.log.topic, self.log.partition, epoch)
-        answer = LeaderEpochEndResponse.decode(await link.request(req, self._timeout))
-        return answer.epoch, answer.end_offset
+    def fetch(self, max_bytes: int) -> ReplicaFetchPartition:
+        log = self.log
+        return ReplicaFetchPartition(log.topic, log.partition, self.epoch, log.end_offset, log.flushed_offset, max_bytes)
 
-    async def _truncate(self, link: LeaderLink) -> None:
+    async def truncate(self, link: LeaderLink, leader_id: int, executor, timeout: float) -> None:
         """KIP-101 (with KIP-279's repeat): cut the log where it stops agreeing with the
         leader's, found by leader epochs — never blindly at the high watermark. Then
         learn where the leader's newer epochs start, to record them as their bytes come."""
         log = self.log
-        if (await self._leader_epoch_end(link, self.epoch))[0] != self.epoch:
-            raise NotLeaderForPartition(f"broker {self.leader.broker_id} has not started epoch {self.epoch} yet")
+
+        async def leader_epoch_end(epoch: int) -> tuple[int, int]:
+            req = LeaderEpochEndRequest(log.topic, log.partition, epoch)
+            answer = LeaderEpochEndResponse.decode(await link.request(req, timeout))
+            return answer.epoch, answer.end_offset
+
+        if (await leader_epoch_end(self.epoch))[0] != self.epoch:
+            raise NotLeaderForPartition(f"broker {leader_id} has not started epoch {self.epoch} yet")
         epoch = log.epochs.latest_epoch
         while True:
-            leader_epoch, leader_end = await self._leader_epoch_end(link, epoch)
+            leader_epoch, leader_end = await leader_epoch_end(epoch)
             if leader_epoch == UNDEFINED:
                 target = min(log.end_offset, leader_end)
                 break
@@ -139,40 +115,154 @@ class ReplicaFetcher:
                 target = min(leader_end, my_end)
                 break
             epoch = mine  # the leader never had my epoch: ask about the one before it
+        if not self.active:
+            return  # no longer a follower of this leader: its log is not ours to cut
         if target < log.end_offset:
             logger.info("%s: truncating from %d to %d to follow broker %d in epoch %d (leader's epoch %d ends at %d)",
-                        log.name, log.end_offset, target, self.leader.broker_id, self.epoch, leader_epoch, leader_end)
-            await asyncio.get_running_loop().run_in_executor(self._executor, log.truncate_to, target)
+                        log.name, log.end_offset, target, leader_id, self.epoch, leader_epoch, leader_end)
+            await asyncio.get_running_loop().run_in_executor(executor, log.truncate_to, target)
         else:
             logger.info("%s: no truncation needed at %d to follow broker %d in epoch %d",
-                        log.name, log.end_offset, self.leader.broker_id, self.epoch)
+                        log.name, log.end_offset, leader_id, self.epoch)
         pending = []
         epoch, mine = self.epoch, log.epochs.latest_epoch
         while epoch > mine:  # the leader's epochs newer than ours, newest first
-            before, start = await self._leader_epoch_end(link, epoch - 1)
+            before, start = await leader_epoch_end(epoch - 1)
             pending.append((epoch, start))
             if before == UNDEFINED:
                 break
             epoch = before
         self._pending_epochs = sorted(pending)
+        self.truncated, self._complaint = True, ""
 
-    async def _fetch_once(self, link: LeaderLink) -> None:
+    def append(self, answer: ReplicaFetchResponse, max_bytes: int) -> bool:
+        """Append what the leader sent (its bytes unchanged); True when there is
+        something to flush."""
         log = self.log
-        req = ReplicaFetchRequest(
-            self.config.broker_id, self.epoch, log.topic, log.partition, log.end_offset, log.flushed_offset,
-            self.config.replica_fetch_max_bytes, self.config.replica_fetch_wait_max_ms,
-        )
-        answer = ReplicaFetchResponse.decode(await link.request(req, self._timeout))
-        if len(answer.messages):
-            result = log.append_replica(answer.messages)
-            if result.next_offset == result.base_offset and len(answer.messages) >= req.max_bytes:
-                logger.error("%s: an entry at %d is larger than replica.fetch.max.bytes=%d; cannot replicate it",
-                             log.name, log.end_offset, req.max_bytes)
-            self._record_epochs(log.end_offset)
-            await asyncio.get_running_loop().run_in_executor(self._executor, log.flush)
-        log.high_watermark = min(answer.high_watermark, log.flushed_offset)
-
-    def _record_epochs(self, end: int) -> None:
-        while self._pending_epochs and self._pending_epochs[0][1] < end:
+        if not len(answer.messages):
+            return False
+        result = log.append_replica(answer.messages)
+        if result.next_offset == result.base_offset and len(answer.messages) >= max_bytes:
+            logger.error("%s: an entry at %d is larger than replica.fetch.max.bytes=%d; cannot replicate it",
+                         log.name, log.end_offset, max_bytes)
+        while self._pending_epochs and self._pending_epochs[0][1] < log.end_offset:
             log_epoch, start = self._pending_epochs.pop(0)
-            self.log.epochs.assign(log_epoch, start)
+            log.epochs.assign(log_epoch, start)
+        return True
+
+
+class SourceFetcher:
+    """Every partition this broker follows on one leader broker, fetched in one request
+    per round. A refusal for one partition (the leader moved on, an offset out of
+    range) sets that partition back to truncation and leaves the others fetching; a
+    lost connection truncates them all again on the next one, because a leader that
+    restarted may have lost a tail its followers hold."""
+
+    def __init__(self, leader_id: int, config: BrokerConfig, executor,
+                 locate: Callable[[int], BrokerInfo | None]) -> None:
+        self.leader_id = leader_id
+        self.config = config
+        self._executor = executor
+        self._locate = locate  # the leader's current address (it may restart elsewhere)
+        self._followed: dict[tuple[str, int], FollowedPartition] = {}
+        self._task: asyncio.Task | None = None
+        self._complaint = ""
+
+    @property
+    def idle(self) -> bool:
+        return not self._followed
+
+    def add(self, partition: Partition) -> None:
+        """Follow `partition` in its current epoch; it joins the next round."""
+        key = (partition.log.topic, partition.log.partition)
+        self.remove(key)
+        self._followed[key] = FollowedPartition(partition)
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    def remove(self, key: tuple[str, int]) -> None:
+        followed = self._followed.pop(key, None)
+        if followed is not None:
+            followed.active = False
+        if not self._followed:
+            self.stop()
+
+    def stop(self) -> None:
+        for followed in self._followed.values():
+            followed.active = False
+        self._followed.clear()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    @property
+    def _timeout(self) -> float:
+        return self.config.replica_fetch_wait_max_ms / 1000 + self.config.request_read_timeout_ms / 1000
+
+    async def _run(self) -> None:
+        while True:
+            link = None
+            try:
+                leader = self._locate(self.leader_id)
+                if leader is None:
+                    raise ConnectionError(f"broker {self.leader_id} is not registered")
+                link = await LeaderLink.open(leader, f"replica-{self.config.broker_id}", self._timeout)
+                for followed in self._followed.values():
+                    followed.truncated = False
+                while True:
+                    await self._truncate(link)
+                    ready = [f for f in self._followed.values() if f.truncated]
+                    if ready:
+                        await self._fetch_once(link, ready)
+                        self._complaint = ""
+                    else:
+                        await asyncio.sleep(RETRY_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, EOFError, asyncio.TimeoutError, asyncio.IncompleteReadError, LogbusError) as exc:
+                text = f"fetching from broker {self.leader_id} failed: {exc!r}"
+                if text != self._complaint:
+                    logger.warning("%s; retrying for %s", text, ", ".join(f.log.name for f in self._followed.values()))
+                self._complaint = text
+            finally:
+                if link is not None:
+                    link.close()
+            await asyncio.sleep(RETRY_SECONDS)
+
+    async def _truncate(self, link: LeaderLink) -> None:
+        """Truncate every partition not yet truncated on this connection."""
+        now = time.monotonic()
+        for followed in list(self._followed.values()):
+            if followed.truncated or followed.retry_at > now or not followed.active:
+                continue
+            try:
+                await followed.truncate(link, self.leader_id, self._executor, self._timeout)
+            except (NotLeaderForPartition, FencedLeaderEpoch) as exc:
+                followed.complain(f"leader {self.leader_id} answers: {exc}")
+
+    async def _fetch_once(self, link: LeaderLink, ready: list[FollowedPartition]) -> None:
+        max_bytes = self.config.replica_fetch_max_bytes
+        req = ReplicaFetchRequest(self.config.broker_id, self.config.replica_fetch_wait_max_ms,
+                                  tuple(f.fetch(max_bytes) for f in ready))
+        results = decode_replica_fetch(await link.request(req, self._timeout))
+        if len(results) != len(ready):
+            raise ConnectionError(f"{len(results)} answers to a fetch of {len(ready)} partitions")
+        appended = []
+        for followed, result in zip(ready, results):
+            if not followed.active:
+                continue  # its role changed while the fetch was out: drop the answer
+            if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                logger.warning("%s: %s; truncating again", followed.log.name, result.message)
+                followed.truncated = False
+            elif result.error_code != ErrorCode.NONE:
+                followed.complain(f"leader {self.leader_id} answers: {result.message}")
+            elif followed.append(result.value, max_bytes):
+                appended.append((followed, result.value))
+            else:
+                followed.log.high_watermark = min(result.value.high_watermark, followed.log.flushed_offset)
+        if appended:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(self._executor, f.log.flush) for f, _ in appended))
+        for followed, answer in appended:
+            if followed.active:
+                followed.log.high_watermark = min(answer.high_watermark, followed.log.flushed_offset)

@@ -19,18 +19,19 @@ from kazoo.recipe.watchers import DataWatch
 
 from broker.config import BrokerConfig
 from broker.errors import (
-    FencedLeaderEpoch, NotEnoughReplicas, NotLeaderForPartition, OffsetOutOfRange, PartitionOffline,
-    UnknownPartition,
+    ErrorCode, FencedLeaderEpoch, LogbusError, NotEnoughReplicas, NotLeaderForPartition, OffsetOutOfRange,
+    PartitionOffline, UnknownPartition,
 )
 from broker.log.log import Log
 from broker.log.manager import LogManager
 from broker.log.scheduler import FlushScheduler
 from broker.protocol import (
-    Body, BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, ReplicaFetchRequest, ReplicaFetchResponse,
+    Body, BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, PartitionResult, ReplicaFetchPartition,
+    ReplicaFetchRequest, ReplicaFetchResponse, encode_results,
 )
 from broker.registration import BrokerRegistry
-from broker.replication.fetcher import ReplicaFetcher
-from broker.replication.partition import Partition, Role
+from broker.replication.fetcher import SourceFetcher
+from broker.replication.partition import Partition, Role, wait_for_any_append
 from broker.zklayout import (
     PartitionState, StateNode, partition_state_path, read_partition_state, write_partition_state,
 )
@@ -49,7 +50,8 @@ class ReplicaManager:
         self.registry = registry
         self.zk = zk
         self.partitions: dict[Key, Partition] = {}
-        self._fetchers: dict[Key, ReplicaFetcher] = {}
+        self._fetchers: dict[int, SourceFetcher] = {}  # leader id -> what this broker follows there
+        self._following: dict[Key, int] = {}  # followed partition -> its leader id
         self._watched: dict[Key, list[int]] = {}  # partition -> replicas, for every state node watched
         self._lock = threading.Lock()  # guards `_watched` (kazoo threads)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,6 +77,7 @@ class ReplicaManager:
         for fetcher in self._fetchers.values():
             fetcher.stop()
         self._fetchers.clear()
+        self._following.clear()
 
     async def _every(self, seconds: float, job) -> None:
         while True:
@@ -166,26 +169,23 @@ class ReplicaManager:
             log.high_watermark = min(self.logs.checkpointed_hw.get((log.topic, log.partition), 0), log.end_offset)
 
     def _start_fetcher(self, key: Key, part: Partition, leader_id: int) -> None:
-        leader = self.registry.view.brokers.get(leader_id)
-        if leader is None:  # not registered (yet): look again shortly
-            self._loop.call_later(0.5, self._retry_fetcher, key, part.epoch, leader_id)
-            return
-        fetcher = self._fetchers[key] = ReplicaFetcher(part, leader, self.config, self.scheduler.executor,
-                                                     self._broker)
-        fetcher.start()
+        fetcher = self._fetchers.get(leader_id)
+        if fetcher is None:
+            fetcher = self._fetchers[leader_id] = SourceFetcher(leader_id, self.config, self.scheduler.executor,
+                                                                self._broker)
+        self._following[key] = leader_id
+        fetcher.add(part)
 
     def _broker(self, broker_id: int) -> BrokerInfo | None:
         return self.registry.view.brokers.get(broker_id)  # the view is replaced whole: look it up each time
 
-    def _retry_fetcher(self, key: Key, epoch: int, leader_id: int) -> None:
-        part = self.partitions.get(key)
-        if part and part.role is Role.FOLLOWER and part.epoch == epoch and key not in self._fetchers:
-            self._start_fetcher(key, part, leader_id)
-
     def _stop_fetcher(self, key: Key) -> None:
-        fetcher = self._fetchers.pop(key, None)
+        leader_id = self._following.pop(key, None)
+        fetcher = self._fetchers.get(leader_id)
         if fetcher is not None:
-            fetcher.stop()
+            fetcher.remove(key)
+            if fetcher.idle:
+                del self._fetchers[leader_id]
 
     # ------------------------------------------------------------- ZooKeeper session loss
 
@@ -308,27 +308,41 @@ class ReplicaManager:
         return part
 
     async def replica_fetch(self, req: ReplicaFetchRequest) -> Body:
-        part = self._led_for_replication(req.topic, req.partition, req.leader_epoch)
-        log = part.log
-        if not log.start_offset <= req.fetch_offset <= log.end_offset:
-            raise OffsetOutOfRange(f"replica {req.replica_id} fetches {part.name} at {req.fetch_offset}, outside "
-                                   f"[{log.start_offset}, {log.end_offset}]: it must truncate first")
-        if part.record_fetch(req.replica_id, req.fetch_offset, req.flushed_offset) and not part.isr_change_pending:
-            logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, req.replica_id,
-                        req.fetch_offset)
+        """Every partition a follower follows here, in one request: record where it is in
+        each, then answer at once if any has bytes for it or an error, else long-poll
+        until one is appended to. Partitions answer separately: one this broker no longer
+        leads does not hold up the others."""
+        results = [self._replica_read(req.replica_id, fetch, record=True) for fetch in req.partitions]
+        if req.max_wait_ms > 0 and all(r.error_code == ErrorCode.NONE and not len(r.value.messages) for r in results):
+            waiting = [self.partitions[(fetch.topic, fetch.partition)] for fetch in req.partitions]
+            await wait_for_any_append(waiting, min(req.max_wait_ms, self.config.replica_fetch_wait_max_ms) / 1000)
+            results = [self._replica_read(req.replica_id, fetch, record=False) for fetch in req.partitions]
+        return encode_results(results)
+
+    def _replica_read(self, replica_id: int, fetch: ReplicaFetchPartition, record: bool) -> PartitionResult:
+        try:
+            part = self._led_for_replication(fetch.topic, fetch.partition, fetch.leader_epoch)
+            log = part.log
+            if not log.start_offset <= fetch.fetch_offset <= log.end_offset:
+                raise OffsetOutOfRange(f"replica {replica_id} fetches {part.name} at {fetch.fetch_offset}, outside "
+                                       f"[{log.start_offset}, {log.end_offset}]: it must truncate first")
+            if record:
+                self._record_fetch(part, replica_id, fetch)
+            log.write_unwritten()
+            region = log.read(fetch.fetch_offset, fetch.max_bytes, upto=log.end_offset)
+        except LogbusError as exc:
+            return PartitionResult.failed(exc)
+        return PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(part.high_watermark, part.epoch, region))
+
+    def _record_fetch(self, part: Partition, replica_id: int, fetch: ReplicaFetchPartition) -> None:
+        if part.record_fetch(replica_id, fetch.fetch_offset, fetch.flushed_offset) and not part.isr_change_pending:
+            logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, replica_id,
+                        fetch.fetch_offset)
             part.isr_change_pending = True  # until the write below is done: one at a time
-            part.joining = req.replica_id  # counts for the HW before the write (see Partition.joining)
-            task = asyncio.ensure_future(self._change_isr(part, [*part.isr, req.replica_id]))
+            part.joining = replica_id  # counts for the HW before the write (see Partition.joining)
+            task = asyncio.ensure_future(self._change_isr(part, [*part.isr, replica_id]))
             self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
             task.add_done_callback(self._isr_writes.discard)
-        log.write_unwritten()
-        region = log.read(req.fetch_offset, req.max_bytes, upto=log.end_offset)
-        if not len(region) and req.max_wait_ms > 0:
-            await part.wait_for_data(min(req.max_wait_ms, self.config.replica_fetch_wait_max_ms) / 1000)
-            part = self._led_for_replication(req.topic, req.partition, req.leader_epoch)
-            log.write_unwritten()
-            region = log.read(req.fetch_offset, req.max_bytes, upto=log.end_offset)
-        return ReplicaFetchResponse(part.high_watermark, part.epoch, region).encode_parts()
 
     def leader_epoch_end(self, req: LeaderEpochEndRequest) -> Body:
         part = self.partitions.get((req.topic, req.partition))

@@ -137,12 +137,6 @@ class Partition:
         self._data.set()
         self._data = asyncio.Event()
 
-    async def wait_for_data(self, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(self._data.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
     def record_fetch(self, replica_id: int, fetch_offset: int, flushed_offset: int) -> bool:
         """A follower fetched from `fetch_offset` (its log end), with `flushed_offset` on
         its disk. True when it is out of the ISR and has caught up — it has at least what
@@ -216,3 +210,17 @@ class Partition:
             if not future.done():
                 future.set_exception(error)
         self._committers = []
+
+
+async def wait_for_any_append(partitions: list[Partition], timeout: float) -> None:
+    """A follower's long poll over every partition it fetches from this leader: return
+    once any of them is appended to, or after `timeout`."""
+    if not partitions:
+        await asyncio.sleep(timeout)
+        return
+    waits = [asyncio.ensure_future(part._data.wait()) for part in partitions]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

@@ -1,5 +1,6 @@
-"""The TCP sockets a process tree listens on, from /proc (Linux): which servers a test
-started are reachable from outside the machine."""
+"""The TCP sockets a process tree holds, from /proc (Linux): which servers a test started
+are reachable from outside the machine, and how many connections a process keeps to a
+port."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LISTEN = "0A"
+ESTABLISHED = "01"
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,9 @@ def _decode(hex_address: str) -> tuple[str, int]:
     return address, int(port, 16)
 
 
-def listening_inodes() -> dict[str, tuple[str, int]]:
+def _inodes(state: str, local: bool) -> dict[str, tuple[str, int]]:
+    """Socket inode -> (address, port) of every TCP socket in `state`: its local end,
+    or its remote end."""
     out = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -64,9 +68,37 @@ def listening_inodes() -> dict[str, tuple[str, int]]:
             continue
         for line in lines:
             fields = line.split()
-            if fields[3] == LISTEN:
-                out[fields[9]] = _decode(fields[1])
+            if fields[3] == state:
+                out[fields[9]] = _decode(fields[1] if local else fields[2])
     return out
+
+
+def listening_inodes() -> dict[str, tuple[str, int]]:
+    return _inodes(LISTEN, local=True)
+
+
+def _socket_inodes(pid: int) -> list[str]:
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.append(target[8:-1])
+    return found
+
+
+def connections_to(port: int, root: int) -> int:
+    """Established TCP connections that `root` or its descendants hold to `port`."""
+    remote = _inodes(ESTABLISHED, local=False)
+    count = 0
+    for pid in descendants(root):
+        try:
+            count += sum(1 for inode in _socket_inodes(pid) if remote.get(inode, ("", -1))[1] == port)
+        except OSError:
+            continue
+    return count
 
 
 def listeners(root: int | None = None) -> list[Listener]:
@@ -75,16 +107,12 @@ def listeners(root: int | None = None) -> list[Listener]:
     found = []
     for pid in descendants(root or os.getpid()):
         try:
-            fds = os.listdir(f"/proc/{pid}/fd")
+            sockets = _socket_inodes(pid)
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                address, port = inodes[target[8:-1]]
+        for inode in sockets:
+            if inode in inodes:
+                address, port = inodes[inode]
                 found.append(Listener(pid, command, address, port))
     return found

@@ -5,6 +5,7 @@ acks=-1. Leadership is moved by writing the state node directly (the controller 
 other helper's; these tests exercise the data path alone)."""
 
 import time
+from collections import Counter
 
 import pytest
 
@@ -12,6 +13,7 @@ from broker.errors import NotEnoughReplicas, NotLeaderForPartition
 from broker.zklayout import PartitionState, broker_path
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
+from tests.provider.netlisten import connections_to
 from tests.replication.replicated import (
     create_replicated_topic, segments, set_state, state, wait_identical, wait_isr, wait_leading,
 )
@@ -189,3 +191,40 @@ def test_a_restarted_leader_starts_from_its_checkpointed_high_watermark(cluster,
     with connect(cluster.brokers[leader]) as conn:
         assert conn.offsets("checkpointed", 0, -1) == [committed.next_offset]
         assert [m.value for m in read_partition(conn, "checkpointed", 0)] == [b"one", b"two"]
+
+
+def test_a_follower_fetches_every_partition_it_follows_on_a_leader_over_one_connection(cluster, zk):
+    """Kafka's fetcher per source broker: six partitions over three brokers, each broker
+    following two partitions of each other one — one connection to each leader. Then one
+    partition's leadership moves: that partition goes to the new leader's fetcher while
+    the ones left on the old leader go on replicating over the same connection."""
+    start3(cluster)
+    assignment = create_replicated_topic(cluster, zk, "fanout", partitions=6)
+
+    def produce_everywhere(value: bytes) -> None:
+        for partition, replicas in assignment.items():
+            leader = state(zk, "fanout", partition).leader
+            with connect(cluster.brokers[leader], timeout=60) as conn:
+                produce(conn, "fanout", partition, [value], acks=-1)
+        for partition, replicas in assignment.items():
+            wait_identical(cluster, "fanout", partition, replicas)
+
+    def connections(follower: int, leader: int) -> int:
+        return connections_to(cluster.brokers[leader].port, cluster.brokers[follower].process.pid)
+
+    produce_everywhere(b"first")
+    followed = Counter((follower, replicas[0]) for replicas in assignment.values() for follower in replicas[1:])
+    assert max(followed.values()) >= 2, followed  # a broker follows several partitions of one leader
+    assert {pair: connections(*pair) for pair in followed} == {pair: 1 for pair in followed}
+
+    moved = 0
+    old, new, third = assignment[moved]
+    set_state(zk, "fanout", moved, PartitionState(new, 1, [new, old, third]))
+    wait_leading(cluster, new, "fanout", moved)
+    produce_everywhere(b"second")
+    for partition, replicas in assignment.items():
+        with connect(cluster.brokers[state(zk, "fanout", partition).leader]) as conn:
+            assert [m.value for m in read_partition(conn, "fanout", partition)] == [b"first", b"second"]
+    still = Counter((f, s.leader) for p in assignment for s in [state(zk, "fanout", p)]
+                    for f in assignment[p] if f != s.leader)
+    assert {pair: connections(*pair) for pair in still} == {pair: 1 for pair in still}

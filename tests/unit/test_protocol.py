@@ -5,13 +5,14 @@ import struct
 
 import pytest
 
-from broker.errors import ErrorCode, InvalidRequest, UnknownTopic
+from broker.errors import ErrorCode, InvalidRequest, OffsetOutOfRange, UnknownTopic
 from broker.log.segment import FileRegion
 from broker.protocol import (
     REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
     MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
     LeaderEpochEndRequest, LeaderEpochEndResponse, ProducePart, ProduceRequest, ProduceResponse, Reader,
-    ReplicaFetchRequest, ReplicaFetchResponse, TopicMetadata, decode_multifetch, decode_multiproduce,
+    ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, TopicMetadata, decode_multifetch,
+    decode_multiproduce, decode_replica_fetch,
     decode_offsets, decode_request_header, decode_response_header, encode_offsets, encode_request, encode_results,
     error_response, raise_for_error, response_frame,
 )
@@ -25,7 +26,8 @@ REQUESTS = [
     MetadataRequest(["a", "b"]),
     MetadataRequest([]),
     CreateTopicRequest("events", -1, 1),
-    ReplicaFetchRequest(2, 5, "events", 1, 4096, 2048, 1 << 20, 500),
+    ReplicaFetchRequest(2, 500, (ReplicaFetchPartition("events", 1, 5, 4096, 2048, 1 << 20),
+                                 ReplicaFetchPartition("clicks", 0, 3, 0, 0, 1024))),
     LeaderEpochEndRequest("events", 1, 4),
 ]
 
@@ -243,9 +245,32 @@ def test_replica_fetch_response_round_trips_with_its_set_as_a_separate_part():
 
 
 def test_replica_fetch_layout():
-    body = ReplicaFetchRequest(2, 5, "t", 1, 4096, 2048, 100, 500).encode()
-    assert body == struct.pack(">ii", 2, 5) + b"\x00\x01t" + struct.pack(">iqqii", 1, 4096, 2048, 100, 500)
+    body = ReplicaFetchRequest(2, 500, (ReplicaFetchPartition("t", 1, 5, 4096, 2048, 100),)).encode()
+    assert body == struct.pack(">iih", 2, 500, 1) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 4096, 2048, 100)
     assert body_bytes(ReplicaFetchResponse(7, 3, b"ab").encode_parts()) == struct.pack(">qii", 7, 3, 2) + b"ab"
+
+
+def test_a_replica_fetch_answers_each_partition_in_order_with_its_set_or_its_error():
+    results = [PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(7, 3, b"ab")),
+               PartitionResult.failed(OffsetOutOfRange("fetch at 9 outside [0, 4]")),
+               PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(0, 1, b""))]
+    body = encode_results(results)
+    decoded = decode_replica_fetch(frame_of(4, body))
+    assert [r.error_code for r in decoded] == [0, ErrorCode.OFFSET_OUT_OF_RANGE, 0]
+    assert plain(decoded[0].value) == plain(ReplicaFetchResponse(7, 3, b"ab"))
+    assert decoded[1].message == "fetch at 9 outside [0, 4]"
+    assert plain(decoded[2].value) == plain(ReplicaFetchResponse(0, 1, b""))
+
+
+@pytest.mark.parametrize("body", [
+    struct.pack(">iih", 2, -1, 0),  # negative max_wait_ms
+    struct.pack(">iih", 2, 500, -1),  # negative partition count
+    struct.pack(">iih", 2, 500, 1) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 0, 0, -1),  # negative max_bytes
+    struct.pack(">iih", 2, 500, 2) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 0, 0, 100),  # one partition short
+])
+def test_a_malformed_replica_fetch_is_an_invalid_request(body):
+    with pytest.raises(InvalidRequest):
+        ReplicaFetchRequest.decode(Reader(body))
 
 
 def test_leader_epoch_end_layout_and_round_trip():
