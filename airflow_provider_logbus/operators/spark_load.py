@@ -35,12 +35,23 @@ def is_local_master(master: str | None) -> bool:
     return bool(master) and master.strip().startswith("local")
 
 
+def driver_elsewhere(conn: Connection) -> bool:
+    """Whether the stock hook would not keep `env_vars` to spark-submit's own process:
+    YARN and Kubernetes forward them to the driver (`spark.yarn.appMasterEnv.*`,
+    `spark.kubernetes.driverEnv.*`), and a standalone master in cluster mode refuses them."""
+    master = conn.host or "" if conn.conn_type == "spark" else f"{conn.conn_type}://{conn.host or ''}"
+    return master.startswith(("yarn", "k8s://")) or conn.extra_dejson.get("deploy-mode") == "cluster"
+
+
 class LogbusSparkSubmitHook(SparkSubmitHook):
     """SparkSubmitHook whose missing connection means the embedded `local[*]` master
     (the stock hook falls back to YARN). On a local master it binds Spark to loopback
     (`LOCAL_CONF` and `SPARK_LOCAL_IP`, for what `conf` and `env_vars` do not set).
-    Only public means: the connection through `get_connection`, the binding through
-    the constructor's `conf` and `env_vars`."""
+    `env_vars` are for spark-submit's own process only (the load passes this machine's
+    interpreter and PATH): where the driver runs elsewhere they are dropped, not sent to
+    it — there `conf`'s `spark.pyspark.python` names the interpreter. Only public means:
+    the connection through `get_connection`, the binding through the constructor's
+    `conf` and `env_vars`."""
 
     def __init__(self, *args: Any, conf: dict[str, Any] | None = None, conn_id: str = "spark_default",
                  env_vars: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -50,6 +61,10 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
             conf = {**LOCAL_CONF, **(conf or {})}
             if env_vars is not None:
                 env_vars = {"SPARK_LOCAL_IP": LOOPBACK, **env_vars}
+        elif env_vars and driver_elsewhere(conn):
+            self.log.info("not sending this machine's %s to a driver elsewhere (%s)", ", ".join(sorted(env_vars)),
+                          conn.host)
+            env_vars = None
         super().__init__(*args, conf=conf, conn_id=conn_id, env_vars=env_vars, **kwargs)
 
     @classmethod

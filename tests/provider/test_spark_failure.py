@@ -1,12 +1,19 @@
-"""Pieces of the load's failure reporting and of embedded Spark's binding, without Spark:
-the root cause inside Spark's wrapped errors, and the conf a local master gets."""
+"""Pieces of the load's failure reporting and of its spark-submit, without Spark: the
+root cause inside Spark's wrapped errors, the conf a local master gets, and where the
+load's environment goes."""
 
 from __future__ import annotations
 
 import json
+import sys
 
+import pytest
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import Connection
 
-from airflow_provider_logbus.operators.spark_load import LOCAL_CONF, LogbusSparkLoadOperator, LogbusSparkSubmitHook
+from airflow_provider_logbus.operators.spark_load import (
+    LOCAL_CONF, LogbusSparkLoadOperator, LogbusSparkSubmitHook, driver_elsewhere, python_environment,
+)
 from airflow_provider_logbus.spark.failure import ERROR_FILE, SPARK_LOG, read_failure, root_cause, write_failure
 
 EXECUTOR_TRACEBACK = """An exception was thrown from the Python worker. Please see the stack trace below.
@@ -92,3 +99,38 @@ def test_a_cluster_master_gets_no_loopback_binding(airflow_db, monkeypatch):
     hook = LogbusSparkSubmitHook(conf={}, conn_id="spark_cluster", env_vars={})
     assert not hook.is_local()
     assert not set(LOCAL_CONF) & set(hook._conf) and "SPARK_LOCAL_IP" not in hook._env_vars
+
+
+@pytest.mark.parametrize("connection, forwarded", [
+    ({"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}, "spark.yarn.appMasterEnv."),
+    ({"conn_type": "spark", "host": "yarn"}, "spark.yarn.appMasterEnv."),
+    ({"conn_type": "spark", "host": "spark://spark-master", "port": 7077, "extra": {"deploy-mode": "cluster"}}, None),
+])
+def test_the_load_environment_stays_with_spark_submit_when_the_driver_runs_elsewhere(airflow_db, monkeypatch,
+                                                                                  connection, forwarded):
+    """The Airflow worker's PATH and interpreter mean nothing on a YARN or Kubernetes
+    driver, and the stock hook refuses env_vars in standalone cluster mode."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_REMOTE", json.dumps(connection))
+    hook = LogbusSparkSubmitHook(conf={}, conn_id="spark_remote", env_vars=python_environment())
+    command = " ".join(hook._build_spark_submit_command("job.py"))  # raised for standalone cluster mode before
+    assert "PYSPARK_PYTHON" not in command and "PATH=" not in command
+    if forwarded:
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_REMOTE", json.dumps(connection))
+        stock = SparkSubmitHook(conf={}, conn_id="spark_remote", env_vars=python_environment())
+        assert forwarded + "PATH=" in " ".join(stock._build_spark_submit_command("job.py"))  # what is avoided
+
+
+def test_a_kubernetes_driver_is_elsewhere_in_either_deploy_mode():
+    """(The stock hook needs the Kubernetes provider to be built for a k8s master.)"""
+    assert driver_elsewhere(Connection(conn_id="s", conn_type="spark", host="k8s://https://kube-apiserver:6443"))
+    assert driver_elsewhere(Connection(conn_id="k", conn_type="k8s", host="kube-apiserver", port=6443))
+    assert not driver_elsewhere(Connection(conn_id="s", conn_type="spark", host="spark://spark-master", port=7077))
+    assert not driver_elsewhere(Connection(conn_id="s", conn_type="spark", host="local[2]"))
+
+
+def test_the_load_environment_reaches_spark_submit_with_a_standalone_master_in_client_mode(airflow_db, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps({"conn_type": "spark", "host": "spark://spark-master",
+                                                                 "port": 7077}))
+    hook = LogbusSparkSubmitHook(conf={}, conn_id="spark_cluster", env_vars=python_environment())
+    hook._build_spark_submit_command("job.py")
+    assert hook._env["PYSPARK_PYTHON"] == sys.executable
