@@ -14,20 +14,54 @@ is split at its partition's segment starts, which the broker names cheaply with
 OFFSETS(time) (segment starts are message boundaries; no other boundary is known without
 reading the bytes). `read()` fetches with large fetches (`fetch_bytes`, default 8 MiB)
 and yields one pyarrow RecordBatch per fetch, built with a header walk and numpy gathers,
-never one Python row per message.
+never one Python row per message. Every partition a Python worker reads shares one
+cluster handle (`worker_cluster`): one ZooKeeper session and one connection per broker
+per worker, not per Spark partition.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import struct
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from airflow_provider_logbus.plan import Range, ranges_from_json
 
+if TYPE_CHECKING:
+    from airflow_provider_logbus.cluster import LogbusCluster
+
 SCHEMA = "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"
+
+_worker_clusters: dict[tuple[int, str | None, str | None], "LogbusCluster"] = {}
+
+
+def worker_cluster(zookeeper: str | None, brokers: str | None) -> "LogbusCluster":
+    """The cluster handle of this Python worker, for every partition it reads: Spark
+    reuses a Python worker for the next task (`spark.python.worker.reuse`, on by
+    default), so a load of many partitions opens a ZooKeeper session and broker
+    connections per worker, not per partition. Keyed by pid too, so that a forked copy
+    never shares a parent's session. Closed when the worker exits; a worker Spark kills
+    leaves its session to ZooKeeper's timeout."""
+    from airflow_provider_logbus.cluster import LogbusCluster
+
+    key = (os.getpid(), zookeeper, brokers)
+    cluster = _worker_clusters.get(key)
+    if cluster is None:
+        if not _worker_clusters:
+            atexit.register(close_worker_clusters)
+        cluster = _worker_clusters[key] = LogbusCluster(zookeeper=zookeeper, brokers=brokers)
+    return cluster
+
+
+def close_worker_clusters() -> None:
+    while _worker_clusters:
+        key, cluster = _worker_clusters.popitem()
+        if key[0] == os.getpid():
+            cluster.close()
 
 
 class RangePartition(InputPartition):
@@ -100,12 +134,9 @@ class LogbusReader(DataSourceReader):
         r = partition.span
         if r.end <= r.start:
             return
-        cluster = self._cluster()
-        try:
-            for base, buf in cluster.read_range(r.topic, r.partition, r.start, r.end, self.fetch_bytes):
-                yield decode_record_batch(r.topic, r.partition, base, buf, self.verify_crc)
-        finally:
-            cluster.close()
+        cluster = worker_cluster(self.zookeeper, self.brokers)
+        for base, buf in cluster.read_range(r.topic, r.partition, r.start, r.end, self.fetch_bytes):
+            yield decode_record_batch(r.topic, r.partition, base, buf, self.verify_crc)
 
 
 _HEADER = struct.Struct(">ibbIqi")

@@ -97,3 +97,25 @@ def load_dag(file_name: str, env: dict[str, str]):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.dag
+
+
+class CountingSessions:
+    """Wraps the client library's real `connect_zookeeper` (where the provider's cluster
+    handle opens its session): every call opens a real ZooKeeper session."""
+
+    def __init__(self, real) -> None:
+        self.real, self.clients = real, []
+
+    def __call__(self, *args, **kwargs):
+        client = self.real(*args, **kwargs)
+        self.clients.append(client)
+        return client
+
+
+@pytest.fixture
+def sessions(monkeypatch) -> CountingSessions:
+    import broker.client.cluster as cluster_module
+
+    counter = CountingSessions(cluster_module.connect_zookeeper)
+    monkeypatch.setattr(cluster_module, "connect_zookeeper", counter)
+    return counter

@@ -11,33 +11,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import airflow_provider_logbus.triggers.lag as trigger_module
-import broker.client.cluster as cluster_module
 from airflow_provider_logbus.sensors.lag import LogbusLagSensor
 from airflow_provider_logbus.triggers.lag import LogbusLagTrigger
 
 from .helpers import produce
 
 HOUR = 3_600_000
-
-
-class CountingSessions:
-    """Wraps the client library's real `connect_zookeeper` (where the provider's cluster
-    handle opens its session): every call opens a real ZooKeeper session."""
-
-    def __init__(self, real) -> None:
-        self.real, self.clients = real, []
-
-    def __call__(self, *args, **kwargs):
-        client = self.real(*args, **kwargs)
-        self.clients.append(client)
-        return client
-
-
-@pytest.fixture
-def sessions(monkeypatch) -> CountingSessions:
-    counter = CountingSessions(cluster_module.connect_zookeeper)
-    monkeypatch.setattr(cluster_module, "connect_zookeeper", counter)
-    return counter
 
 
 @pytest.fixture
