@@ -112,6 +112,8 @@ class BrokerConfig:
     auto_leader_rebalance_enable: bool = _setting("auto.leader.rebalance.enable", True, _bool)
     leader_imbalance_check_interval_seconds: int = _setting(
         "leader.imbalance.check.interval.seconds", 300, int, *_positive)
+    leader_imbalance_per_broker_percentage: int = _setting(
+        "leader.imbalance.per.broker.percentage", 10, int, lambda v: 0 <= v <= 100, "must be between 0 and 100")
     replica_high_watermark_checkpoint_interval_ms: int = _setting(
         "replica.high.watermark.checkpoint.interval.ms", 5000, int, *_positive)
 

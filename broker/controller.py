@@ -24,7 +24,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from broker.election import OFFLINE, bounced, elect, prefer, registered_after
+from broker.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
 from broker.zklayout import (
     BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PartitionState, broker_path, decode_controller,
     encode_controller, partition_state_path, read_assignment, read_partition_state,
@@ -50,12 +50,13 @@ def read_controller(zk: KazooClient) -> int | None:
 
 class Controller:
     def __init__(self, zk: KazooClient, broker_id: int, unclean_election: bool, rebalance_interval: float | None = None,
-                 recheck_interval: float = 5.0) -> None:
+                 recheck_interval: float = 5.0, imbalance_percentage: int = 10) -> None:
         self.zk = zk
         self.broker_id = broker_id
         self.unclean_election = unclean_election
         self.rebalance_interval = rebalance_interval  # seconds between preferred-leader checks; None: never
         self.recheck_interval = recheck_interval
+        self.imbalance_percentage = imbalance_percentage  # leader.imbalance.per.broker.percentage
         self._next_rebalance = 0.0
         self.active = False
         self.epoch = 0
@@ -223,20 +224,28 @@ class Controller:
     def _rebalance(self) -> None:
         """auto.leader.rebalance.enable: hand each leadership back to its preferred
         replica when that one is live, in the ISR and registered before the state node's
-        last write (`election.prefer`). A lost compare-and-set waits for the next check."""
+        last write (`election.prefer`) — for the brokers whose imbalance is above
+        `leader.imbalance.per.broker.percentage` (`election.imbalanced`). A lost
+        compare-and-set waits for the next check."""
         self._next_rebalance = time.monotonic() + self.rebalance_interval
         live = self._live_brokers()
+        partitions = []
         for topic in self.zk.get_children(BROKER_TOPICS):
             for partition, replicas in sorted((read_assignment(self.zk, topic) or {}).items()):
                 node = read_partition_state(self.zk, topic, partition)
-                if node is None or node.version == -1:
-                    continue
-                fit = live.keys() - registered_after(live, node.mzxid)
-                election = prefer(node.state, replicas, fit, self.epoch)
-                if election is not None and self._write(topic, partition, election.state, node.version):
-                    logger.info("controller: %s-%d leader %d -> %d, its preferred replica, epoch %d (leader rebalance)",
-                                topic, partition, node.state.leader, election.state.leader,
-                                election.state.leader_epoch)
+                if node is not None and node.version != -1 and len(replicas) > 1:
+                    partitions.append((topic, partition, replicas, node))
+        over = imbalanced([(replicas[0], node.state.leader) for _, _, replicas, node in partitions],
+                          self.imbalance_percentage)
+        for topic, partition, replicas, node in partitions:
+            if replicas[0] not in over:
+                continue
+            fit = live.keys() - registered_after(live, node.mzxid)
+            election = prefer(node.state, replicas, fit, self.epoch)
+            if election is not None and self._write(topic, partition, election.state, node.version):
+                logger.info("controller: %s-%d leader %d -> %d, its preferred replica, epoch %d (leader rebalance)",
+                            topic, partition, node.state.leader, election.state.leader,
+                            election.state.leader_epoch)
 
     def _write(self, topic: str, partition: int, state: PartitionState, version: int) -> bool:
         """CAS the state node, only while /controller_epoch is still the one we set."""

@@ -13,7 +13,9 @@ The rules (docs/replication.md, "The controller"):
 - only with `unclean.leader.election.enable` may a live replica outside the ISR lead
   (ISR = [it]): messages only the old ISR had are lost;
 - with `auto.leader.rebalance.enable`, every `leader.imbalance.check.interval.seconds`
-  a live, in-sync preferred replica takes its leadership back (`prefer`).
+  a live, in-sync preferred replica takes its leadership back (`prefer`) — for the
+  brokers whose share of preferred partitions led by another exceeds
+  `leader.imbalance.per.broker.percentage` (`imbalanced`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,21 @@ def prefer(state: PartitionState, replicas: list[int], live: set[int], controlle
     if preferred not in live or preferred not in state.isr:
         return None
     return Election(_lead(state, preferred, list(state.isr), controller_epoch))
+
+
+def imbalanced(preferred_and_leader: list[tuple[int, int]], percentage: int) -> set[int]:
+    """Kafka's `leader.imbalance.per.broker.percentage`: from (preferred replica, leader)
+    of every replicated partition, the brokers for which more than `percentage`% of the
+    partitions they are preferred for are led by another broker. Only those get their
+    leaderships back: a leader move costs producers a retry and a follower a truncation,
+    so a slight imbalance is left alone."""
+    preferred: dict[int, int] = {}
+    elsewhere: dict[int, int] = {}
+    for broker, leader in preferred_and_leader:
+        preferred[broker] = preferred.get(broker, 0) + 1
+        if leader != broker:
+            elsewhere[broker] = elsewhere.get(broker, 0) + 1
+    return {b for b, n in elsewhere.items() if n * 100 > percentage * preferred[b]}
 
 
 def _lead(state: PartitionState, leader: int, isr: list[int], controller_epoch: int) -> PartitionState:

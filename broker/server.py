@@ -499,7 +499,8 @@ class Broker:
         # every broker is a controller candidate; one is active (broker.controller)
         self.controller = Controller(
             self.zk, config.broker_id, config.unclean_leader_election_enable,
-            config.leader_imbalance_check_interval_seconds if config.auto_leader_rebalance_enable else None)
+            config.leader_imbalance_check_interval_seconds if config.auto_leader_rebalance_enable else None,
+            imbalance_percentage=config.leader_imbalance_per_broker_percentage)
         self.pool = RequestPool(config.queued_max_request_bytes)
         self.limits = ConnectionLimits(config.max_in_flight_requests, config.socket_send_buffer_max_bytes)
         self.connections: set[Connection] = set()

@@ -3,7 +3,7 @@
 import pytest
 
 from broker.errors import InvalidReplicationFactor
-from broker.election import OFFLINE, bounced, elect, prefer, registered_after
+from broker.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
 from broker.zklayout import PartitionState, assign_round_robin
 
 
@@ -109,3 +109,13 @@ def test_the_preferred_replica_takes_its_leadership_back_only_when_live_and_in_s
     assert prefer(PartitionState(0, 4, [0, 1]), [0, 1, 2], {0, 1, 2}, 3) is None  # already balanced
     assert prefer(PartitionState(OFFLINE, 4, [0]), [0, 1], {0, 1}, 3) is None  # offline: elect()'s case
     assert prefer(PartitionState(0, 0, [0]), [0], {0}, 3) is None
+
+
+def test_only_brokers_above_the_imbalance_percentage_get_their_leaderships_back():
+    # broker 0 is preferred for 10 partitions and leads 9; broker 1 preferred for 10, leads 8
+    pairs = [(0, 0)] * 9 + [(0, 2)] + [(1, 1)] * 8 + [(1, 2)] * 2 + [(2, 2)] * 5
+    assert imbalanced(pairs, 10) == {1}  # 10% is not above 10%; 20% is
+    assert imbalanced(pairs, 0) == {0, 1}  # any partition led elsewhere
+    assert imbalanced(pairs, 20) == set()
+    assert imbalanced([(0, OFFLINE)], 10) == {0}  # an offline partition is not led by its preferred replica
+    assert imbalanced([], 10) == set()
