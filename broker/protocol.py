@@ -358,6 +358,9 @@ class CreateTopicRequest:
         return req
 
 
+_REPLICA_FETCH_PARTITION = struct.Struct(">iiqqi")  # partition, leader_epoch, fetch_offset, flushed_offset, max_bytes
+
+
 @dataclass(frozen=True)
 class ReplicaFetchPartition:
     """One partition of a follower's fetch. `fetch_offset` is the follower's log end
@@ -377,7 +380,7 @@ class ReplicaFetchPartition:
 
     @classmethod
     def read(cls, r: Reader) -> "ReplicaFetchPartition":
-        part = cls(r.string(), r.int32(), r.int32(), r.int64(), r.int64(), r.int32())
+        part = cls(r.string(), *r._unpack(_REPLICA_FETCH_PARTITION))  # one unpack: n of them per request
         if part.max_bytes < 0:
             raise InvalidRequest(f"negative max_bytes in {part}")
         return part
@@ -531,8 +534,8 @@ class ReplicaFetchResponse:
 
     @classmethod
     def decode(cls, r: Reader) -> "ReplicaFetchResponse":
-        high_watermark, leader_epoch = r.int64(), r.int32()
-        return cls(high_watermark, leader_epoch, r.raw(r.int32()))
+        high_watermark, leader_epoch, size = r._unpack(REPLICA_FETCH_RESPONSE_HEAD)
+        return cls(high_watermark, leader_epoch, r.raw(size))
 
 
 @dataclass(frozen=True)
@@ -582,7 +585,7 @@ def encode_results(results: list[PartitionResult]) -> Body:
         for part in result.value.encode_parts():
             if isinstance(part, (bytes, bytearray, memoryview)):
                 w.raw(part)
-            else:
+            elif part.length:  # an empty file region adds nothing to send
                 body += [bytes(w.buf), part]
                 w = Writer()
     if w.buf:

@@ -53,7 +53,7 @@ class Partition:
         self.fenced = False  # ZooKeeper session lost: no produce until the state is read again
         self.followers: dict[int, FollowerPosition] = {}
         self._committers: list[tuple[int, asyncio.Future]] = []  # acks=-1: (next_offset, future)
-        self._data = asyncio.Event()  # set by appends: wakes long-polling followers
+        self._waiters: set[asyncio.Event] = set()  # long-polling followers' fetches, woken by appends
         self.isr_change_pending = False
         # A follower being added to the ISR: it counts for the HW from the moment the
         # expansion is written (Kafka's "maximal ISR"), because once ZooKeeper holds the
@@ -134,8 +134,9 @@ class Partition:
     # --------------------------------------------------------------- leader's book-keeping
 
     def appended(self) -> None:
-        self._data.set()
-        self._data = asyncio.Event()
+        for waiter in self._waiters:
+            waiter.set()
+        self._waiters.clear()
 
     def record_fetch(self, replica_id: int, fetch_offset: int, flushed_offset: int) -> bool:
         """A follower fetched from `fetch_offset` (its log end), with `flushed_offset` on
@@ -214,13 +215,14 @@ class Partition:
 
 async def wait_for_any_append(partitions: list[Partition], timeout: float) -> None:
     """A follower's long poll over every partition it fetches from this leader: return
-    once any of them is appended to, or after `timeout`."""
-    if not partitions:
-        await asyncio.sleep(timeout)
-        return
-    waits = [asyncio.ensure_future(part._data.wait()) for part in partitions]
+    once any of them is appended to, or after `timeout`. One event for all of them."""
+    appended = asyncio.Event()
+    for part in partitions:
+        part._waiters.add(appended)
     try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait_for(appended.wait(), timeout)
+    except asyncio.TimeoutError:
+        pass
     finally:
-        for wait in waits:
-            wait.cancel()
+        for part in partitions:
+            part._waiters.discard(appended)
