@@ -20,7 +20,7 @@ from airflow_provider_logbus.targets.directory import DirectoryTarget
 from harness.process import wait_until
 
 from .helpers import FakeTaskInstance, fill_last_hour
-from .netlisten import listeners
+from harness.sockets import listeners
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000

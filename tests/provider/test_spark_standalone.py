@@ -28,7 +28,7 @@ from harness.spark import SparkStandalone
 
 from .conftest import ROOT
 from .helpers import all_offsets, fill_last_hour, table_rows
-from .netlisten import Listener, listeners
+from harness.sockets import Listener, listeners
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000

@@ -13,7 +13,7 @@ from broker.errors import NotEnoughReplicas, NotLeaderForPartition
 from broker.zklayout import PartitionState, broker_path
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
-from tests.provider.netlisten import connections_to
+from harness.sockets import connections_to
 from tests.replication.replicated import (
     create_replicated_topic, segments, set_state, state, wait_identical, wait_isr, wait_leading,
 )
