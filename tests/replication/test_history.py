@@ -5,7 +5,8 @@ The run uses seed 258873 unless `HISTORY_SEED` says otherwise: a fixed schedule,
 a CI failure is a regression rather than a new seed's bad luck (its timings still vary
 run to run). `HISTORY_SEED=random` draws a fresh seed; `make soak` runs many. Replay a
 failing run with `HISTORY_SEED=<seed>`; the seed and the fault log are printed with
-every failure."""
+every failure. `HISTORY_MIN_INSYNC=2` runs the brokers with min.insync.replicas=2, so
+that acks=-1 is also refused (NotEnoughReplicas) and retried under the faults."""
 
 from __future__ import annotations
 
@@ -174,7 +175,8 @@ def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path)
     seed = history_seed()
     print(f"history seed {seed} (replay with HISTORY_SEED={seed})")
     # leaderships also move back to preferred replicas every few seconds, faults or not
-    settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3}
+    settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3,
+                "min.insync.replicas": int(os.environ.get("HISTORY_MIN_INSYNC", "1"))}
     with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=settings) as cluster, \
             zookeeper_client(zookeeper_ensemble.connect_string) as zk:
         cluster.start(3)
