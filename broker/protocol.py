@@ -388,28 +388,34 @@ class ReplicaFetchPartition:
 
 @dataclass(frozen=True)
 class ReplicaFetchRequest:
-    """A follower's fetch of every partition it follows on one leader, in one request
-    (Kafka's fetcher per source broker): one connection and one long poll per leader,
-    however many partitions. Answered when any partition has data, or after
-    `max_wait_ms`; the answer's entries are in the request's order."""
+    """A follower's fetch from one leader, for every partition it follows there (Kafka's
+    fetcher per source broker): one connection and one long poll per leader, however
+    many partitions. A `full` request lists them all and starts the follower's fetch
+    session on the leader; the requests after it (`full` false) list only the
+    partitions whose fetch or flushed offset changed — the leader keeps the others'
+    last entries (Kafka's incremental fetch sessions, KIP-227). The leader answers when
+    any session partition has bytes, an error or a new high watermark for the follower,
+    or after `max_wait_ms`; the answer names only those partitions."""
 
     API: ClassVar[ApiKey] = ApiKey.REPLICA_FETCH
     replica_id: int
     max_wait_ms: int
+    full: bool
     partitions: tuple[ReplicaFetchPartition, ...]
 
     def encode(self) -> bytes:
-        w = Writer().int32(self.replica_id).int32(self.max_wait_ms).int16(len(self.partitions))
+        w = Writer().int32(self.replica_id).int32(self.max_wait_ms).int8(int(self.full)).int16(len(self.partitions))
         for part in self.partitions:
             part.write(w)
         return bytes(w.buf)
 
     @classmethod
     def decode(cls, r: Reader) -> "ReplicaFetchRequest":
-        replica_id, max_wait_ms, n = r.int32(), r.int32(), r.int16()
-        if max_wait_ms < 0 or n < 0:
-            raise InvalidRequest(f"negative max_wait_ms ({max_wait_ms}) or partition count ({n}) in a replica fetch")
-        req = cls(replica_id, max_wait_ms, tuple(ReplicaFetchPartition.read(r) for _ in range(n)))
+        replica_id, max_wait_ms, full, n = r.int32(), r.int32(), r.int8(), r.int16()
+        if max_wait_ms < 0 or n < 0 or full not in (0, 1):
+            raise InvalidRequest(f"negative max_wait_ms ({max_wait_ms}) or partition count ({n}), or full={full}, "
+                                 "in a replica fetch")
+        req = cls(replica_id, max_wait_ms, bool(full), tuple(ReplicaFetchPartition.read(r) for _ in range(n)))
         r.done()
         return req
 
@@ -572,12 +578,15 @@ class PartitionResult:
         return cls(error.code, None, str(error))
 
 
-def encode_results(results: list[PartitionResult]) -> Body:
+def encode_results(results: list[PartitionResult], keys: list[tuple[str, int]] | None = None) -> Body:
     """A MULTI* response body: int16 n, n × (int16 error_code, the value's body — or the
-    error string). A value's message set (a fetch's file region) stays its own part."""
+    error string); with `keys`, each entry starts with its topic and int32 partition. A
+    value's message set (a fetch's file region) stays its own part."""
     body: Body = []
     w = Writer().int16(len(results))
-    for result in results:
+    for i, result in enumerate(results):
+        if keys is not None:
+            w.string(keys[i][0]).int32(keys[i][1])
         w.int16(result.error_code)
         if result.error_code != ErrorCode.NONE:
             w.string(result.message)
@@ -601,20 +610,25 @@ def decode_multiproduce(r: Reader) -> list[PartitionResult]:
     return _decode_results(r, ProduceResponse.decode)
 
 
-def decode_replica_fetch(r: Reader) -> list[PartitionResult]:
-    """A REPLICA_FETCH answer: a `ReplicaFetchResponse` or an error per partition."""
-    return _decode_results(r, ReplicaFetchResponse.decode)
+def decode_replica_fetch(r: Reader) -> list[tuple[tuple[str, int], PartitionResult]]:
+    """A REPLICA_FETCH answer: (topic, partition) and a `ReplicaFetchResponse` or an error,
+    for the partitions the leader has something to say about."""
+    entries = []
+    for _ in range(r.int16()):
+        key = (r.string(), r.int32())
+        entries.append((key, _decode_result(r, ReplicaFetchResponse.decode)))
+    return entries
 
 
 def _decode_results(r: Reader, decode_value) -> list[PartitionResult]:
-    results = []
-    for _ in range(r.int16()):
-        code = r.int16()
-        if code == ErrorCode.NONE:
-            results.append(PartitionResult(code, decode_value(r)))
-        else:
-            results.append(PartitionResult(code, None, r.string()))
-    return results
+    return [_decode_result(r, decode_value) for _ in range(r.int16())]
+
+
+def _decode_result(r: Reader, decode_value) -> PartitionResult:
+    code = r.int16()
+    if code == ErrorCode.NONE:
+        return PartitionResult(code, decode_value(r))
+    return PartitionResult(code, None, r.string())
 
 
 def decode_offsets(r: Reader) -> list[int]:

@@ -78,6 +78,15 @@ class FollowedPartition:
         self.retry_at = 0.0  # after a refusal: not before this (monotonic)
         self._pending_epochs: list[tuple[int, int]] = []  # the leader's (epoch, start) not yet reached
         self._complaint = ""
+        self.sent: tuple[int, int] | None = None  # (log end, flushed end) in the last request
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.log.topic, self.log.partition
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.log.end_offset, self.log.flushed_offset
 
     def complain(self, text: str) -> None:
         """Log a refusal once, not on every retry; fetch it again a little later."""
@@ -88,8 +97,8 @@ class FollowedPartition:
         self.retry_at = time.monotonic() + RETRY_SECONDS
 
     def fetch(self, max_bytes: int) -> ReplicaFetchPartition:
-        log = self.log
-        return ReplicaFetchPartition(log.topic, log.partition, self.epoch, log.end_offset, log.flushed_offset, max_bytes)
+        self.sent = self.position
+        return ReplicaFetchPartition(self.log.topic, self.log.partition, self.epoch, *self.sent, max_bytes)
 
     async def truncate(self, link: LeaderLink, leader_id: int, executor, timeout: float) -> None:
         """KIP-101 (with KIP-279's repeat): cut the log where it stops agreeing with the
@@ -165,6 +174,7 @@ class SourceFetcher:
         self._executor = executor
         self._locate = locate  # the leader's current address (it may restart elsewhere)
         self._followed: dict[tuple[str, int], FollowedPartition] = {}
+        self._session: set[tuple[str, int]] | None = None  # the partitions of the leader's fetch session
         self._task: asyncio.Task | None = None
         self._complaint = ""
 
@@ -207,6 +217,7 @@ class SourceFetcher:
                 if leader is None:
                     raise ConnectionError(f"broker {self.leader_id} is not registered")
                 link = await LeaderLink.open(leader, f"replica-{self.config.broker_id}", self._timeout)
+                self._session = None  # a new connection starts a new session
                 for followed in self._followed.values():
                     followed.truncated = False
                 while True:
@@ -241,16 +252,22 @@ class SourceFetcher:
                 followed.complain(f"leader {self.leader_id} answers: {exc}")
 
     async def _fetch_once(self, link: LeaderLink, ready: list[FollowedPartition]) -> None:
+        """One round of the fetch session: a full request when the partitions fetched
+        changed (or on a new connection), else only those whose position moved; the
+        answer names the partitions with bytes, an error or a new high watermark."""
         max_bytes = self.config.replica_fetch_max_bytes
-        req = ReplicaFetchRequest(self.config.broker_id, self.config.replica_fetch_wait_max_ms,
-                                  tuple(f.fetch(max_bytes) for f in ready))
-        results = decode_replica_fetch(await link.request(req, self._timeout))
-        if len(results) != len(ready):
-            raise ConnectionError(f"{len(results)} answers to a fetch of {len(ready)} partitions")
+        session = {f.key: f for f in ready}
+        full = self._session != session.keys()
+        named = ready if full else [f for f in ready if f.position != f.sent]
+        req = ReplicaFetchRequest(self.config.broker_id, self.config.replica_fetch_wait_max_ms, full,
+                                  tuple(f.fetch(max_bytes) for f in named))
+        self._session = set(session)
+        answer = decode_replica_fetch(await link.request(req, self._timeout))
         appended = []
-        for followed, result in zip(ready, results):
-            if not followed.active:
-                continue  # its role changed while the fetch was out: drop the answer
+        for key, result in answer:
+            followed = session.get(key)
+            if followed is None or not followed.active:
+                continue  # not fetched, or its role changed while the fetch was out: drop the answer
             if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 logger.warning("%s: %s; truncating again", followed.log.name, result.message)
                 followed.truncated = False
@@ -263,6 +280,6 @@ class SourceFetcher:
         if appended:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(self._executor, f.log.flush) for f, _ in appended))
-        for followed, answer in appended:
+        for followed, response in appended:
             if followed.active:
-                followed.log.high_watermark = min(answer.high_watermark, followed.log.flushed_offset)
+                followed.log.high_watermark = min(response.high_watermark, followed.log.flushed_offset)

@@ -13,17 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.watchers import DataWatch
 
 from broker.config import BrokerConfig
 from broker.errors import (
-    ErrorCode, FencedLeaderEpoch, LogbusError, NotEnoughReplicas, NotLeaderForPartition, OffsetOutOfRange,
-    PartitionOffline, UnknownPartition,
+    ErrorCode, FencedLeaderEpoch, InvalidRequest, LogbusError, NotEnoughReplicas, NotLeaderForPartition,
+    OffsetOutOfRange, PartitionOffline, UnknownPartition,
 )
 from broker.log.log import Log
 from broker.log.manager import LogManager
+from broker.log.segment import EMPTY
 from broker.log.scheduler import FlushScheduler
 from broker.protocol import (
     Body, BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, PartitionResult, ReplicaFetchPartition,
@@ -39,6 +42,17 @@ from broker.zklayout import (
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+
+
+@dataclass
+class SessionEntry:
+    """One partition of a follower's fetch session, as the leader keeps it: the fetch it
+    last named, the refusal of that fetch if any, and the (high watermark, epoch) last
+    answered, so that an unchanged partition is left out of the answer."""
+
+    fetch: ReplicaFetchPartition
+    error: PartitionResult | None = None
+    told: tuple[int, int] | None = None
 
 
 class ReplicaManager:
@@ -57,6 +71,7 @@ class ReplicaManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._isr_writes: set[asyncio.Task] = set()
+        self._sessions: dict[int, dict[Key, SessionEntry]] = {}  # follower id -> its fetch session
 
     # ------------------------------------------------------------------ life cycle
 
@@ -308,28 +323,90 @@ class ReplicaManager:
         return part
 
     async def replica_fetch(self, req: ReplicaFetchRequest) -> Body:
-        """Every partition a follower follows here, in one request: record where it is in
-        each, then answer at once if any has bytes for it or an error, else long-poll
-        until one is appended to. Partitions answer separately: one this broker no longer
-        leads does not hold up the others."""
-        results = [self._replica_read(req.replica_id, fetch, record=True) for fetch in req.partitions]
-        if req.max_wait_ms > 0 and all(r.error_code == ErrorCode.NONE and not len(r.value.messages) for r in results):
-            waiting = [self.partitions[(fetch.topic, fetch.partition)] for fetch in req.partitions]
+        """A follower's fetch of every partition it follows here. A full request starts
+        its session; an incremental one updates the partitions it names, and the others
+        keep their last fetch (still at the leader's end: caught up now). Answered at
+        once when any session partition has bytes, an error or a new high watermark for
+        the follower, else after a long poll until one is appended to. Partitions answer
+        separately: one this broker no longer leads does not hold up the others."""
+        session = self._fetch_session(req)
+        now = time.monotonic()
+        named = set()
+        for fetch in req.partitions:
+            key = (fetch.topic, fetch.partition)
+            named.add(key)
+            entry = session.get(key)
+            if entry is None:
+                session[key] = entry = SessionEntry(fetch)
+            entry.fetch, entry.error = fetch, None
+            try:
+                self._record_fetch(self._led_for_replication(fetch.topic, fetch.partition, fetch.leader_epoch),
+                                   req.replica_id, fetch)
+            except LogbusError as exc:
+                entry.error = PartitionResult.failed(exc)
+        for key in session.keys() - named:
+            self._still_caught_up(req.replica_id, session[key], now)
+        answer = self._session_answer(req.replica_id, session)
+        if not answer and req.max_wait_ms > 0:
+            waiting = [part for key in session if (part := self.partitions.get(key)) is not None and part.is_leader]
             await wait_for_any_append(waiting, min(req.max_wait_ms, self.config.replica_fetch_wait_max_ms) / 1000)
-            results = [self._replica_read(req.replica_id, fetch, record=False) for fetch in req.partitions]
-        return encode_results(results)
+            answer = self._session_answer(req.replica_id, session)
+        return encode_results([result for _, result in answer], [key for key, _ in answer])
 
-    def _replica_read(self, replica_id: int, fetch: ReplicaFetchPartition, record: bool) -> PartitionResult:
+    def _fetch_session(self, req: ReplicaFetchRequest) -> dict[Key, "SessionEntry"]:
+        if req.full:
+            session = self._sessions[req.replica_id] = {}
+            return session
+        session = self._sessions.get(req.replica_id)
+        if session is None:
+            raise InvalidRequest(f"broker {self.config.broker_id} has no fetch session of replica {req.replica_id} "
+                                 "(restarted?): send a full fetch")
+        return session
+
+    def _still_caught_up(self, replica_id: int, entry: "SessionEntry", now: float) -> None:
+        """A session partition the follower did not name: it is where it last said, and
+        the last answer had no bytes for it — so it is caught up if the log has not
+        grown since. One out of the ISR is recorded in full: it may join now. (Runs for
+        every idle partition of every fetch: attribute reads only.)"""
+        part = self.partitions.get((entry.fetch.topic, entry.fetch.partition))
+        if part is None or not part.is_leader or part.epoch != entry.fetch.leader_epoch:
+            return  # answered as an error
+        position = part.followers.get(replica_id)
+        if position is None or replica_id not in part.isr:
+            self._record_fetch(part, replica_id, entry.fetch)
+        elif position.fetch_offset >= part.log.end_offset:
+            position.caught_up_at = now
+
+    def _session_answer(self, replica_id: int, session: dict[Key, "SessionEntry"]) -> list[tuple[Key, PartitionResult]]:
+        """The partitions with something to tell the follower: bytes, an error, or a high
+        watermark or epoch it was not told yet."""
+        answer = []
+        for key, entry in session.items():
+            part = self.partitions.get(key)
+            if (entry.error is None and part is not None and part.is_leader and part.epoch == entry.fetch.leader_epoch
+                    and entry.fetch.fetch_offset == part.log.end_offset
+                    and entry.told == (part.high_watermark, part.epoch)):
+                continue  # the common case, kept cheap: nothing new
+            result = entry.error or self._replica_read(replica_id, entry.fetch)
+            if result.error_code == ErrorCode.NONE:
+                told = (result.value.high_watermark, result.value.leader_epoch)
+                if not len(result.value.messages) and told == entry.told:
+                    continue
+                entry.told = told
+            answer.append((key, result))
+        return answer
+
+    def _replica_read(self, replica_id: int, fetch: ReplicaFetchPartition) -> PartitionResult:
         try:
             part = self._led_for_replication(fetch.topic, fetch.partition, fetch.leader_epoch)
             log = part.log
             if not log.start_offset <= fetch.fetch_offset <= log.end_offset:
                 raise OffsetOutOfRange(f"replica {replica_id} fetches {part.name} at {fetch.fetch_offset}, outside "
                                        f"[{log.start_offset}, {log.end_offset}]: it must truncate first")
-            if record:
-                self._record_fetch(part, replica_id, fetch)
-            log.write_unwritten()
-            region = log.read(fetch.fetch_offset, fetch.max_bytes, upto=log.end_offset)
+            region = EMPTY
+            if fetch.fetch_offset < log.end_offset:
+                log.write_unwritten()
+                region = log.read(fetch.fetch_offset, fetch.max_bytes, upto=log.end_offset)
         except LogbusError as exc:
             return PartitionResult.failed(exc)
         return PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(part.high_watermark, part.epoch, region))

@@ -26,8 +26,9 @@ REQUESTS = [
     MetadataRequest(["a", "b"]),
     MetadataRequest([]),
     CreateTopicRequest("events", -1, 1),
-    ReplicaFetchRequest(2, 500, (ReplicaFetchPartition("events", 1, 5, 4096, 2048, 1 << 20),
-                                 ReplicaFetchPartition("clicks", 0, 3, 0, 0, 1024))),
+    ReplicaFetchRequest(2, 500, True, (ReplicaFetchPartition("events", 1, 5, 4096, 2048, 1 << 20),
+                                       ReplicaFetchPartition("clicks", 0, 3, 0, 0, 1024))),
+    ReplicaFetchRequest(2, 500, False, ()),
     LeaderEpochEndRequest("events", 1, 4),
 ]
 
@@ -245,28 +246,31 @@ def test_replica_fetch_response_round_trips_with_its_set_as_a_separate_part():
 
 
 def test_replica_fetch_layout():
-    body = ReplicaFetchRequest(2, 500, (ReplicaFetchPartition("t", 1, 5, 4096, 2048, 100),)).encode()
-    assert body == struct.pack(">iih", 2, 500, 1) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 4096, 2048, 100)
+    body = ReplicaFetchRequest(2, 500, True, (ReplicaFetchPartition("t", 1, 5, 4096, 2048, 100),)).encode()
+    assert body == struct.pack(">iibh", 2, 500, 1, 1) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 4096, 2048, 100)
     assert body_bytes(ReplicaFetchResponse(7, 3, b"ab").encode_parts()) == struct.pack(">qii", 7, 3, 2) + b"ab"
 
 
-def test_a_replica_fetch_answers_each_partition_in_order_with_its_set_or_its_error():
+def test_a_replica_fetch_answer_names_each_partition_with_its_set_or_its_error():
     results = [PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(7, 3, b"ab")),
                PartitionResult.failed(OffsetOutOfRange("fetch at 9 outside [0, 4]")),
                PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(0, 1, b""))]
-    body = encode_results(results)
+    body = encode_results(results, [("a", 0), ("b", 2), ("a", 1)])
+    assert body_bytes(body).startswith(struct.pack(">h", 3) + b"\x00\x01a" + struct.pack(">ih", 0, 0))
     decoded = decode_replica_fetch(frame_of(4, body))
-    assert [r.error_code for r in decoded] == [0, ErrorCode.OFFSET_OUT_OF_RANGE, 0]
-    assert plain(decoded[0].value) == plain(ReplicaFetchResponse(7, 3, b"ab"))
-    assert decoded[1].message == "fetch at 9 outside [0, 4]"
-    assert plain(decoded[2].value) == plain(ReplicaFetchResponse(0, 1, b""))
+    assert [key for key, _ in decoded] == [("a", 0), ("b", 2), ("a", 1)]
+    assert [r.error_code for _, r in decoded] == [0, ErrorCode.OFFSET_OUT_OF_RANGE, 0]
+    assert plain(decoded[0][1].value) == plain(ReplicaFetchResponse(7, 3, b"ab"))
+    assert decoded[1][1].message == "fetch at 9 outside [0, 4]"
+    assert plain(decoded[2][1].value) == plain(ReplicaFetchResponse(0, 1, b""))
 
 
 @pytest.mark.parametrize("body", [
-    struct.pack(">iih", 2, -1, 0),  # negative max_wait_ms
-    struct.pack(">iih", 2, 500, -1),  # negative partition count
-    struct.pack(">iih", 2, 500, 1) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 0, 0, -1),  # negative max_bytes
-    struct.pack(">iih", 2, 500, 2) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 0, 0, 100),  # one partition short
+    struct.pack(">iibh", 2, -1, 1, 0),  # negative max_wait_ms
+    struct.pack(">iibh", 2, 500, 1, -1),  # negative partition count
+    struct.pack(">iibh", 2, 500, 2, 0),  # full is a boolean
+    struct.pack(">iibh", 2, 500, 1, 1) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 0, 0, -1),  # negative max_bytes
+    struct.pack(">iibh", 2, 500, 1, 2) + b"\x00\x01t" + struct.pack(">iiqqi", 1, 5, 0, 0, 100),  # one partition short
 ])
 def test_a_malformed_replica_fetch_is_an_invalid_request(body):
     with pytest.raises(InvalidRequest):
