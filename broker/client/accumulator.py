@@ -119,23 +119,25 @@ class RecordAccumulator:
                 self._work.notify()  # the sender times this batch's linger
         return RecordFuture(batch.result, position)
 
-    def append_many(self, topic: str, values: list[bytes], timestamp: int) -> ManyFuture:
-        """Add unkeyed messages to sticky batches, a whole slice per batch under one
-        lock, with one future for the call."""
+    def append_many(self, topic: str, values: list[bytes], timestamp: int, key: bytes | None = None,
+                    partition: int | None = None) -> ManyFuture:
+        """Add messages that share a key (or none) and a partition (explicit, or None:
+        sticky), a whole slice per batch under one lock, with one future for the call."""
         results: list[BatchResult] = []
         done = 0
+        per_record = HEADER_SIZE + (len(key) if key is not None else 0)
         while done < len(values):
             with self._lock:
                 self._admit(min(self.batch_size, len(values) - done))
-                batch = self._sticky.get(topic)
+                batch = self._sticky.get(topic) if partition is None else self._open.get((topic, partition))
                 if batch is None:
-                    batch = self._new_batch(topic, None)
+                    batch = self._new_batch(topic, partition)
                     self._work.notify()
                 take = values[done:done + self.batch_size - len(batch.records)]
-                size = HEADER_SIZE * len(take) + sum(map(len, take))
+                size = per_record * len(take) + sum(map(len, take))
                 if batch.bytes + size > self.batch_bytes and len(take) > 1:
-                    take, size = self._within_bytes(batch.bytes, take)
-                batch.records.extend(zip(repeat(None), take, repeat(timestamp)))
+                    take, size = self._within_bytes(batch.bytes, take, per_record)
+                batch.records.extend(zip(repeat(key), take, repeat(timestamp)))
                 batch.bytes += size
                 self.outstanding += len(take)
                 if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
@@ -145,12 +147,12 @@ class RecordAccumulator:
             done += len(take)
         return ManyFuture(results, len(values))
 
-    def _within_bytes(self, filled: int, values: list[bytes]) -> tuple[list[bytes], int]:
+    def _within_bytes(self, filled: int, values: list[bytes], per_record: int) -> tuple[list[bytes], int]:
         """The first of `values` that fill a batch holding `filled` bytes to
         `batch_bytes` (at least one, as `append` would), and their size."""
         size = 0
         for count, value in enumerate(values, 1):
-            size += HEADER_SIZE + len(value)
+            size += per_record + len(value)
             if filled + size >= self.batch_bytes:
                 return values[:count], size
         return values, size

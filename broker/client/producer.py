@@ -190,25 +190,33 @@ class Producer:
     def _settle(self, future: RecordFuture) -> RecordFuture | RecordMetadata:
         return future.result(self._result_timeout) if self._sync else future
 
-    def send_many(self, topic: str, values: Sequence[bytes | str], timestamp: int | None = None) -> ManyFuture | int:
-        """Send many unkeyed messages to `topic` at once: whole slices go into sticky
-        batches under one lock per batch, with one `ManyFuture` for the call (no
-        per-message future or offset — use `send` for those). All messages get one
-        timestamp (now, or `timestamp`). Async mode: returns the future; sync mode:
+    def send_many(self, topic: str, values: Sequence[bytes | str], timestamp: int | None = None,
+                  key: bytes | str | None = None, partition: int | None = None) -> ManyFuture | int:
+        """Send many messages to `topic` at once: whole slices go into batches under one
+        lock per batch, with one `ManyFuture` for the call (no per-message future or
+        offset — use `send` for those). All messages get one timestamp (now, or
+        `timestamp`) and one `key` (none by default), and go to `partition`, else the
+        key's partition, else sticky batches. Async mode: returns the future; sync mode:
         its result, the number of messages, or raises `ProduceError`."""
         if self._closing:
             raise ProducerClosed("send after close()")
         if not all(type(v) is bytes for v in values):
             values = [_as_bytes(v, "value") for v in values]
+        key = None if key is None else _as_bytes(key, "key")
         timestamp = now_ms() if timestamp is None else int(timestamp)
         found = self._partition_counts.get(topic) or self._find_topic(topic)
+        if not isinstance(found, BaseException):
+            if key is not None and partition is None:
+                partition = partition_for_key(key, found)
+            if partition is not None and not 0 <= partition < found:
+                found = UnknownPartition(f"topic {topic!r} has no partition {partition}")
         if isinstance(found, BaseException):
-            future = ManyFuture([self._refused(topic, None, v, timestamp, None, found).batch for v in values[:1]],
+            future = ManyFuture([self._refused(topic, key, v, timestamp, partition, found).batch for v in values[:1]],
                                 len(values))
             for value in values[1:]:
-                self._refused(topic, None, value, timestamp, None, found)
+                self._refused(topic, key, value, timestamp, partition, found)
         else:
-            future = self.accumulator.append_many(topic, list(values), timestamp)
+            future = self.accumulator.append_many(topic, list(values), timestamp, key, partition)
         return future.result(self._result_timeout) if self._sync else future
 
     def _find_topic(self, topic: str) -> int | BaseException:

@@ -11,6 +11,7 @@ import pytest
 
 from broker.client.cluster import open_metadata
 from broker.client.errors import ProduceError
+from broker.client.partitioner import partition_for_key
 from broker.client.producer import Producer
 from broker.errors import ErrorCode, MessageTooLarge, TopicCreationDisabled, UnknownTopic
 from broker.zklayout import create_topic
@@ -211,3 +212,18 @@ def test_futures_resolve_after_the_broker_restarts(cluster, zk, zk_connect):
     assert {b"during %d" % i for i in range(20)} | {b"many %d" % i for i in range(30)} <= values
     by_offset = {(p, m.offset): m.value for p, ms in wait_visible(zk_connect, "restarted", 70).items() for m in ms}
     assert all(by_offset[(m.partition, m.offset)] == b"during %d" % i for i, m in enumerate(landed))
+
+
+def test_send_many_to_a_partition_or_under_a_key(cluster, zk, zk_connect):
+    cluster.start_broker(0)
+    create_topic(zk, "grouped", 4)
+    with Producer(zookeeper=zk_connect, acks=1, audit=False) as producer:
+        assert producer.send_many("grouped", [b"p3 %d" % i for i in range(10)], partition=3) == 10
+        assert producer.send_many("grouped", [b"user %d" % i for i in range(10)], key="user-42") == 10
+        with pytest.raises(ProduceError, match="no partition 9"):
+            producer.send_many("grouped", [b"nowhere"], partition=9)
+    keyed = partition_for_key(b"user-42", 4)
+    visible = wait_visible(zk_connect, "grouped", 20)
+    assert [m.value for m in visible[3] if m.value.startswith(b"p3")] == [b"p3 %d" % i for i in range(10)]
+    assert [(m.key, m.value) for m in visible[keyed] if m.value.startswith(b"user")] == \
+        [(b"user-42", b"user %d" % i) for i in range(10)]

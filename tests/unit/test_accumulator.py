@@ -253,3 +253,17 @@ def test_topic_creation_disabled_is_an_unknown_topic():
     assert isinstance(error_for(ErrorCode.TOPIC_CREATION_DISABLED), UnknownTopic)
     assert {type(error_for(c)) for c in (10, 11)} == {BrokerShuttingDown, NotLeaderForPartition}
     assert TopicCreationDisabled.code == 14
+
+
+def test_send_many_with_a_partition_or_a_key_fills_that_partitions_batches():
+    acc = accumulator(batch_size=100, batch_bytes=2 * (HEADER_SIZE + 2 + 10))
+    future = acc.append_many("t", [b"x" * 10] * 5, 1, key=b"k1", partition=1)
+    single = acc.append("t", None, b"one", 1, 1)
+    acc.begin_flush()
+    batches = [b for b, _ in drain(acc, 0.0)]
+    assert {b.partition for b in batches} == {1} and not any(b.movable for b in batches)
+    assert [len(b.records) for b in batches] == [2, 2, 2]  # the key counts in batch_bytes
+    assert [r for b in batches for r in b.records] == [(b"k1", b"x" * 10, 1)] * 5 + [(None, b"one", 1)]
+    for b in batches:
+        b.result.succeed(1, 0)
+    assert single.result(0).partition == 1 and future.result(0) == 5
