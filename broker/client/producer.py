@@ -29,13 +29,24 @@ with every broker down.
 
 With ``audit=True`` (the default) the producer counts what it delivered per topic and
 window of message timestamps and publishes monitoring events (`broker.client.audit`).
+
+Web servers fork: gunicorn's ``--preload`` or uWSGI create the app, and with it a
+producer, in a master process that then forks its workers. A child inherits the
+producer's objects but not its threads, and shares its sockets and ZooKeeper session
+with the parent. So a producer made before a fork starts afresh in the child at its
+first call: new metadata, connections, sender and producer id; the parent's undelivered
+messages stay the parent's (the parent still delivers them), and nothing the child does
+touches the parent's connections.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 import uuid
+import weakref
 from typing import Callable, Sequence
 
 from broker.client.accumulator import RecordAccumulator
@@ -67,6 +78,20 @@ def _as_bytes(data, what: str) -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     raise TypeError(f"{what} must be bytes or str, not {type(data).__name__}")
+
+
+_live: "weakref.WeakSet[Producer]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Mark every producer inherited by this child; its next call starts it afresh."""
+    for producer in list(_live):
+        producer._forked_from = producer._forked_from or producer._pid
+        producer._closing = True  # the hot path's only check routes the next call to _restart
+        producer._restart_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Producer:
@@ -115,6 +140,7 @@ class Producer:
         metadata: ClusterMetadata | None = None,
         zookeeper_timeout: float = 10.0,
     ) -> None:
+        self._settings = {name: value for name, value in locals().items() if name != "self"}  # for _restart
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', not {mode!r}")
         if queue_full not in ("block", "raise"):
@@ -153,7 +179,10 @@ class Producer:
         self._result_timeout = self.delivery_timeout + request_timeout_ms / 1000 + 5
         self._closed = False
         self._closing = False
+        self._pid = os.getpid()
+        self._forked_from: int | None = None
         self.sender.start()
+        _live.add(self)
 
     def __enter__(self) -> "Producer":
         return self
@@ -168,7 +197,7 @@ class Producer:
         """Send one message. Async mode: returns its `RecordFuture`. Sync mode:
         returns ``future.result()`` — where it landed — or raises `ProduceError`."""
         if self._closing:
-            raise ProducerClosed("send after close()")
+            self._restart()
         count = self._partition_counts.get(topic)
         if count is None:
             count = self._find_topic(topic)
@@ -199,7 +228,7 @@ class Producer:
         key's partition, else sticky batches. Async mode: returns the future; sync mode:
         its result, the number of messages, or raises `ProduceError`."""
         if self._closing:
-            raise ProducerClosed("send after close()")
+            self._restart()
         if not all(type(v) is bytes for v in values):
             values = [_as_bytes(v, "value") for v in values]
         key = None if key is None else _as_bytes(key, "key")
@@ -218,6 +247,26 @@ class Producer:
         else:
             future = self.accumulator.append_many(topic, list(values), timestamp, key, partition)
         return future.result(self._result_timeout) if self._sync else future
+
+    def _restart(self) -> None:
+        """In a forked child, start afresh (module docstring); else the producer is closed.
+        The inherited threads are gone and the sockets are the parent's: they are dropped,
+        never closed or written to."""
+        lock = getattr(self, "_restart_lock", None)
+        if lock is None or self._closed:
+            raise ProducerClosed("send after close()")
+        with lock:
+            if self._forked_from is None:
+                if self._closing:
+                    raise ProducerClosed("send after close()")
+                return  # another thread of this child restarted it
+            if not self._owns_metadata:
+                raise ProducerClosed(
+                    f"producer made in process {self._forked_from} used in forked process {os.getpid()} with a "
+                    "metadata object it was given: make the metadata and the producer after the fork")
+            logger.info("producer %s made in process %s starts afresh in forked process %s",
+                        self.client_id, self._forked_from, os.getpid())
+            self.__init__(**self._settings)
 
     def _find_topic(self, topic: str) -> int | BaseException:
         """The topic's partition count, waiting for the sender to find or create it;
@@ -251,6 +300,8 @@ class Producer:
         """Send everything queued now (ignoring linger) and publish monitoring events;
         wait until nothing is outstanding or `timeout` seconds pass. Returns the
         report since the previous one; its `pending` says what the timeout left."""
+        if self._forked_from is not None:
+            return DeliveryReport()  # nothing sent in this process yet; the rest is the parent's
         deadline = time.monotonic() + (timeout if timeout is not None else self.delivery_timeout + 5)
         self._wait_idle(deadline)
         return self._report.take(self.accumulator.outstanding)
@@ -272,7 +323,8 @@ class Producer:
         """Flush within `timeout` seconds, stop the sender, release connections.
         Returns the final report: every message sent since the previous report is in
         `delivered` or in `failed` (pending ones fail here with TimeoutError)."""
-        if self._closed:
+        if self._closed or self._forked_from is not None:
+            self._closed = True  # inherited, never used here: the parent's to close
             return DeliveryReport()
         self._closing = True
         deadline = time.monotonic() + timeout
