@@ -94,6 +94,23 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# The lowest value of each numeric setting: below it the producer would hang (an empty
+# batch or queue never fills) or fail every message.
+_LOWEST = {"batch_size": 1, "batch_bytes": 1, "linger_ms": 0, "queue_size": 1, "max_block_ms": 0, "retries": 0,
+           "retry_backoff_ms": 0, "delivery_timeout_ms": 1, "request_timeout_ms": 1, "audit_window_ms": 1}
+
+
+def check_settings(settings: dict) -> None:
+    """Refuse numeric settings that cannot work, naming the setting, before any connection."""
+    for name, lowest in _LOWEST.items():
+        value = settings[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise ValueError(f"{name} must be an integer of at least {lowest}, not {value!r}")
+    if settings["mode"] == "async" and settings["delivery_timeout_ms"] <= settings["linger_ms"]:
+        raise ValueError(f"delivery_timeout_ms ({settings['delivery_timeout_ms']}) must exceed linger_ms "
+                         f"({settings['linger_ms']}): every batch would expire while it lingers")
+
+
 class Producer:
     """Send messages to topics. Thread-safe; use as a context manager to close it.
 
@@ -147,6 +164,7 @@ class Producer:
             raise ValueError(f"queue_full must be 'block' or 'raise', not {queue_full!r}")
         if int(acks) not in (0, 1, -1):
             raise ValueError(f"acks must be 0, 1 or -1, not {acks!r}")
+        check_settings(self._settings)
         self.mode = mode
         self.acks = int(acks)
         self.codec = Codec.parse(compression)
