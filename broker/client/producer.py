@@ -59,6 +59,7 @@ from broker.client.results import (
     DeliveredBatch, DeliveryReport, FailedSend, ManyFuture, RecordFuture, RecordMetadata, ReportBook,
 )
 from broker.client.sender import Sender
+from broker.client.settings import require_at_least
 from broker.errors import UnknownPartition
 from broker.message import Codec, now_ms
 from broker.protocol import Acks, check_topic_name
@@ -94,18 +95,15 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# The lowest value of each numeric setting: below it the producer would hang (an empty
-# batch or queue never fills) or fail every message.
+# The floor of each numeric setting: below it the producer would fail every message, or
+# later than where the setting was made.
 _LOWEST = {"batch_size": 1, "batch_bytes": 1, "linger_ms": 0, "queue_size": 1, "max_block_ms": 0, "retries": 0,
            "retry_backoff_ms": 0, "delivery_timeout_ms": 1, "request_timeout_ms": 1, "audit_window_ms": 1}
 
 
 def check_settings(settings: dict) -> None:
-    """Refuse numeric settings that cannot work, naming the setting, before any connection."""
-    for name, lowest in _LOWEST.items():
-        value = settings[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ValueError(f"{name} must be an integer of at least {lowest}, not {value!r}")
+    """Refuse settings that cannot work, naming the setting, before any connection."""
+    require_at_least(settings, _LOWEST)
     if settings["mode"] == "async" and settings["delivery_timeout_ms"] <= settings["linger_ms"]:
         raise ValueError(f"delivery_timeout_ms ({settings['delivery_timeout_ms']}) must exceed linger_ms "
                          f"({settings['linger_ms']}): every batch would expire while it lingers")
