@@ -160,7 +160,9 @@ def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean)
         state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == follower and s, MOVE_S,
                            "the out-of-sync replica to lead")
         assert state.isr == [follower] and state.leader_epoch == initial.leader_epoch + 1
-        assert "WARNING" in returned.log_tail(400) and "UNCLEAN election of lonely-0" in returned.log_tail(400)
+        # the controller logs after its write succeeded: the line may trail the state node
+        wait_until(lambda: "WARNING" in (tail := returned.log_tail(400)) and "UNCLEAN election of lonely-0" in tail,
+                   MOVE_S, "the controller's warning of the unclean election")
         assert describe_rows(zk_connect, "lonely")[0]["status"] == "available"
         assert [m.value for m in read_topic(zk_connect, "lonely")[0]] == early  # the late ones are lost
     else:
@@ -168,7 +170,7 @@ def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean)
         assert state.isr == [leader] and state.leader_epoch == initial.leader_epoch + 1
         row = describe_rows(zk_connect, "lonely")[0]
         assert (row["status"], row["leader"]) == ("OFFLINE", "-1")
-        assert "lonely-0 is OFFLINE" in returned.log_tail(400)
+        wait_until(lambda: "lonely-0 is OFFLINE" in returned.log_tail(400), MOVE_S, "the controller's OFFLINE warning")
 
         cluster.start_broker(leader)  # the last ISR member returns: it leads again, with everything
         state = wait_until(lambda: (s := states(zk, "lonely")[0]).leader == leader and s, MOVE_S,
