@@ -21,6 +21,7 @@ The rules (docs/replication.md, "The controller"):
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import NamedTuple
 
 from broker.zklayout import PartitionState
@@ -86,12 +87,8 @@ def imbalanced(preferred_and_leader: list[tuple[int, int]], percentage: int) -> 
     partitions they are preferred for are led by another broker. Only those get their
     leaderships back: a leader move costs producers a retry and a follower a truncation,
     so a slight imbalance is left alone."""
-    preferred: dict[int, int] = {}
-    elsewhere: dict[int, int] = {}
-    for broker, leader in preferred_and_leader:
-        preferred[broker] = preferred.get(broker, 0) + 1
-        if leader != broker:
-            elsewhere[broker] = elsewhere.get(broker, 0) + 1
+    preferred = Counter(broker for broker, _ in preferred_and_leader)
+    elsewhere = Counter(broker for broker, leader in preferred_and_leader if leader != broker)
     return {b for b, n in elsewhere.items() if n * 100 > percentage * preferred[b]}
 
 

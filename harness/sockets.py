@@ -73,10 +73,6 @@ def _inodes(state: str, local: bool) -> dict[str, tuple[str, int]]:
     return out
 
 
-def listening_inodes() -> dict[str, tuple[str, int]]:
-    return _inodes(LISTEN, local=True)
-
-
 def _socket_inodes(pid: int) -> list[str]:
     found = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -103,7 +99,7 @@ def connections_to(port: int, root: int) -> int:
 
 def listeners(root: int | None = None) -> list[Listener]:
     """Every LISTEN socket held by `root` (default: this process) or its descendants."""
-    inodes = listening_inodes()
+    inodes = _inodes(LISTEN, local=True)
     found = []
     for pid in descendants(root or os.getpid()):
         try:

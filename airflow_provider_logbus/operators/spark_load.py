@@ -39,7 +39,7 @@ def driver_elsewhere(conn: Connection) -> bool:
     """Whether the stock hook would not keep `env_vars` to spark-submit's own process:
     YARN and Kubernetes forward them to the driver (`spark.yarn.appMasterEnv.*`,
     `spark.kubernetes.driverEnv.*`), and a standalone master in cluster mode refuses them."""
-    master = conn.host or "" if conn.conn_type == "spark" else f"{conn.conn_type}://{conn.host or ''}"
+    master = (conn.host or "") if conn.conn_type == "spark" else f"{conn.conn_type}://{conn.host or ''}"
     return master.startswith(("yarn", "k8s://")) or conn.extra_dejson.get("deploy-mode") == "cluster"
 
 

@@ -66,12 +66,8 @@ class SimpleConsumer:
             raise ValueError(f"auto_offset_reset must be one of {', '.join(RESETS)}, not {auto_offset_reset!r}")
         if on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {', '.join(ON_CORRUPT)}, not {on_corrupt!r}")
-        require_at_least(
-            {"partition": partition, "fetch_size": fetch_size, "max_fetch_size": max_fetch_size,
-             "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "retry_timeout_ms": retry_timeout_ms,
-             "retry_backoff_ms": retry_backoff_ms},
-            {"partition": 0, "fetch_size": 1, "max_fetch_size": 1, "max_wait_ms": 0, "min_bytes": 0,
-             "retry_timeout_ms": 0, "retry_backoff_ms": 0})
+        require_at_least(locals(), {"partition": 0, "fetch_size": 1, "max_fetch_size": 1, "max_wait_ms": 0,
+                                    "min_bytes": 0, "retry_timeout_ms": 0, "retry_backoff_ms": 0})
         self.on_corrupt = on_corrupt
         self.skipped = 0  # corrupt entries stepped over (on_corrupt="skip")
         self._suspect: int | None = None  # offset of an entry found corrupt once (fetched again before acting)

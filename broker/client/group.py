@@ -84,14 +84,10 @@ class ConsumerGroup:
             raise ValueError(f"invalid group name {group!r}")
         for topic in topics:
             check_topic_name(topic)
-        require_at_least(
-            {"auto_commit_interval_ms": auto_commit_interval_ms, "consumer_timeout_ms": consumer_timeout_ms,
-             "fetch_size": fetch_size, "max_fetch_size": max_fetch_size, "max_wait_ms": max_wait_ms,
-             "queued_chunks": queued_chunks, "rebalance_max_retries": rebalance_max_retries,
-             "rebalance_backoff_ms": rebalance_backoff_ms, "zookeeper_session_timeout_ms": zookeeper_session_timeout_ms},
-            {"auto_commit_interval_ms": 0, "consumer_timeout_ms": 0, "fetch_size": 1, "max_fetch_size": 1,
-             "max_wait_ms": 0, "queued_chunks": 1, "rebalance_max_retries": 0, "rebalance_backoff_ms": 0,
-             "zookeeper_session_timeout_ms": 1})
+        require_at_least(locals(), {"auto_commit_interval_ms": 0, "consumer_timeout_ms": 0, "fetch_size": 1,
+                                    "max_fetch_size": 1, "max_wait_ms": 0, "queued_chunks": 1,
+                                    "rebalance_max_retries": 0, "rebalance_backoff_ms": 0,
+                                    "zookeeper_session_timeout_ms": 1})
         self.group = group
         self.topics = {t: int(n) for t, n in topics.items() if int(n) > 0}
         self.consumer_id = consumer_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"

@@ -101,7 +101,7 @@ _LOWEST = {"batch_size": 1, "batch_bytes": 1, "linger_ms": 0, "queue_size": 1, "
            "retry_backoff_ms": 0, "delivery_timeout_ms": 1, "request_timeout_ms": 1, "audit_window_ms": 1}
 
 
-def check_settings(settings: dict) -> None:
+def _check_settings(settings: dict) -> None:
     """Refuse settings that cannot work, naming the setting, before any connection."""
     require_at_least(settings, _LOWEST)
     if settings["mode"] == "async" and settings["delivery_timeout_ms"] <= settings["linger_ms"]:
@@ -162,7 +162,7 @@ class Producer:
             raise ValueError(f"queue_full must be 'block' or 'raise', not {queue_full!r}")
         if int(acks) not in (0, 1, -1):
             raise ValueError(f"acks must be 0, 1 or -1, not {acks!r}")
-        check_settings(self._settings)
+        _check_settings(self._settings)
         self.mode = mode
         self.acks = int(acks)
         self.codec = Codec.parse(compression)

@@ -13,7 +13,8 @@ from typing import Mapping
 
 def require_at_least(settings: Mapping[str, object], lowest: Mapping[str, int]) -> None:
     """Raise `ValueError` for the first setting in `lowest` that is not an integer at
-    least its floor; a setting given as None (optional and unset) passes."""
+    least its floor; a setting given as None (optional and unset) passes. `settings` is
+    the constructor's arguments (its `locals()` before anything else is bound)."""
     for name, floor in lowest.items():
         value = settings[name]
         if value is None:

@@ -263,7 +263,7 @@ class SourceFetcher:
                                   tuple(f.fetch(max_bytes) for f in named))
         self._session = set(session)
         answer = decode_replica_fetch(await link.request(req, self._timeout))
-        appended = []
+        answered, appended = [], []
         for key, result in answer:
             followed = session.get(key)
             if followed is None or not followed.active:
@@ -273,13 +273,13 @@ class SourceFetcher:
                 followed.truncated = False
             elif result.error_code != ErrorCode.NONE:
                 followed.complain(f"leader {self.leader_id} answers: {result.message}")
-            elif followed.append(result.value, max_bytes):
-                appended.append((followed, result.value))
             else:
-                followed.log.high_watermark = min(result.value.high_watermark, followed.log.flushed_offset)
+                answered.append((followed, result.value.high_watermark))
+                if followed.append(result.value, max_bytes):
+                    appended.append(followed.log)
         if appended:
             loop = asyncio.get_running_loop()
-            await asyncio.gather(*(loop.run_in_executor(self._executor, f.log.flush) for f, _ in appended))
-        for followed, response in appended:
-            if followed.active:
-                followed.log.high_watermark = min(response.high_watermark, followed.log.flushed_offset)
+            await asyncio.gather(*(loop.run_in_executor(self._executor, log.flush) for log in appended))
+        for followed, high_watermark in answered:
+            if followed.active:  # the HW never ahead of what is on this disk
+                followed.log.high_watermark = min(high_watermark, followed.log.flushed_offset)

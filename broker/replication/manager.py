@@ -353,7 +353,7 @@ class ReplicaManager:
             answer = self._session_answer(req.replica_id, session)
         return encode_results([result for _, result in answer], [key for key, _ in answer])
 
-    def _fetch_session(self, req: ReplicaFetchRequest) -> dict[Key, "SessionEntry"]:
+    def _fetch_session(self, req: ReplicaFetchRequest) -> dict[Key, SessionEntry]:
         if req.full:
             session = self._sessions[req.replica_id] = {}
             return session
@@ -363,7 +363,7 @@ class ReplicaManager:
                                  "(restarted?): send a full fetch")
         return session
 
-    def _still_caught_up(self, replica_id: int, entry: "SessionEntry", now: float) -> None:
+    def _still_caught_up(self, replica_id: int, entry: SessionEntry, now: float) -> None:
         """A session partition the follower did not name: it is where it last said, and
         the last answer had no bytes for it — so it is caught up if the log has not
         grown since. One out of the ISR is recorded in full: it may join now. (Runs for
@@ -377,7 +377,7 @@ class ReplicaManager:
         elif position.fetch_offset >= part.log.end_offset:
             position.caught_up_at = now
 
-    def _session_answer(self, replica_id: int, session: dict[Key, "SessionEntry"]) -> list[tuple[Key, PartitionResult]]:
+    def _session_answer(self, replica_id: int, session: dict[Key, SessionEntry]) -> list[tuple[Key, PartitionResult]]:
         """The partitions with something to tell the follower: bytes, an error, or a high
         watermark or epoch it was not told yet."""
         answer = []

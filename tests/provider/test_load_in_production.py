@@ -18,9 +18,9 @@ from airflow_provider_logbus.operators.spark_load import LogbusLoadError, Logbus
 from airflow_provider_logbus.spark.failure import ERROR_FILE, SPARK_LOG
 from airflow_provider_logbus.targets.directory import DirectoryTarget
 from harness.process import wait_until
+from harness.sockets import listeners
 
 from .helpers import FakeTaskInstance, fill_last_hour
-from harness.sockets import listeners
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000

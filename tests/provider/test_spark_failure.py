@@ -115,7 +115,6 @@ def test_the_load_environment_stays_with_spark_submit_when_the_driver_runs_elsew
     command = " ".join(hook._build_spark_submit_command("job.py"))  # raised for standalone cluster mode before
     assert "PYSPARK_PYTHON" not in command and "PATH=" not in command
     if forwarded:
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_REMOTE", json.dumps(connection))
         stock = SparkSubmitHook(conf={}, conn_id="spark_remote", env_vars=python_environment())
         assert forwarded + "PATH=" in " ".join(stock._build_spark_submit_command("job.py"))  # what is avoided
 

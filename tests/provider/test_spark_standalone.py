@@ -24,11 +24,11 @@ from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.commit import LogbusCommitOperator
 from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
 from airflow_provider_logbus.targets.directory import DirectoryTarget
+from harness.sockets import Listener, listeners
 from harness.spark import SparkStandalone
 
 from .conftest import ROOT
 from .helpers import all_offsets, fill_last_hour, table_rows
-from harness.sockets import Listener, listeners
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000

@@ -1,8 +1,9 @@
 """The replication data path on three real brokers (one ZooKeeper): followers copy the
 leader's bytes exactly, consumers read up to the high watermark only, acks=-1 waits
 for the in-sync replicas, the ISR shrinks and grows, and min.insync.replicas refuses
-acks=-1. Leadership is moved by writing the state node directly (the controller is the
-other helper's; these tests exercise the data path alone)."""
+acks=-1. Leadership is moved by writing the state node directly, to exercise the data
+path alone — except after a leader's session expired, where the live controller moves it
+(it reacts to the lost registration too; a move by hand would race its write)."""
 
 import time
 from collections import Counter
@@ -12,8 +13,8 @@ import pytest
 from broker.errors import NotEnoughReplicas, NotLeaderForPartition
 from broker.zklayout import PartitionState, broker_path
 from harness.process import wait_until
-from tests.integration.brokerutil import connect, produce, read_partition
 from harness.sockets import connections_to
+from tests.integration.brokerutil import connect, produce, read_partition
 from tests.replication.replicated import (
     create_replicated_topic, segments, set_state, state, wait_for_state, wait_identical, wait_isr, wait_leading,
 )
