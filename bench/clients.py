@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import tempfile
 import time
-from pathlib import Path
 
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
 from broker.zklayout import create_topic
-from harness.cluster import LocalCluster
-from harness.zookeeper import ZooKeeperServer
+from harness.cluster import scratch_cluster
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
 SIZE = 200
@@ -69,8 +66,7 @@ def main() -> None:
     parser.add_argument("--send-many", action="store_true", help="also the batch-50 runs through send_many")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    work = Path(tempfile.mkdtemp(prefix="logbus-bench-clients-"))
-    with ZooKeeperServer(work / "zookeeper") as zookeeper, LocalCluster(zookeeper.connect_string, work) as cluster:
+    with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
         from kazoo.client import KazooClient
 

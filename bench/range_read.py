@@ -123,8 +123,8 @@ def main() -> None:
     versions = [c.split("=", 1) for c in args.code or [f"current={Path.cwd()}"]]
     fetch_sizes = args.fetch_bytes or [8 << 20, 1 << 20]
     LocalCluster, ZooKeeperServer = cluster_harness()
-    work = Path(tempfile.mkdtemp(prefix="logbus-bench-range-"))
-    with ZooKeeperServer(work / "zookeeper") as zk, LocalCluster(zk.connect_string, work) as cluster:
+    with tempfile.TemporaryDirectory(prefix="logbus-bench-range-") as scratch, \
+            ZooKeeperServer(Path(scratch) / "zookeeper") as zk, LocalCluster(zk.connect_string, Path(scratch)) as cluster:
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
         end = produce(zk.connect_string, args.count)
         results: dict[tuple[str, int], list[dict]] = {}

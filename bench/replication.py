@@ -23,7 +23,6 @@ import argparse
 import json
 import logging
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,8 +30,7 @@ from pathlib import Path
 from broker.client.connection import BrokerConnection
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
-from harness.cluster import LocalCluster
-from harness.zookeeper import ZooKeeperServer
+from harness.cluster import LocalCluster, scratch_cluster
 
 PLOTS = Path(__file__).parent / "plots"
 SIZES = (200, 1024)
@@ -114,10 +112,8 @@ class Bench:
 
 
 def run(out: Path, count_200: int, count_1k: int, partition_count: int, rate: float, seconds: float) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="logbus-bench-replication-"))
     results: dict = {"matrix": [], "partitions": [], "latency": [], "settings": BROKER_SETTINGS}
-    with ZooKeeperServer(work / "zookeeper") as zookeeper, \
-            LocalCluster(zookeeper.connect_string, work, settings=BROKER_SETTINGS) as cluster:
+    with scratch_cluster("logbus-bench-replication-", BROKER_SETTINGS) as (zookeeper, cluster):
         cluster.start(3)
         bench = Bench(cluster)
         for size in SIZES:

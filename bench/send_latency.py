@@ -21,14 +21,11 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from broker.client.producer import Producer
 from broker.zklayout import create_topic
-from harness.cluster import LocalCluster
-from harness.zookeeper import ZooKeeperServer
+from harness.cluster import scratch_cluster
 
 SIZE = 200
 FRACTIONS = (0.01, 0.1, 0.5, 0.9, 1.0)
@@ -91,8 +88,7 @@ def main() -> None:
     parser.add_argument("--acks", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    work = Path(tempfile.mkdtemp(prefix="logbus-bench-latency-"))
-    with ZooKeeperServer(work / "zookeeper") as zookeeper, LocalCluster(zookeeper.connect_string, work) as cluster:
+    with scratch_cluster("logbus-bench-latency-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
         from kazoo.client import KazooClient
 

@@ -9,13 +9,16 @@ run (until ZooKeeper expires its session) is older than the process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -23,6 +26,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from broker.zklayout import broker_path
 from harness.process import ClusterError, free_port, stop_process, tail, wait_until
+from harness.zookeeper import ZooKeeperServer
 
 
 def broker_command() -> list[str]:
@@ -157,3 +161,16 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def scratch_cluster(prefix: str, settings: dict[str, object] | None = None
+                    ) -> Iterator[tuple[ZooKeeperServer, LocalCluster]]:
+    """A ZooKeeper server and a `LocalCluster` (no broker started yet) in a temporary
+    directory, removed once both are stopped: a benchmark's logs run to gigabytes, and
+    left behind they fill the disk run after run."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        work = Path(scratch)
+        with ZooKeeperServer(work / "zookeeper") as zookeeper, \
+                LocalCluster(zookeeper.connect_string, work, settings=settings) as cluster:
+            yield zookeeper, cluster

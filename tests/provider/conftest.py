@@ -6,10 +6,12 @@ before any test module imports it."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="logbus-airflow-home-"))
+atexit.register(shutil.rmtree, AIRFLOW_HOME, True)  # one per test process; 166 piled up in /tmp before
 os.environ.update({
     "AIRFLOW_HOME": str(AIRFLOW_HOME),
     "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags" / "examples"),
