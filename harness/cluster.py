@@ -40,13 +40,16 @@ class BrokerProcess:
 
     def __init__(
         self, broker_id: int, zookeeper: str, workdir: Path, port: int | None = None,
-        settings: dict[str, object] | None = None,
+        settings: dict[str, object] | None = None, preamble: str | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.zookeeper = zookeeper
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.settings = dict(settings or {})
+        # Python run inside the broker before it starts: a test's fault-injection hook
+        # (tests/replication/faults.py), never a stand-in for the broker's own code
+        self.preamble = preamble
         self.log_dir = self.workdir / f"broker-{broker_id}" / "logs"
         self.log_path = self.workdir / f"broker-{broker_id}" / "broker.log"
         self.process: subprocess.Popen | None = None
@@ -57,7 +60,9 @@ class BrokerProcess:
         return ("127.0.0.1", self.port)
 
     def command(self) -> list[str]:
-        cmd = broker_command() + [
+        start = broker_command() if self.preamble is None else [
+            sys.executable, "-c", f"{self.preamble}\nfrom broker.cli import broker_main\nraise SystemExit(broker_main())"]
+        cmd = start + [
             "--broker-id", str(self.broker_id), "--host", "127.0.0.1", "--port", str(self.port),
             "--zookeeper", self.zookeeper,
         ]
@@ -135,12 +140,17 @@ class LocalCluster:
         self.settings = dict(settings or {})
         self.brokers: dict[int, BrokerProcess] = {}
 
-    def start_broker(self, broker_id: int, settings: dict[str, object] | None = None, wait: bool = True) -> BrokerProcess:
+    def start_broker(self, broker_id: int, settings: dict[str, object] | None = None, wait: bool = True,
+                     preamble: str | None = None, zookeeper: str | None = None) -> BrokerProcess:
+        """Start (or restart) a broker. `zookeeper` overrides the cluster's connect string
+        for this broker alone (e.g. through a `harness.proxy.TcpProxy` a test can cut)."""
         existing = self.brokers.get(broker_id)
         if existing is not None:  # a restart keeps the port and the log directory
             existing.settings = {**existing.settings, **(settings or {})}
             return existing.start(wait=wait)
-        broker = BrokerProcess(broker_id, self.zookeeper, self.workdir, settings={**self.settings, **(settings or {})})
+        broker = BrokerProcess(broker_id, zookeeper or self.zookeeper, self.workdir,
+                               settings={**self.settings, **(settings or {})},
+                               preamble=preamble)
         self.brokers[broker_id] = broker
         return broker.start(wait=wait)
 
