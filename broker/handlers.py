@@ -15,6 +15,7 @@ import asyncio
 import functools
 import logging
 import random
+from dataclasses import dataclass
 from typing import Callable, Coroutine
 
 from broker.config import BrokerConfig
@@ -41,6 +42,18 @@ logger = logging.getLogger(__name__)
 Reply = asyncio.Future  # of Body | None
 MAX_PARTITIONS = 10_000
 MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
+
+
+@dataclass(frozen=True)
+class Appended:
+    """One partition's append, as its acknowledgement needs it: where it ends, and for a
+    replicated partition the leader epoch it was appended in (None: unreplicated). An
+    acks=-1 answer is bound to that epoch (docs/replication.md)."""
+
+    log: Log
+    base_offset: int
+    next_offset: int
+    epoch: int | None
 
 
 def answered(body: Body | None) -> Reply:
@@ -131,13 +144,17 @@ class RequestHandler:
         await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions,
                                    self.config.default_replication_factor)
 
-    def _append(self, topic: str, partition: int, messages, acks: int) -> tuple[Log, int, int]:
+    def _append(self, topic: str, partition: int, messages, acks: int) -> Appended:
         """Validate and append. An acknowledged append is in the page cache before its
         answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
         log = self.leader_log(topic, partition)
         replicated = log.high_watermark is not None
-        if replicated and acks == -1:
-            self.replicas.check_insync(self.replicas.leader_partition(topic, partition))
+        epoch = None
+        if replicated:
+            led = self.replicas.leader_partition(topic, partition)
+            epoch = led.epoch
+            if acks == -1:
+                self.replicas.check_insync(led)
         scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
@@ -146,7 +163,7 @@ class RequestHandler:
         self.scheduler.flusher(log).appended()
         if replicated:
             self.replicas.appended(topic, partition)
-        return log, result.base_offset, result.next_offset
+        return Appended(log, result.base_offset, result.next_offset, epoch)
 
     def write_unwritten(self) -> None:
         """Called by connections after each socket read: one write per touched log."""
@@ -167,45 +184,58 @@ class RequestHandler:
 
     def _produce(self, req: ProduceRequest) -> Reply:
         partition = self._pick_partition(req.topic) if req.partition == -1 else req.partition
-        log, base, next_offset = self._append(req.topic, partition, req.messages, req.acks)
+        appended = self._append(req.topic, partition, req.messages, req.acks)
         if req.acks == 0:  # the hot path of acks=0 producers: nothing is built for an answer
             return self._no_reply
-        return self._acknowledge(req.acks, [ProduceResponse(base, next_offset).encode()], [(log, next_offset)],
-                                 req.timeout_ms)
-
-    def _acknowledge(self, acks: int, body: Body, appended: list[tuple[Log, int]], timeout_ms: int) -> Reply:
-        """The answer to acknowledged appends: at once (acks=1), or (-1) after the fsync —
-        for a replicated partition, once the high watermark covers them: flushed on
-        every in-sync replica."""
-        if acks == 1:
+        body = [ProduceResponse(appended.base_offset, appended.next_offset).encode()]
+        if req.acks == 1:
             return answered(body)
-        return later(self._after_flush(body, appended, timeout_ms))
+        return later(self._after_commit(body, appended, req.timeout_ms))
 
-    async def _after_flush(self, body: Body, waits: list[tuple[Log, int]], timeout_ms: int) -> Body:
-        await asyncio.gather(*(
-            self.replicas.wait_committed(log, offset, timeout_ms) if log.high_watermark is not None
-            else self.scheduler.flusher(log).wait_flushed(offset)
-            for log, offset in waits
-        ))
+    async def _after_commit(self, body: Body, appended: Appended, timeout_ms: int) -> Body:
+        await self._committed(appended, timeout_ms)
         return body
 
+    def _committed(self, appended: Appended, timeout_ms: int) -> Coroutine:
+        """acks=-1: the fsync — for a replicated partition, the high watermark covering
+        the append in the epoch it was made in: flushed on every in-sync replica."""
+        if appended.epoch is None:
+            return self.scheduler.flusher(appended.log).wait_flushed(appended.next_offset)
+        return self.replicas.wait_committed(appended.log, appended.next_offset, appended.epoch, timeout_ms)
+
     def multiproduce(self, reader: Reader) -> Reply:
+        """Each partition answers on its own, refused or appended and — with acks=-1 —
+        committed or not: one partition's failure never fails the others, so a producer
+        retries only the batches that failed."""
         req = MultiProduceRequest.decode(reader)
-        results = []
-        appended = []
+        results: list[PartitionResult] = []
+        appended: dict[int, Appended] = {}  # result index -> its append
         for part in req.parts:
             try:
                 partition = self._pick_partition(part.topic) if part.partition == -1 else part.partition
-                log, base, next_offset = self._append(part.topic, partition, part.messages, req.acks)
+                appended[len(results)] = done = self._append(part.topic, partition, part.messages, req.acks)
             except LogbusError as exc:
                 logger.warning("multiproduce to %s-%d refused: %s", part.topic, part.partition, exc)
                 results.append(PartitionResult.failed(exc))
             else:
-                results.append(PartitionResult(ErrorCode.NONE, ProduceResponse(base, next_offset)))
-                appended.append((log, next_offset))
+                results.append(PartitionResult(ErrorCode.NONE, ProduceResponse(done.base_offset, done.next_offset)))
         if req.acks == 0:
             return self._no_reply
-        return self._acknowledge(req.acks, encode_results(results), appended, req.timeout_ms)
+        if req.acks == 1 or not appended:
+            return answered(encode_results(results))
+        return later(self._multiproduce_committed(results, appended, req.timeout_ms))
+
+    async def _multiproduce_committed(self, results: list[PartitionResult], appended: dict[int, Appended],
+                                      timeout_ms: int) -> Body:
+        outcomes = await asyncio.gather(*(self._committed(a, timeout_ms) for a in appended.values()),
+                                        return_exceptions=True)
+        for (index, done), outcome in zip(appended.items(), outcomes):
+            if isinstance(outcome, LogbusError):
+                logger.warning("multiproduce to %s not committed: %s", done.log.name, outcome)
+                results[index] = PartitionResult.failed(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return encode_results(results)
 
     # ---------------------------------------------------------------------- fetch
 

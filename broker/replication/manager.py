@@ -72,6 +72,7 @@ class ReplicaManager:
         self._tasks: list[asyncio.Task] = []
         self._isr_writes: set[asyncio.Task] = set()
         self._sessions: dict[int, dict[Key, SessionEntry]] = {}  # follower id -> its fetch session
+        self._unregistered_noted: set[tuple[str, int]] = set()  # (partition, follower) logged as unregistered
 
     # ------------------------------------------------------------------ life cycle
 
@@ -304,11 +305,13 @@ class ReplicaManager:
         if part is not None:
             part.appended()
 
-    async def wait_committed(self, log: Log, offset: int, timeout_ms: int) -> None:
+    async def wait_committed(self, log: Log, offset: int, epoch: int, timeout_ms: int) -> None:
+        """acks=-1 on a replicated partition: until the high watermark covers `offset`,
+        appended as leader of `epoch` (`Partition.wait_committed`)."""
         part = self.partitions.get((log.topic, log.partition))
         if part is None:
             raise NotLeaderForPartition(f"partition {log.name} is not replicated here")
-        await part.wait_committed(offset, timeout_ms)
+        await part.wait_committed(offset, epoch, timeout_ms)
 
     def _led_for_replication(self, topic: str, partition: int, epoch: int) -> Partition:
         part = self.partitions.get((topic, partition))
@@ -412,14 +415,26 @@ class ReplicaManager:
         return PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(part.high_watermark, part.epoch, region))
 
     def _record_fetch(self, part: Partition, replica_id: int, fetch: ReplicaFetchPartition) -> None:
-        if part.record_fetch(replica_id, fetch.fetch_offset, fetch.flushed_offset) and not part.isr_change_pending:
-            logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, replica_id,
-                        fetch.fetch_offset)
-            part.isr_change_pending = True  # until the write below is done: one at a time
-            part.joining = replica_id  # counts for the HW before the write (see Partition.joining)
-            task = asyncio.ensure_future(self._change_isr(part, [*part.isr, replica_id]))
-            self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
-            task.add_done_callback(self._isr_writes.discard)
+        """Record a follower's fetch; add it to the ISR once it has caught up — only if it
+        is registered in ZooKeeper: a broker whose session expired still fetches, but
+        the controller has taken it out of the ISR and would elect no leader from it
+        (Kafka's KIP-841); it rejoins once it has registered again."""
+        if not part.record_fetch(replica_id, fetch.fetch_offset, fetch.flushed_offset) or part.isr_change_pending:
+            return
+        if replica_id not in self.registry.view.brokers:
+            if (part.name, replica_id) not in self._unregistered_noted:
+                self._unregistered_noted.add((part.name, replica_id))
+                logger.info("%s: follower %d has caught up but is not registered in ZooKeeper; it stays out of "
+                            "the isr until it registers again", part.name, replica_id)
+            return
+        self._unregistered_noted.discard((part.name, replica_id))
+        logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, replica_id,
+                    fetch.fetch_offset)
+        part.isr_change_pending = True  # until the write below is done: one at a time
+        part.joining = replica_id  # counts for the HW before the write (see Partition.joining)
+        task = asyncio.ensure_future(self._change_isr(part, [*part.isr, replica_id]))
+        self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
+        task.add_done_callback(self._isr_writes.discard)
 
     def leader_epoch_end(self, req: LeaderEpochEndRequest) -> Body:
         part = self.partitions.get((req.topic, req.partition))

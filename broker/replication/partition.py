@@ -39,6 +39,16 @@ class FollowerPosition:
     end_at_last_fetch: int = -1  # the leader's log end when it answered the previous fetch
 
 
+@dataclass
+class Committer:
+    """An acks=-1 answer waiting for the high watermark to reach `offset` (its batch's
+    end), bound to the leader epoch in which the batch was appended."""
+
+    offset: int
+    epoch: int
+    future: asyncio.Future
+
+
 class Partition:
     def __init__(self, log: Log, broker_id: int, replicas: list[int], flusher: PartitionFlusher,
                  min_insync: int) -> None:
@@ -52,7 +62,7 @@ class Partition:
         self.zk_version = -1
         self.fenced = False  # ZooKeeper session lost: no produce until the state is read again
         self.followers: dict[int, FollowerPosition] = {}
-        self._committers: list[tuple[int, asyncio.Future]] = []  # acks=-1: (next_offset, future)
+        self._committers: list[Committer] = []  # acks=-1 answers waiting for the high watermark
         self._waiters: set[asyncio.Event] = set()  # long-polling followers' fetches, woken by appends
         self.isr_change_pending = False
         # A follower being added to the ISR: it counts for the HW from the moment the
@@ -95,6 +105,7 @@ class Partition:
         now = time.monotonic()
         self.role, self.state, self.zk_version, self.fenced = Role.LEADER, state, version, False
         self.log.epochs.assign(state.leader_epoch, self.log.end_offset)
+        self._fail_committers_truncated()
         hw = self.high_watermark
         self.followers = {
             r: FollowerPosition(hw if r in state.isr else -1, hw if r in state.isr else -1, now, now)
@@ -179,24 +190,29 @@ class Partition:
         self.log.high_watermark = hw
         self.flusher.signal_advanced()  # long-polling consumers
         still = []
-        for offset, future in self._committers:
-            if offset <= hw:
-                if not future.done():
-                    future.set_result(hw)
+        for committer in self._committers:
+            if committer.offset <= hw:
+                if not committer.future.done():
+                    committer.future.set_result(hw)
             else:
-                still.append((offset, future))
+                still.append(committer)
         self._committers = still
 
-    async def wait_committed(self, offset: int, timeout_ms: int) -> None:
+    async def wait_committed(self, offset: int, epoch: int, timeout_ms: int) -> None:
         """acks=-1: return once the high watermark reaches `offset` (every ISR member has
-        flushed the messages); RequestTimedOut after `timeout_ms`; NotEnoughReplicasAfterAppend
-        if the ISR is below min.insync.replicas by then."""
+        flushed the messages) while this broker still holds the bytes it appended as
+        leader of `epoch`; RequestTimedOut after `timeout_ms`; NotEnoughReplicasAfterAppend
+        if the ISR is below min.insync.replicas by then. NotLeaderForPartition at once if
+        it no longer leads or lost those bytes — also when leadership moved away and back
+        between the append and this call (docs/replication.md)."""
+        if not self.holds_appended(epoch, offset):
+            raise self._not_appended_here(epoch, offset)
         if len(self.isr) < self.min_insync:
             raise self._too_few_after_append()
         if self.high_watermark >= offset:
             return
         future = asyncio.get_running_loop().create_future()
-        self._committers.append((offset, future))
+        self._committers.append(Committer(offset, epoch, future))
         self.flusher.flush_to(offset)  # the leader's own flushed end counts too
         try:
             await asyncio.wait_for(future, timeout_ms / 1000 if timeout_ms > 0 else None)
@@ -207,10 +223,38 @@ class Partition:
                 "committed, a retry may duplicate them") from None
 
     def fail_committers(self, error: LogbusError) -> None:
-        for _, future in self._committers:
-            if not future.done():
-                future.set_exception(error)
+        for committer in self._committers:
+            if not committer.future.done():
+                committer.future.set_exception(error)
         self._committers = []
+
+    def holds_appended(self, epoch: int, offset: int) -> bool:
+        """Whether this broker leads and its log still holds what it appended as leader
+        of `epoch` up to `offset`: the same epoch, or a later one whose epoch cache says
+        `epoch` still reaches `offset` (KIP-101's test — a broker that followed in
+        between may have truncated those bytes and appended others at their offsets)."""
+        if not self.is_leader:
+            return False
+        if epoch == self.epoch:
+            return True
+        found, end = self.log.epochs.end_offset_for(epoch, self.log.end_offset)
+        return found == epoch and end >= offset
+
+    def _fail_committers_truncated(self) -> None:
+        """A new epoch: waiters of an earlier one stay only while their bytes do."""
+        kept = []
+        for committer in self._committers:
+            if self.holds_appended(committer.epoch, committer.offset):
+                kept.append(committer)
+            elif not committer.future.done():
+                committer.future.set_exception(self._not_appended_here(committer.epoch, committer.offset))
+        self._committers = kept
+
+    def _not_appended_here(self, epoch: int, offset: int) -> NotLeaderForPartition:
+        leading = f"leads in epoch {self.epoch}" if self.is_leader else f"no longer leads (leader {self.state.leader})"
+        return NotLeaderForPartition(
+            f"broker {self.broker_id} {leading} {self.name}; the messages up to offset {offset} appended in epoch "
+            f"{epoch} may or may not be committed")
 
 
 async def wait_for_any_append(partitions: list[Partition], timeout: float) -> None:

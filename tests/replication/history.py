@@ -5,10 +5,16 @@ every replica against that record.
 - `fault_schedule(seed)` is a pure function: the same seed gives the same faults, so a
   failing run is replayed from its seed. Faults name roles ("the leader of partition
   1"), resolved against ZooKeeper's state nodes when they fire.
+- `pingpong_schedule(seed)` is the other schedule: leadership moved away and back
+  (to a follower, then the controller's preferred-leader rebalance hands it back)
+  while followers are paused briefly — not long enough to leave the ISR — and often
+  moved onto the paused follower, so the old leader truncates what it appended.
 - `ProducerWorker` threads send numbered messages with acks=-1 and retry themselves
   (the producer's own retries are 0), so every attempt is recorded: the value is
   JSON `{"producer", "seq", "attempt"}` and the `SendLog` knows which attempt was
-  acknowledged at which offset and which attempts failed.
+  acknowledged at which offset and which attempts failed. `PipelinedProducerWorker`s
+  do the same with bursts of pipelined requests (one message each), which is what
+  leaves acks=-1 answers waiting while leadership moves.
 - A `ConsumerWorker` reads every partition continuously and records
   (partition, offset, value) of everything it was given.
 - `read_replica` reads a partition straight from a broker's segment files;
@@ -24,7 +30,9 @@ appended — a timeout, NotEnoughReplicasAfterAppend or a lost connection says n
    writes one request twice — hence an acknowledged message whose first attempt
    succeeded appears exactly once, and any message at most once per attempt;
 4. nothing appears that no producer sent;
-5. the acknowledged messages of one producer in one partition are in seq order;
+5. the acknowledged messages of one producer in one partition are in seq order
+   (not checked for pipelined producers: without idempotence a retry may land after
+   a later message, as in Kafka with more than one request in flight);
 6. every (partition, offset, value) a consumer read is still there.
 """
 
@@ -51,6 +59,8 @@ PAUSE_LEADER = "pause-leader"        # SIGSTOP past replica.lag.time.max.ms, the
 PAUSE_FOLLOWER = "pause-follower"
 EXPIRE_SESSION = "expire-session"    # SIGSTOP past the ZooKeeper session timeout, then SIGCONT
 KILL_ZOOKEEPER = "kill-zookeeper"    # stop one ZooKeeper server of the ensemble, start it after `hold`
+MOVE_LEADER = "move-leader"          # give the lead to an in-sync follower (a new epoch), as a rebalance does
+PAUSE_BRIEFLY = "pause-briefly"      # SIGSTOP a follower for less than the lag time: it stays in the ISR
 
 BROKER_FAULTS = (KILL_LEADER, KILL_FOLLOWER, PAUSE_LEADER, PAUSE_FOLLOWER, EXPIRE_SESSION)
 BROKER_WEIGHTS = (3, 2, 1, 2, 2)
@@ -67,6 +77,7 @@ class Fault:
     partition: int
     pick: int
     hold: float
+    move_after: float | None = None  # PAUSE_BRIEFLY: then give the paused follower the lead, this much later
 
     @property
     def healed_at(self) -> float:
@@ -74,7 +85,8 @@ class Fault:
 
     def __str__(self) -> str:
         target = f"zookeeper server #{self.pick}" if self.kind == KILL_ZOOKEEPER else f"partition {self.partition}"
-        return f"#{self.index} t={self.at:.2f}s {self.kind} ({target}) for {self.hold:.2f}s"
+        then = "" if self.move_after is None else f", leadership moved onto it after {self.move_after:.2f}s"
+        return f"#{self.index} t={self.at:.2f}s {self.kind} ({target}) for {self.hold:.2f}s{then}"
 
 
 def fault_schedule(
@@ -110,6 +122,33 @@ def fault_schedule(
     return faults
 
 
+def pingpong_schedule(seed: int, count: int = 30, partitions: int = 3, lag_ms: int = 1000,
+                      gap: tuple[float, float] = (0.8, 1.6)) -> list[Fault]:
+    """Leadership ping-pong (issue 18): `count` faults, each either a move of a
+    partition's lead to one of its in-sync followers (the controller's rebalance, every
+    few seconds, moves it back to the preferred replica) or a brief pause of a follower
+    (0.3–0.6 s and under half the lag time, so it stays in the ISR and holds the high
+    watermark), two times in three followed by a move of the lead onto the paused
+    follower while it is paused. One broker at most is paused at a time."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    at = 1.0
+    for index in range(count):
+        kind = rng.choices((MOVE_LEADER, PAUSE_BRIEFLY), (1, 2))[0]
+        partition, pick = rng.randrange(partitions), rng.randrange(2)
+        if kind == MOVE_LEADER:
+            faults.append(Fault(index, round(at, 2), kind, partition, pick, 0.0))
+        else:
+            hold = rng.uniform(0.3, min(0.6, 0.5 * lag_ms / 1000))
+            paused = [f.healed_at for f in faults if f.kind == PAUSE_BRIEFLY and f.healed_at > at]
+            if paused:
+                at = max(paused) + 0.1
+            move_after = round(rng.uniform(0.05, hold - 0.05), 2) if rng.random() < 2 / 3 else None
+            faults.append(Fault(index, round(at, 2), kind, partition, pick, round(hold, 2), move_after))
+        at += rng.uniform(*gap)
+    return faults
+
+
 # ------------------------------------------------------------------ what clients saw
 
 
@@ -122,6 +161,7 @@ class SendLog:
     partition_of: dict[tuple[int, int], int] = field(default_factory=dict)
     acked: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)  # -> (attempt, partition, offset)
     failures: Counter = field(default_factory=Counter)  # error class name -> count
+    unordered: set[int] = field(default_factory=set)  # pipelined producers: rule 5 does not apply
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def attempt(self, producer: int, seq: int, attempt: int, partition: int) -> None:
@@ -183,6 +223,52 @@ class ProducerWorker(threading.Thread):
                     self.log.ack(self.index, seq, attempt, sent.partition, sent.offset)
                     break
                 seq += 1
+
+
+class PipelinedProducerWorker(threading.Thread):
+    """Sends bursts of `burst` numbered messages to one partition at a time with
+    acks=-1, each message its own request, all in flight at once (an async producer
+    with batches of one); a failed message is retried, as a new attempt, in a later
+    burst. Its answers are what waits on the leader while leadership moves."""
+
+    def __init__(self, index: int, zookeeper: str, topic: str, partitions: int, log: SendLog,
+                 stop: threading.Event, burst: int = 20, backoff: float = 0.1) -> None:
+        super().__init__(name=f"history-pipelined-{index}", daemon=True)
+        self.index, self.zookeeper, self.topic, self.partitions = index, zookeeper, topic, partitions
+        self.log, self.stop_event, self.burst, self.backoff = log, stop, burst, backoff
+        log.unordered.add(index)
+
+    def run(self) -> None:
+        from broker.client.producer import Producer
+
+        with Producer(zookeeper=self.zookeeper, acks=-1, retries=0, mode="async", batch_size=1, linger_ms=0,
+                      audit=False, delivery_timeout_ms=4000, request_timeout_ms=4000) as producer:
+            retry: dict[int, list[tuple[int, int]]] = defaultdict(list)  # partition -> [(seq, attempt)]
+            seq, round_ = 0, 0
+            while not self.stop_event.is_set():
+                partition = (round_ + self.index) % self.partitions
+                round_ += 1
+                items = retry.pop(partition, [])
+                while len(items) < self.burst:
+                    items.append((seq, 0))
+                    seq += 1
+                sent = []
+                for item_seq, attempt in items:
+                    self.log.attempt(self.index, item_seq, attempt, partition)
+                    sent.append(producer.send(self.topic, encode_value(self.index, item_seq, attempt),
+                                              partition=partition))
+                failed = False
+                for (item_seq, attempt), future in zip(items, sent):
+                    try:
+                        metadata = future.result(30)
+                    except Exception as exc:
+                        self.log.fail(exc)
+                        retry[partition].append((item_seq, attempt + 1))
+                        failed = True
+                    else:
+                        self.log.ack(self.index, item_seq, attempt, metadata.partition, metadata.offset)
+                if failed:
+                    time.sleep(self.backoff)
 
 
 @dataclass(frozen=True)
@@ -314,6 +400,8 @@ def check_history(
             problems.append(f"PHANTOM producer {item[0]} seq {item[1]} attempt {item[2]} at {places}: never sent")
     acked_offsets: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     for (producer, seq), (_, partition, offset) in log.acked.items():
+        if producer in log.unordered:
+            continue
         acked_offsets[(producer, partition)].append((seq, offset))
     for (producer, partition), pairs in sorted(acked_offsets.items()):
         offsets = [offset for _, offset in sorted(pairs)]
@@ -379,13 +467,15 @@ class FaultInjector(threading.Thread):
 
     def run(self) -> None:
         self._start = time.monotonic()
-        events = sorted([(f.at, 1, f) for f in self.schedule] + [(f.healed_at, 0, f) for f in self.schedule],
+        steps = (self.heal, self.disrupt, self.move_onto_target)
+        events = sorted([(f.at, 1, f) for f in self.schedule] + [(f.healed_at, 0, f) for f in self.schedule]
+                        + [(f.at + f.move_after, 2, f) for f in self.schedule if f.move_after is not None],
                         key=lambda e: (e[0], e[1], e[2].index))
         try:
-            for at, disrupt, fault in events:
+            for at, step, fault in events:
                 if self.stop_event.wait(max(0.0, self._start + at - time.monotonic())):
                     return
-                (self.disrupt if disrupt else self.heal)(fault)
+                steps[step](fault)
         except BaseException as exc:  # reported by the test, with the fault log
             self.error = exc
             self.note(f"injector failed: {exc!r}")
@@ -394,6 +484,8 @@ class FaultInjector(threading.Thread):
         leader, isr = partition_roles(self.zk, self.topic, fault.partition)
         replicas = self.assignment[fault.partition]
         followers = [b for b in replicas if b != leader]
+        if fault.kind == MOVE_LEADER:
+            followers = [b for b in followers if b in isr] or followers
         wants_leader = fault.kind in (KILL_LEADER, PAUSE_LEADER) or (fault.kind == EXPIRE_SESSION and fault.pick == 0)
         broker = leader if wants_leader and leader >= 0 else followers[fault.pick % len(followers)]
         note = f"leader {leader} isr {isr}"
@@ -411,6 +503,9 @@ class FaultInjector(threading.Thread):
             self.note(f"{fault}: stopped ZooKeeper server {fault.pick}")
             return
         broker_id, why = self._choose(fault)
+        if fault.kind == MOVE_LEADER:
+            self.note(f"{fault}: {self.move_lead(fault.partition, broker_id)} ({why})")
+            return
         self.targets[fault.index] = broker_id
         broker = self.cluster.brokers[broker_id]
         if fault.kind in (KILL_LEADER, KILL_FOLLOWER):
@@ -420,6 +515,26 @@ class FaultInjector(threading.Thread):
             broker.pause()
             self.paused.add(broker_id)
         self.note(f"{fault}: broker {broker_id} ({why})")
+
+    def move_onto_target(self, fault: Fault) -> None:
+        target = self.targets.get(fault.index)
+        if target is not None and target in self.paused:
+            self.note(f"#{fault.index} {self.move_lead(fault.partition, target)} (paused)")
+
+    def move_lead(self, partition: int, broker_id: int) -> str:
+        """Give `broker_id` the lead of `partition` in a new epoch, as the controller's
+        rebalance does (compare-and-set on the state node): only from a live leader to
+        an in-sync follower, so the move is one an election could make."""
+        from broker.zklayout import PartitionState, read_partition_state, write_partition_state
+
+        node = self.zk.retry(read_partition_state, self.zk, self.topic, partition)
+        state = node.state
+        if state.leader < 0 or state.leader == broker_id or broker_id not in state.isr:
+            return f"lead of partition {partition} not moved to {broker_id} (leader {state.leader}, isr {state.isr})"
+        moved = PartitionState(broker_id, state.leader_epoch + 1, state.isr, state.controller_epoch, state.version)
+        if self.zk.retry(write_partition_state, self.zk, self.topic, partition, moved, node.version) is None:
+            return f"lead of partition {partition} not moved to {broker_id}: the state changed meanwhile"
+        return f"lead of partition {partition} moved {state.leader} -> {broker_id}, epoch {moved.leader_epoch}"
 
     def heal(self, fault: Fault) -> None:
         target = self.targets.get(fault.index)
@@ -495,16 +610,21 @@ class HistoryRun:
 def run_history(
     seed: int, cluster, ensemble, zk, topic: str, assignment: dict[int, list[int]], *,
     producers: int = 3, faults: int = 30, lag_ms: int = 1000, session_ms: int = 2000, heal_timeout: float = 60,
+    pingpong: bool = False, pipelined: int = 0,
 ) -> HistoryRun:
-    """Producers and a consumer run through `fault_schedule(seed)`, then the cluster is
-    healed and every replica checked. The topic exists with `assignment`
-    ({partition: replicas}) and its leaders are up."""
-    schedule = fault_schedule(seed, faults, len(assignment), lag_ms, session_ms)
+    """Producers (`producers` one message at a time, `pipelined` in bursts) and a
+    consumer run through `fault_schedule(seed)` — or `pingpong_schedule(seed)` — then
+    the cluster is healed and every replica checked. The topic exists with
+    `assignment` ({partition: replicas}) and its leaders are up."""
+    schedule = (pingpong_schedule(seed, faults, len(assignment), lag_ms) if pingpong
+                else fault_schedule(seed, faults, len(assignment), lag_ms, session_ms))
     stop_clients, stop_faults = threading.Event(), threading.Event()
     log = SendLog()
     stop_consumer = threading.Event()  # it reads on until the cluster has healed
     consumer = ConsumerWorker(cluster.zookeeper, topic, len(assignment), stop_consumer)
     workers = [ProducerWorker(i, cluster.zookeeper, topic, len(assignment), log, stop_clients) for i in range(producers)]
+    workers += [PipelinedProducerWorker(producers + i, cluster.zookeeper, topic, len(assignment), log, stop_clients)
+                for i in range(pipelined)]
     injector = FaultInjector(schedule, cluster, ensemble, zk, topic, assignment, stop_faults)
     unhealed: list[str] = []
     try:

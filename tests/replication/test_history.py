@@ -17,8 +17,8 @@ import pytest
 
 from broker.message import encode_message_set
 from tests.replication.history import (
-    EXPIRE_SESSION, KILL_ZOOKEEPER, PAUSE_FOLLOWER, PAUSE_LEADER, Seen, SendLog, check_history, encode_value,
-    fault_schedule, run_history,
+    EXPIRE_SESSION, KILL_ZOOKEEPER, MOVE_LEADER, PAUSE_BRIEFLY, PAUSE_FOLLOWER, PAUSE_LEADER, Seen, SendLog,
+    check_history, encode_value, fault_schedule, pingpong_schedule, run_history,
 )
 from tests.replication.replicated import BROKER_SETTINGS, LAG_MS, SESSION_MS, create_replicated_topic
 
@@ -45,6 +45,29 @@ def test_a_schedule_has_thirty_faults_one_zookeeper_death_and_never_three_at_onc
         if fault.kind == EXPIRE_SESSION:
             assert fault.hold > SESSION_MS / 1000, fault
     assert schedule[-1].healed_at < 80  # the run stays near a minute
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_pingpong_schedule_moves_leaders_and_pauses_one_follower_at_a_time_within_the_lag(seed):
+    schedule = pingpong_schedule(seed, lag_ms=LAG_MS)
+    assert pingpong_schedule(seed, lag_ms=LAG_MS) == schedule
+    assert all(b.at > a.at for a, b in zip(schedule, schedule[1:]))
+    pauses = [f for f in schedule if f.kind == PAUSE_BRIEFLY]
+    assert all(0 < f.hold <= LAG_MS / 1000 / 2 for f in pauses)
+    assert all(b.at > a.healed_at for a, b in zip(pauses, pauses[1:]))  # one paused at a time
+    assert all(0 < f.move_after < f.hold for f in pauses if f.move_after is not None)
+    assert {f.kind for f in schedule} == {MOVE_LEADER, PAUSE_BRIEFLY}
+    assert any(f.move_after is not None for f in pauses)  # leadership moved onto a paused follower
+
+
+def test_a_pipelined_producer_may_reorder_but_not_lose():
+    data, offsets = log_of([(5, 1, 0), (5, 0, 1)])  # seq 0 failed, its retry landed after seq 1
+    log = SendLog(unordered={5})
+    sent(log, 5, 0, 2, offsets[(5, 0, 1)])
+    sent(log, 5, 1, 1, offsets[(5, 1, 0)])
+    assert check_history({0: {0: (0, data)}}, log, []).ok
+    log.unordered.clear()
+    assert any(p.startswith("REORDERED") for p in check_history({0: {0: (0, data)}}, log, []).problems)
 
 
 def test_every_kind_of_fault_occurs_across_a_few_seeds():
@@ -183,6 +206,34 @@ def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path)
         assignment = create_replicated_topic(cluster, zk, "history", partitions=3, replication_factor=3)
         run = run_history(seed, cluster, zookeeper_ensemble, zk, "history", assignment, producers=3, faults=30,
                           lag_ms=LAG_MS, session_ms=SESSION_MS)
+        print(run.report())
+        if not run.verdict.ok:
+            for broker in cluster.brokers.values():
+                print(f"\n---- broker {broker.broker_id} log ({broker.log_path}) ----\n{broker.log_tail(80)}")
+        assert run.verdict.ok, run.report()
+        assert run.verdict.stats["acked"] > 0
+
+
+def test_acknowledged_writes_survive_leadership_ping_pong(zookeeper_ensemble, tmp_path):
+    """Issue 18's schedule: leaderships moved to followers and handed back by the
+    controller's preferred-leader rebalance every 3 s, while followers are paused
+    briefly (in the ISR, holding the high watermark) and the lead is often moved onto
+    the paused one — so an old leader truncates what it appended. Three producers one
+    message at a time and two pipelining bursts of acks=-1 requests; every
+    acknowledged value must be at its offset on every replica."""
+    from harness.cluster import LocalCluster
+    from tests.replication.replicated import zookeeper_client
+
+    seed = history_seed()
+    print(f"history seed {seed} (replay with HISTORY_SEED={seed})")
+    settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3,
+                "min.insync.replicas": int(os.environ.get("HISTORY_MIN_INSYNC", "1"))}
+    with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=settings) as cluster, \
+            zookeeper_client(zookeeper_ensemble.connect_string) as zk:
+        cluster.start(3)
+        assignment = create_replicated_topic(cluster, zk, "pingpong", partitions=3, replication_factor=3)
+        run = run_history(seed, cluster, zookeeper_ensemble, zk, "pingpong", assignment, producers=3, pipelined=2,
+                          faults=30, lag_ms=LAG_MS, session_ms=SESSION_MS, pingpong=True)
         print(run.report())
         if not run.verdict.ok:
             for broker in cluster.brokers.values():

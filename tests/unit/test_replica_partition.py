@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from broker.errors import NotEnoughReplicasAfterAppend, RequestTimedOut
+from broker.errors import NotEnoughReplicasAfterAppend, NotLeaderForPartition, RequestTimedOut
 from broker.log.log import Log, LogConfig
 from broker.log.scheduler import FlushScheduler
 from broker.replication.partition import Partition
@@ -69,14 +69,14 @@ def test_acks_all_waits_for_the_hw_or_times_out(tmp_path):
     async def run():
         part = leader(tmp_path, isr=(0, 1))
         end = append(part.log, [b"a"]).next_offset
-        waiting = asyncio.ensure_future(part.wait_committed(end, 10_000))
+        waiting = asyncio.ensure_future(part.wait_committed(end, 3, 10_000))
         await asyncio.sleep(0.05)  # the leader flushes
         assert not waiting.done()
         part.record_fetch(1, end, end)
         await waiting
         later = append(part.log, [b"b"]).next_offset
         with pytest.raises(RequestTimedOut):
-            await part.wait_committed(later, 50)
+            await part.wait_committed(later, 3, 50)
 
     asyncio.run(run())
 
@@ -85,7 +85,7 @@ def test_an_isr_below_min_insync_fails_the_waiters(tmp_path):
     async def run():
         part = leader(tmp_path, isr=(0, 1), min_insync=2)
         end = append(part.log, [b"a"]).next_offset
-        waiting = asyncio.ensure_future(part.wait_committed(end, 10_000))
+        waiting = asyncio.ensure_future(part.wait_committed(end, 3, 10_000))
         await asyncio.sleep(0)
         part.update_isr(PartitionState(0, 3, [0]), 1)
         with pytest.raises(NotEnoughReplicasAfterAppend):
@@ -142,11 +142,51 @@ def test_acks_all_flushes_the_leader_even_while_an_earlier_flush_runs(tmp_path):
         await asyncio.get_running_loop().run_in_executor(None, flushed.wait, 10)
         log.flush = real_flush
         second = append(log, [b"second"]).next_offset
-        waiting = asyncio.ensure_future(part.wait_committed(second, 0))
+        waiting = asyncio.ensure_future(part.wait_committed(second, 1, 0))
         part.record_fetch(1, second, second)  # the follower has everything on its disk
         await asyncio.sleep(0)
         gate.set()
         await asyncio.wait_for(waiting, 30)
         assert log.flushed_offset == second == part.high_watermark
+
+    asyncio.run(run())
+
+
+def test_a_waiter_that_starts_after_a_demotion_is_refused_at_once(tmp_path):
+    """The window between an append and its commit waiter: leadership moved away (and
+    the log may be truncated) before the waiter starts. It must not wait — let alone
+    succeed when this broker leads again and its high watermark passes the offset."""
+    async def run():
+        part = leader(tmp_path, isr=(0, 1))
+        end = append(part.log, [b"a"]).next_offset
+        part.become_follower(PartitionState(1, 4, [0, 1]), 1)
+        with pytest.raises(NotLeaderForPartition):
+            await part.wait_committed(end, 3, 10_000)
+        part.log.truncate_to(0)
+        part.become_leader(PartitionState(0, 5, [0, 1]), 2)
+        other = append(part.log, [b"b"]).next_offset
+        part.log.flush()
+        part.record_fetch(1, other, other)
+        assert part.high_watermark >= end
+        with pytest.raises(NotLeaderForPartition):
+            await part.wait_committed(end, 3, 10_000)
+
+    asyncio.run(run())
+
+
+def test_a_waiter_of_an_earlier_epoch_survives_a_new_epoch_that_kept_its_bytes(tmp_path):
+    """Leader again in a new epoch without following in between: the bytes are still
+    in the log (the epoch cache says epoch 3 reaches them), so the waiter stands."""
+    async def run():
+        part = leader(tmp_path, isr=(0, 1))
+        end = append(part.log, [b"a"]).next_offset
+        waiting = asyncio.ensure_future(part.wait_committed(end, 3, 10_000))
+        await asyncio.sleep(0)
+        part.become_leader(PartitionState(0, 4, [0, 1]), 1)
+        part.log.flush()
+        part.record_fetch(1, end, end)
+        await asyncio.wait_for(waiting, 10)
+        assert part.holds_appended(3, end)
+        assert not part.holds_appended(3, end + 1)  # epoch 4 starts at `end`
 
     asyncio.run(run())
