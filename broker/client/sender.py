@@ -56,6 +56,14 @@ def retriable(error: BaseException, batch: ProducerBatch) -> bool:
     return isinstance(error, RETRIABLE)
 
 
+def _call_back(callback: Callable, argument: object) -> None:
+    """A user's callback that raises is logged; the other batches' callbacks still run."""
+    try:
+        callback(argument)
+    except Exception:
+        logger.exception("producer callback %r raised", callback)
+
+
 class _Message(NamedTuple):
     """A delivered message as `AuditCounter.record` reads it."""
 
@@ -236,8 +244,10 @@ class Sender:
     # ------------------------------------------------------------------ outcomes
 
     def _deliver(self, delivered: list[tuple[ProducerBatch, int]]) -> None:
-        """Count, then release, then resolve a round's delivered batches (one lock each
-        for the round: per-batch locking made callers queue behind this thread)."""
+        """Count, resolve and call back a round's delivered batches, then release them
+        (one lock each for the round: per-batch locking made callers queue behind this
+        thread). Release comes last, as in Kafka's sender: a flush that sees nothing
+        outstanding must see every count, future and `on_delivery` call done."""
         mine = self.accumulator.claim([batch for batch, _ in delivered])
         if len(mine) < len(delivered):
             settled = set(mine)
@@ -247,14 +257,16 @@ class Sender:
             for batch, _ in user:
                 self.audit.record(batch.topic, map(_Message._make, batch.records))
         self.report.delivered(sum(len(b.records) for b, _ in user))
-        self.accumulator.release(mine)  # after counting: a flush that sees nothing outstanding sees the counts
-        for batch, base_offset in delivered:
-            batch.result.succeed(batch.partition, base_offset)
-        if self.on_delivery is not None:
-            for batch, base_offset in user:
-                count = len(batch.records)
-                self.on_delivery(DeliveredBatch(batch.topic, batch.partition, base_offset, count,
-                                                batch.bytes - HEADER_SIZE * count, batch.created))
+        try:
+            for batch, base_offset in delivered:
+                batch.result.succeed(batch.partition, base_offset)
+            if self.on_delivery is not None:
+                for batch, base_offset in user:
+                    count = len(batch.records)
+                    _call_back(self.on_delivery, DeliveredBatch(batch.topic, batch.partition, base_offset, count,
+                                                                batch.bytes - HEADER_SIZE * count, batch.created))
+        finally:
+            self.accumulator.release(mine)
 
     def fail(self, batch: ProducerBatch, error: BaseException) -> None:
         """Give up on a batch (thread-safe: close() fails what the sender still holds)."""
@@ -267,7 +279,9 @@ class Sender:
             failures = [FailedSend(batch.topic, key, value, ts, batch.partition, error)
                         for key, value, ts in batch.records]
             self.report.failed(failures)
-        self.accumulator.release([batch])
-        batch.result.fail(batch.partition, error)
-        if failures and self.on_error is not None:
-            self.on_error(failures)
+        try:
+            batch.result.fail(batch.partition, error)
+            if failures and self.on_error is not None:
+                _call_back(self.on_error, failures)
+        finally:
+            self.accumulator.release([batch])  # last, as in `_deliver`
