@@ -1,7 +1,8 @@
 """The broker's replicas: which replicated partitions it leads or follows, learnt from
 the partition state nodes in ZooKeeper (the controller writes them; this broker writes
-only ISR changes of partitions it leads, by compare-and-set), and the requests only
-replication uses (REPLICA_FETCH, LEADER_EPOCH_END). docs/replication.md.
+only ISR changes of partitions it leads: `isr.py`), and what request handlers ask of
+them. The replication requests (REPLICA_FETCH, LEADER_EPOCH_END) are answered by
+`sessions.py`. docs/replication.md.
 
 Partitions with one replica never come here: they behave exactly as before replication.
 kazoo calls back in its own threads; everything that touches a `Partition` is moved to
@@ -13,46 +14,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
-from dataclasses import dataclass
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.watchers import DataWatch
 
 from broker.config import BrokerConfig
-from broker.errors import (
-    ErrorCode, FencedLeaderEpoch, InvalidRequest, LogbusError, NotEnoughReplicas, NotLeaderForPartition,
-    OffsetOutOfRange, PartitionOffline, UnknownPartition,
-)
+from broker.errors import NotEnoughReplicas, NotLeaderForPartition, PartitionOffline
 from broker.log.log import Log
 from broker.log.manager import LogManager
-from broker.log.segment import EMPTY
 from broker.log.scheduler import FlushScheduler
-from broker.protocol import (
-    Body, BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, PartitionResult, ReplicaFetchPartition,
-    ReplicaFetchRequest, ReplicaFetchResponse, encode_results,
-)
+from broker.protocol import Body, BrokerInfo, LeaderEpochEndRequest, ReplicaFetchRequest
 from broker.registration import BrokerRegistry
 from broker.replication.fetcher import SourceFetcher
-from broker.replication.partition import Partition, Role, wait_for_any_append
-from broker.zklayout import (
-    PartitionState, StateNode, partition_state_path, read_partition_state, write_partition_state,
-)
+from broker.replication.isr import IsrChanges
+from broker.replication.partition import Partition, Role
+from broker.replication.sessions import FetchSessions
+from broker.zklayout import PartitionState, StateNode, partition_state_path, read_partition_state
 
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int]
-
-
-@dataclass
-class SessionEntry:
-    """One partition of a follower's fetch session, as the leader keeps it: the fetch it
-    last named, the refusal of that fetch if any, and the (high watermark, epoch) last
-    answered, so that an unchanged partition is left out of the answer."""
-
-    fetch: ReplicaFetchPartition
-    error: PartitionResult | None = None
-    told: tuple[int, int] | None = None
 
 
 class ReplicaManager:
@@ -70,9 +51,8 @@ class ReplicaManager:
         self._lock = threading.Lock()  # guards `_watched` (kazoo threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
-        self._isr_writes: set[asyncio.Task] = set()
-        self._sessions: dict[int, dict[Key, SessionEntry]] = {}  # follower id -> its fetch session
-        self._unregistered_noted: set[tuple[str, int]] = set()  # (partition, follower) logged as unregistered
+        self.isr = IsrChanges(config, registry, zk, self.apply_state)
+        self.sessions = FetchSessions(config, self.partitions, self.isr)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -230,43 +210,8 @@ class ReplicaManager:
             if found is not None:
                 self._loop.call_soon_threadsafe(self.apply_state, topic, partition, replicas, found)
 
-    # --------------------------------------------------------------------- ISR changes
-
     async def _shrink_isr(self) -> None:
-        lag = self.config.replica_lag_time_max_ms / 1000
-        for part in list(self.partitions.values()):
-            if part.is_leader and not part.fenced and not part.isr_change_pending:
-                out = part.lagging(lag)
-                if out:
-                    logger.info("%s: followers %s have not caught up within replica.lag.time.max.ms=%d; "
-                                "removing them from the isr", part.name, out, self.config.replica_lag_time_max_ms)
-                    await self._change_isr(part, [r for r in part.isr if r not in out])
-
-    async def _change_isr(self, part: Partition, isr: list[int]) -> None:
-        """Compare-and-set the ISR on the state node, same leader and epoch; on a lost
-        race re-read it (the controller may have moved leadership) and apply that."""
-        part.isr_change_pending = True
-        if len(isr) < len(part.isr):
-            part.shrinking = isr
-        state, version = part.state, part.zk_version
-        wanted = PartitionState(state.leader, state.leader_epoch, isr, state.controller_epoch, state.version)
-        loop = asyncio.get_running_loop()
-        topic, partition = part.log.topic, part.log.partition
-        try:
-            new_version = await loop.run_in_executor(
-                None, write_partition_state, self.zk, topic, partition, wanted, version)
-            if new_version is not None:
-                part.update_isr(wanted, new_version)
-            else:
-                found = await loop.run_in_executor(None, read_partition_state, self.zk, topic, partition)
-                if found is not None:
-                    self.apply_state(topic, partition, part.replicas, found)
-        except Exception as exc:  # ZooKeeper unavailable: try again on the next check or fetch
-            logger.warning("%s: could not change the isr to %s: %s", part.name, isr, exc)
-        finally:
-            part.isr_change_pending = False
-            part.joining = None
-            part.shrinking = None
+        await self.isr.shrink_lagging(list(self.partitions.values()))
 
     # ------------------------------------------------------------ what handlers ask
 
@@ -286,7 +231,7 @@ class ReplicaManager:
         where = self.registry.view.brokers.get(leader)
         raise NotLeaderForPartition(
             f"partition {topic}-{partition} is not led by broker {self.config.broker_id}"
-            + (f" (fenced until its ZooKeeper session's state is re-read)" if part is not None and part.fenced else "")
+            + (" (fenced until its ZooKeeper session's state is re-read)" if part is not None and part.fenced else "")
             + (f"; it is led by broker {leader} ({where.host}:{where.port})" if where else "")
         )
 
@@ -313,132 +258,8 @@ class ReplicaManager:
             raise NotLeaderForPartition(f"partition {log.name} is not replicated here")
         await part.wait_committed(offset, epoch, timeout_ms)
 
-    def _led_for_replication(self, topic: str, partition: int, epoch: int) -> Partition:
-        part = self.partitions.get((topic, partition))
-        if part is None:
-            raise UnknownPartition(f"broker {self.config.broker_id} has no replica of {topic}-{partition}")
-        if part.is_leader and epoch < part.epoch:
-            raise FencedLeaderEpoch(f"epoch {epoch} of {topic}-{partition} is older than the leader's {part.epoch}")
-        if not part.is_leader or epoch > part.epoch:
-            raise NotLeaderForPartition(
-                f"broker {self.config.broker_id} does not lead {topic}-{partition} in epoch {epoch} "
-                f"(it knows epoch {part.epoch}, leader {part.state.leader})")
-        return part
-
     async def replica_fetch(self, req: ReplicaFetchRequest) -> Body:
-        """A follower's fetch of every partition it follows here. A full request starts
-        its session; an incremental one updates the partitions it names, and the others
-        keep their last fetch (still at the leader's end: caught up now). Answered at
-        once when any session partition has bytes, an error or a new high watermark for
-        the follower, else after a long poll until one is appended to. Partitions answer
-        separately: one this broker no longer leads does not hold up the others."""
-        session = self._fetch_session(req)
-        now = time.monotonic()
-        named = set()
-        for fetch in req.partitions:
-            key = (fetch.topic, fetch.partition)
-            named.add(key)
-            entry = session.get(key)
-            if entry is None:
-                session[key] = entry = SessionEntry(fetch)
-            entry.fetch, entry.error = fetch, None
-            try:
-                self._record_fetch(self._led_for_replication(fetch.topic, fetch.partition, fetch.leader_epoch),
-                                   req.replica_id, fetch)
-            except LogbusError as exc:
-                entry.error = PartitionResult.failed(exc)
-        for key in session.keys() - named:
-            self._still_caught_up(req.replica_id, session[key], now)
-        answer = self._session_answer(req.replica_id, session)
-        if not answer and req.max_wait_ms > 0:
-            waiting = [part for key in session if (part := self.partitions.get(key)) is not None and part.is_leader]
-            await wait_for_any_append(waiting, min(req.max_wait_ms, self.config.replica_fetch_wait_max_ms) / 1000)
-            answer = self._session_answer(req.replica_id, session)
-        return encode_results([result for _, result in answer], [key for key, _ in answer])
-
-    def _fetch_session(self, req: ReplicaFetchRequest) -> dict[Key, SessionEntry]:
-        if req.full:
-            session = self._sessions[req.replica_id] = {}
-            return session
-        session = self._sessions.get(req.replica_id)
-        if session is None:
-            raise InvalidRequest(f"broker {self.config.broker_id} has no fetch session of replica {req.replica_id} "
-                                 "(restarted?): send a full fetch")
-        return session
-
-    def _still_caught_up(self, replica_id: int, entry: SessionEntry, now: float) -> None:
-        """A session partition the follower did not name: it is where it last said, and
-        the last answer had no bytes for it — so it is caught up if the log has not
-        grown since. One out of the ISR is recorded in full: it may join now. (Runs for
-        every idle partition of every fetch: attribute reads only.)"""
-        part = self.partitions.get((entry.fetch.topic, entry.fetch.partition))
-        if part is None or not part.is_leader or part.epoch != entry.fetch.leader_epoch:
-            return  # answered as an error
-        position = part.followers.get(replica_id)
-        if position is None or replica_id not in part.isr:
-            self._record_fetch(part, replica_id, entry.fetch)
-        elif position.fetch_offset >= part.log.end_offset:
-            position.caught_up_at = now
-
-    def _session_answer(self, replica_id: int, session: dict[Key, SessionEntry]) -> list[tuple[Key, PartitionResult]]:
-        """The partitions with something to tell the follower: bytes, an error, or a high
-        watermark or epoch it was not told yet."""
-        answer = []
-        for key, entry in session.items():
-            part = self.partitions.get(key)
-            if (entry.error is None and part is not None and part.is_leader and part.epoch == entry.fetch.leader_epoch
-                    and entry.fetch.fetch_offset == part.log.end_offset
-                    and entry.told == (part.high_watermark, part.epoch)):
-                continue  # the common case, kept cheap: nothing new
-            result = entry.error or self._replica_read(replica_id, entry.fetch)
-            if result.error_code == ErrorCode.NONE:
-                told = (result.value.high_watermark, result.value.leader_epoch)
-                if not len(result.value.messages) and told == entry.told:
-                    continue
-                entry.told = told
-            answer.append((key, result))
-        return answer
-
-    def _replica_read(self, replica_id: int, fetch: ReplicaFetchPartition) -> PartitionResult:
-        try:
-            part = self._led_for_replication(fetch.topic, fetch.partition, fetch.leader_epoch)
-            log = part.log
-            if not log.start_offset <= fetch.fetch_offset <= log.end_offset:
-                raise OffsetOutOfRange(f"replica {replica_id} fetches {part.name} at {fetch.fetch_offset}, outside "
-                                       f"[{log.start_offset}, {log.end_offset}]: it must truncate first")
-            region = EMPTY
-            if fetch.fetch_offset < log.end_offset:
-                log.write_unwritten()
-                region = log.read(fetch.fetch_offset, fetch.max_bytes, upto=log.end_offset)
-        except LogbusError as exc:
-            return PartitionResult.failed(exc)
-        return PartitionResult(ErrorCode.NONE, ReplicaFetchResponse(part.high_watermark, part.epoch, region))
-
-    def _record_fetch(self, part: Partition, replica_id: int, fetch: ReplicaFetchPartition) -> None:
-        """Record a follower's fetch; add it to the ISR once it has caught up — only if it
-        is registered in ZooKeeper: a broker whose session expired still fetches, but
-        the controller has taken it out of the ISR and would elect no leader from it
-        (Kafka's KIP-841); it rejoins once it has registered again."""
-        if not part.record_fetch(replica_id, fetch.fetch_offset, fetch.flushed_offset) or part.isr_change_pending:
-            return
-        if replica_id not in self.registry.view.brokers:
-            if (part.name, replica_id) not in self._unregistered_noted:
-                self._unregistered_noted.add((part.name, replica_id))
-                logger.info("%s: follower %d has caught up but is not registered in ZooKeeper; it stays out of "
-                            "the isr until it registers again", part.name, replica_id)
-            return
-        self._unregistered_noted.discard((part.name, replica_id))
-        logger.info("%s: follower %d caught up at %d; adding it to the isr", part.name, replica_id,
-                    fetch.fetch_offset)
-        part.isr_change_pending = True  # until the write below is done: one at a time
-        part.joining = replica_id  # counts for the HW before the write (see Partition.joining)
-        task = asyncio.ensure_future(self._change_isr(part, [*part.isr, replica_id]))
-        self._isr_writes.add(task)  # a reference, so the task is not collected while it runs
-        task.add_done_callback(self._isr_writes.discard)
+        return await self.sessions.replica_fetch(req)
 
     def leader_epoch_end(self, req: LeaderEpochEndRequest) -> Body:
-        part = self.partitions.get((req.topic, req.partition))
-        if part is None or not part.is_leader:
-            raise NotLeaderForPartition(f"broker {self.config.broker_id} does not lead {req.topic}-{req.partition}")
-        epoch, end = part.log.epochs.end_offset_for(req.leader_epoch, part.log.end_offset)
-        return [LeaderEpochEndResponse(epoch, end).encode()]
+        return self.sessions.leader_epoch_end(req)
