@@ -1,4 +1,5 @@
-"""The message and message-set format (DESIGN §2, a contract) and its codecs.
+"""The message and message-set format (docs/protocol.md, "Message format", a contract)
+and its codecs.
 
 An entry on the wire and on disk::
 
@@ -215,7 +216,7 @@ def encode_message_set(
     """Encode (key, value, timestamp) tuples as one message set.
 
     With a codec, the whole set becomes the value of a single wrapper entry whose
-    timestamp is the largest inner timestamp (DESIGN §2).
+    timestamp is the largest inner timestamp (docs/protocol.md).
     """
     codec = Codec.parse(codec)
     out = bytearray()
@@ -436,7 +437,7 @@ def iter_messages(
     buf: bytes | memoryview, base_offset: int, verify_crc: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
 ) -> Iterator[Message]:
-    """Decode a fetched set. A partial last entry is silently dropped (DESIGN §3).
+    """Decode a fetched set. A partial last entry is silently dropped (docs/protocol.md, FETCH).
     Raises `CorruptEntry` at the first entry that cannot be decoded, after yielding
     every message before it; the messages of a compressed entry are yielded only once
     the whole entry decoded."""

@@ -130,3 +130,13 @@ def test_every_name_the_architecture_document_cites_exists():
 def test_the_architecture_document_lists_every_document():
     text = (ROOT / "docs" / "architecture.md").read_text()
     assert {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - {"docs/architecture.md"} <= set(backticked(text))
+
+
+def test_nothing_cites_the_old_design_file():
+    """Its sections now live in docs/; a citation of it sends a reader nowhere."""
+    old = re.compile("DESIGN" + r"(\.md| §)")  # not spelled out, or this file would cite it
+    files = [ROOT / name for name in ("README.md", "BENCHMARKS.md", "pyproject.toml", "Makefile")]
+    for folder in ("broker", "airflow_provider_logbus", "docs", "harness", "bench", "tests", "dags", "demo", "config"):
+        files += [p for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".properties")]
+    citing = [str(p.relative_to(ROOT)) for p in files if old.search(p.read_text(errors="replace"))]
+    assert citing == []
