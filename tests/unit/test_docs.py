@@ -75,6 +75,8 @@ def project_names() -> set[str]:
 def missing(reference: str) -> str | None:
     """Why `reference` names nothing in the repository, or None if it names something
     (or is not a kind of reference this checks: settings, file names, code snippets)."""
+    if " " in reference:  # a command or a snippet
+        return None
     top = reference.split("/")[0]
     if "/" in reference or reference.endswith((".py", ".md")):
         if (ROOT / top).exists() or reference.endswith((".py", ".md")):
@@ -114,7 +116,7 @@ def missing(reference: str) -> str | None:
     ("broker.log.log.Log.append", None), ("broker.log.log.Log.prepend", "broker.log.log.Log defines no prepend"),
     ("Log.append", None), ("Log.prepend", "no class Log defines prepend"), ("Logg", "no such class"),
     ("TableState.token", None), ("REQUEST_TYPES", None), ("REQUEST_KINDS", "no such name"),
-    ("log.dirs", None), ("acks=-1", None),
+    ("log.dirs", None), ("acks=-1", None), ("python -m bench.raw docs/nowhere.md", None),
 ])
 def test_the_reference_check_finds_what_is_not_there(reference, why):
     assert missing(reference) == why
@@ -130,6 +132,24 @@ def test_every_name_the_architecture_document_cites_exists():
 def test_the_architecture_document_lists_every_document():
     text = (ROOT / "docs" / "architecture.md").read_text()
     assert {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} - {"docs/architecture.md"} <= set(backticked(text))
+
+
+def test_the_readme_names_every_document_and_only_files_that_exist():
+    text = (ROOT / "README.md").read_text()
+    named = set(backticked(text))
+    assert {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} <= named
+    assert {r: why for r in named if (why := missing(r)) and "/" in r} == {}
+
+
+def test_the_provider_document_maps_every_module():
+    text = (ROOT / "docs" / "provider.md").read_text()
+    section = text.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    package = ROOT / "airflow_provider_logbus"
+    named = {r for r in backticked(section) if r.endswith(".py")}
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.parts[len(package.parts)] != "examples" and (p.name != "__init__.py" or p.parent == package)}
+    assert modules - named == set()
+    assert {r for r in named if not (package / r).is_file()} == set()
 
 
 def test_nothing_cites_the_old_design_file():
