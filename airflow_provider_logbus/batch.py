@@ -35,9 +35,9 @@ class PlanError(RuntimeError):
 def plan_batch(cluster: LogbusCluster, target: CommitTarget, topic: str, interval_start: datetime,
                interval_end: datetime, *, group: str | None = None, auto_offset_reset: str = "earliest",
                max_bytes_per_partition: int | None = None, on_data_loss: str = "fail") -> BatchPlan:
-    """The ranges of this interval's batch (DESIGN §7). Idempotent: a committed batch
-    returns its recorded ranges. Overlapping runs may plan the same ranges; the commit's
-    compare-and-swap decides which publishes them."""
+    """The ranges of this interval's batch (docs/provider.md, "The ranges of a batch").
+    Idempotent: a committed batch returns its recorded ranges. Overlapping runs may plan
+    the same ranges; the commit's compare-and-swap decides which publishes them."""
     if on_data_loss not in ON_DATA_LOSS:
         raise ValueError(f"on_data_loss must be 'fail' or 'skip', not {on_data_loss!r}")
     if auto_offset_reset not in OFFSET_RESETS:

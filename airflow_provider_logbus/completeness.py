@@ -1,5 +1,6 @@
-"""The completeness audit (DESIGN §7), pure computation: produced (producer monitoring
-events) against loaded (committed batch records), per topic and hour.
+"""The completeness audit (docs/provider.md, "The audit"), pure computation: produced
+(producer monitoring events) against loaded (committed batch records), per topic and
+hour.
 
 A window belongs to the hour of its start; producers count per window of the message
 timestamp, the load job counts per 10-minute window of the same timestamp, so both

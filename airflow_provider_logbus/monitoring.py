@@ -1,5 +1,5 @@
-"""Producer monitoring events (DESIGN §6) as the audit needs them: messages produced
-per (topic, window_start).
+"""Producer monitoring events (docs/clients.md, "Monitoring events") as the audit needs
+them: messages produced per (topic, window_start).
 
 The event format, the reader and the rule for combining events (keep the latest per
 (producer_id, topic, window_start), then sum) live in the client library

@@ -1,4 +1,5 @@
-"""A batch's plan: which byte ranges of which partitions one run loads (DESIGN §7).
+"""A batch's plan: which byte ranges of which partitions one run loads
+(docs/provider.md, "The ranges of a batch").
 
 Typed records travel through the provider; they are turned into dicts only at the edges
 (XCom, batch records, the Spark job's arguments).

@@ -62,16 +62,6 @@ def read(zookeeper: str, end: int, fetch_bytes: int) -> dict:
 # ------------------------------------------------------------- parent: data, runs
 
 
-def cluster_harness():
-    """LocalCluster and ZooKeeperServer, wherever the running tree keeps its harness."""
-    try:
-        from broker.localcluster import LocalCluster, ZooKeeperServer
-    except ImportError:
-        from harness.cluster import LocalCluster
-        from harness.zookeeper import ZooKeeperServer
-    return LocalCluster, ZooKeeperServer
-
-
 def produce(zookeeper: str, count: int) -> int:
     """`count` messages into partition 0; the flushed end offset once all are visible."""
     from airflow_provider_logbus.cluster import LogbusCluster
@@ -119,10 +109,13 @@ def main() -> None:
     if args.child:
         print(json.dumps(read(args.zookeeper, args.end, args.fetch_bytes[0])))
         return
+    # here, not at the top: a child runs this file with another version's tree on its path
+    from harness.cluster import LocalCluster
+    from harness.zookeeper import ZooKeeperServer
+
     logging.basicConfig(level=logging.WARNING)
     versions = [c.split("=", 1) for c in args.code or [f"current={Path.cwd()}"]]
     fetch_sizes = args.fetch_bytes or [8 << 20, 1 << 20]
-    LocalCluster, ZooKeeperServer = cluster_harness()
     with tempfile.TemporaryDirectory(prefix="logbus-bench-range-") as scratch, \
             ZooKeeperServer(Path(scratch) / "zookeeper") as zk, LocalCluster(zk.connect_string, Path(scratch)) as cluster:
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})

@@ -17,7 +17,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 
 from broker.client.cluster import LEADER_MOVED, ConnectionPool, ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
-from broker.client.offsets import offsets_before
+from broker.client.offsets import PartitionOffsets, lag, offsets_before
 from broker.errors import LogbusError, UnknownTopic
 from broker.protocol import EARLIEST, LATEST, check_topic_name
 from broker.partitionstates import legacy_state, live_leader
@@ -277,13 +277,27 @@ def cmd_groups(args: argparse.Namespace, cluster: Cluster) -> int:
         for partition, leader in sorted(leaders.items()):
             committed = read_offset(zk, args.group, topic, partition)
             latest = cluster.offset(topic, partition, LATEST) if leader >= 0 else None
-            lag = latest - committed if latest is not None and committed is not None else None
+            lag_bytes = _group_lag(cluster, topic, partition, leader, committed, latest)
             try:
                 owner = zk.get(owner_path(args.group, topic, partition))[0].decode()
             except NoNodeError:
                 owner = None
-            print(f"{topic}\t{partition}\t{_show(committed)}\t{_show(latest)}\t{_show(lag)}\t{_show(owner)}")
+            print(f"{topic}\t{partition}\t{_show(committed)}\t{_show(latest)}\t{_show(lag_bytes)}\t{_show(owner)}")
     return 0
+
+
+def _group_lag(cluster: Cluster, topic: str, partition: int, leader: int, committed: int | None,
+               latest: int | None) -> int | None:
+    """The group's lag as the client library computes it for everyone (`offsets.lag`:
+    a committed offset that retention deleted counts from the earliest offset); None
+    when there is no committed offset or the leader does not answer."""
+    if committed is None or latest is None:
+        return None
+    earliest = cluster.offset(topic, partition, EARLIEST)
+    if earliest is None:
+        return None
+    offsets = PartitionOffsets(topic, partition, leader, earliest, latest)
+    return lag({partition: offsets}, {partition: committed})[partition]
 
 
 # ---------------------------------------------------------------------------- parser

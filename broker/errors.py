@@ -1,4 +1,5 @@
-"""Error codes of the wire protocol (DESIGN §4) and the exceptions that carry them.
+"""Error codes of the wire protocol (docs/protocol.md, "Error codes") and the exceptions
+that carry them.
 
 Server and clients share this module so that an error raised deep in the broker's log
 reaches a client as the same exception class, with the broker's explanation attached.

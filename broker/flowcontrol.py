@@ -1,5 +1,6 @@
 """Byte budgets and back-pressure: how much a connection, and all of them together, may
-buffer before the broker stops reading (DESIGN §4, "bad input never stops the broker").
+buffer before the broker stops reading (docs/protocol.md, "Bad input" and
+"Back-pressure").
 
 Pure bookkeeping, no sockets: the server asks `ConnectionLimits.may_read` after every
 change and pauses or resumes the transport accordingly; `RequestPool` hands out the

@@ -1,4 +1,4 @@
-"""One handler per API (DESIGN §4). Every handler decodes its request and returns one
+"""One handler per API (docs/protocol.md). Every handler decodes its request and returns one
 shape: a `Reply`, the future of its response body (`protocol.Body`, encoded by
 `broker.protocol`), already resolved unless the request must wait (acks=-1, long-poll
 fetch, topic creation). A body of None means no response at all (acks=0).

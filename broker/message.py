@@ -1,4 +1,5 @@
-"""The message and message-set format (DESIGN §2, a contract) and its codecs.
+"""The message and message-set format (docs/protocol.md, "Message format", a contract)
+and its codecs.
 
 An entry on the wire and on disk::
 
@@ -215,7 +216,7 @@ def encode_message_set(
     """Encode (key, value, timestamp) tuples as one message set.
 
     With a codec, the whole set becomes the value of a single wrapper entry whose
-    timestamp is the largest inner timestamp (DESIGN §2).
+    timestamp is the largest inner timestamp (docs/protocol.md).
     """
     codec = Codec.parse(codec)
     out = bytearray()
@@ -234,21 +235,37 @@ def encode_message_set(
     return bytes(wrapper)
 
 
+class ScanStop(enum.Enum):
+    """Where `scan` stopped. Callers branch on this, never on the text of the error:
+    a partial tail is where a fetch or a chunk of a file ends (read on), an invalid
+    entry is corruption (refuse it, or truncate there)."""
+
+    END = "end"  # at the end of the buffer: every byte belongs to a valid entry
+    PARTIAL = "partial"  # at an entry, or its header, that runs past the end of the buffer
+    INVALID = "invalid"  # at an entry with an impossible size, magic, attributes or key length, or a bad CRC
+    TOO_LARGE = "too large"  # at a valid entry over `max_message_bytes`
+
+
 @dataclass(frozen=True, slots=True)
 class ScanResult:
-    """What `scan` learnt of a buffer: the valid prefix and what it holds."""
+    """What `scan` learnt of a buffer: the valid prefix, what it holds, and why the
+    walk stopped (`stop`; `error` says it to a person, None at a clean end)."""
 
     valid_bytes: int
     count: int
     min_timestamp: int
     max_timestamp: int
-    error: str | None  # why the scan stopped before the end, None at a clean end
-    too_large: bool = False  # it stopped at a valid entry over `max_message_bytes`
+    stop: ScanStop
+    error: str | None = None
     compressed: int = 0  # entries in the valid prefix whose value is a compressed set
 
     @property
     def partial_tail(self) -> bool:
-        return self.error is not None and self.error.startswith("partial")
+        return self.stop is ScanStop.PARTIAL
+
+    @property
+    def too_large(self) -> bool:
+        return self.stop is ScanStop.TOO_LARGE
 
 
 def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, max_message_bytes: int = 0) -> ScanResult:
@@ -265,31 +282,31 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     min_ts, max_ts = 1 << 62, -1
     unpack, crc_of = HEADER.unpack_from, checksum
     header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
-    error, too_large = None, False
+    error, stop = None, ScanStop.END
     compressed = 0
     v2, seeds = MAGIC, V2_SEEDS  # attributes are checked to be 0..4 before the CRC
     try:
         while pos < end:
             if end - pos < header_size:
-                error = f"partial entry header at byte {pos}"
+                error, stop = f"partial entry header at byte {pos}", ScanStop.PARTIAL
                 break
             size, magic, attributes, crc, timestamp, key_length = unpack(view, pos)
             entry_end = pos + 4 + size
             if size < min_size or size > max_entry_bytes:
-                error = f"impossible entry size {size} at byte {pos}"
+                error, stop = f"impossible entry size {size} at byte {pos}", ScanStop.INVALID
                 break
             if entry_end > end:
-                error = f"partial entry at byte {pos}: needs {size + 4} bytes, {end - pos} left"
+                error, stop = f"partial entry at byte {pos}: needs {size + 4} bytes, {end - pos} left", ScanStop.PARTIAL
                 break
             if not 1 <= magic <= v2 or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
-                error = _header_error(pos, magic, attributes, key_length)
+                error, stop = _header_error(pos, magic, attributes, key_length), ScanStop.INVALID
                 break
             if crc_of(view[pos + 10 : entry_end], seeds[attributes] if magic == v2 else 0) != crc:
-                error = f"CRC mismatch at byte {pos}"
+                error, stop = f"CRC mismatch at byte {pos}", ScanStop.INVALID
                 break
             if max_message_bytes and size + 4 > max_message_bytes:
                 error = f"message of {size + 4} bytes at byte {pos} exceeds message.max.bytes={max_message_bytes}"
-                too_large = True
+                stop = ScanStop.TOO_LARGE
                 break
             count += 1
             if attributes:
@@ -301,7 +318,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             pos = entry_end
     finally:
         view.release()
-    return ScanResult(pos, count, min_ts if count else -1, max_ts, error, too_large, compressed)
+    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed)
 
 
 def _header_error(pos: int, magic: int, attributes: int, key_length: int) -> str:
@@ -324,7 +341,7 @@ def validate_message_set(
     result = scan(buf, max_entry_bytes=1 << 31, max_message_bytes=max_message_bytes)
     if result.too_large:
         raise MessageTooLarge(result.error)
-    if result.error is not None:
+    if result.stop is not ScanStop.END:
         raise InvalidMessage(f"invalid message set: {result.error}")
     if result.compressed:
         _validate_compressed(buf, max_decompressed_bytes)
@@ -354,7 +371,7 @@ def _inner_set_error(inner: bytes) -> str | None:
     if not inner:
         return "it holds an empty message set"
     result = scan(inner)
-    if result.error is not None:
+    if result.stop is not ScanStop.END:
         return f"its inner set is invalid: {result.error}"
     if result.compressed:
         return "its inner set holds a compressed entry (nesting is not allowed)"
@@ -420,7 +437,7 @@ def iter_messages(
     buf: bytes | memoryview, base_offset: int, verify_crc: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
 ) -> Iterator[Message]:
-    """Decode a fetched set. A partial last entry is silently dropped (DESIGN §3).
+    """Decode a fetched set. A partial last entry is silently dropped (docs/protocol.md, FETCH).
     Raises `CorruptEntry` at the first entry that cannot be decoded, after yielding
     every message before it; the messages of a compressed entry are yielded only once
     the whole entry decoded."""

@@ -1,4 +1,4 @@
-"""Request and response codecs of the wire protocol (DESIGN §4, a contract).
+"""Request and response codecs of the wire protocol (docs/protocol.md, a contract).
 
 Frames are `int32 size` + payload, big-endian, strings as `int16 length + UTF-8`.
 Server and clients both use this module; it knows nothing of sockets or logs.

@@ -1,4 +1,4 @@
-"""The broker's own registration in ZooKeeper (DESIGN §5), on the shared layout
+"""The broker's own registration in ZooKeeper (docs/zookeeper.md), on the shared layout
 (`broker.zklayout`).
 
 `BrokerRegistry` creates the broker's ephemeral node, creates it again after a session

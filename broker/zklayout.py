@@ -1,4 +1,4 @@
-"""The ZooKeeper layout (DESIGN §5, a contract): paths, node codecs, offsets.
+"""The ZooKeeper layout (docs/zookeeper.md, a contract): paths, node codecs, offsets.
 
     /brokers/ids/<id>                                ephemeral  {"host","port","version"}
     /brokers/topics/<topic>                          persistent {"partitions": {"0": [2, 0, 1], ...}}

@@ -1,7 +1,8 @@
-"""LogbusHook: the provider's one door to a logbus cluster (DESIGN §7): it turns an
-Airflow connection into the cluster's access (`get_conn()`, a `LogbusCluster`) and into
-clients on the same cluster. What the provider does with the cluster lives elsewhere:
-the batch protocol in `batch.py`, the form's fields in `connections.py`.
+"""LogbusHook: the provider's one door to a logbus cluster
+(docs/provider.md, "The hook, from Airflow or plain Python"): it turns an Airflow
+connection into the cluster's access (`get_conn()`, a `LogbusCluster`) and into clients
+on the same cluster. What the provider does with the cluster lives elsewhere: the batch
+protocol in `batch.py`, the form's fields in `connections.py`.
 
 Connection `logbus` (default id `logbus_default`):
 

@@ -1,4 +1,5 @@
-"""LogbusOffsetSnapshotOperator: fixes a run's byte ranges (DESIGN §7)."""
+"""LogbusOffsetSnapshotOperator: fixes a run's byte ranges
+(docs/provider.md, "The ranges of a batch")."""
 
 from __future__ import annotations
 

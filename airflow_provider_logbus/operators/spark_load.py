@@ -80,7 +80,8 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
 
 
 def python_environment() -> dict[str, str]:
-    """Driver and workers run this interpreter (DESIGN §9), spark-submit from its venv."""
+    """Driver and workers run this interpreter (docs/provider.md, "Connections"),
+    spark-submit from its venv."""
     bin_dir = str(Path(sys.executable).parent)
     return {
         "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,

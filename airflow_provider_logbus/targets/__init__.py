@@ -1,4 +1,4 @@
-"""Commit targets: where a table's batches land (DESIGN §7).
+"""Commit targets: where a table's batches land (docs/provider.md, "Targets").
 
 * `directory` — Parquet directories under a local/POSIX warehouse, one rename per batch;
 * `iceberg` — an Apache Iceberg table through pyiceberg; the catalog's commit publishes.

@@ -1,5 +1,5 @@
 """The commit-target interface: where batches land, and the one commit protocol both
-targets share (DESIGN §7).
+targets share (docs/provider.md, "The commit protocol").
 
 A table is the source of truth for its own offsets: every committed batch records the
 byte ranges it loaded, and the table's committed end per partition is where the next

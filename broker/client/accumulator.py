@@ -1,5 +1,6 @@
 """The producer's accumulator: messages grouped into per-partition batches until the
-sender takes them (DESIGN §6; kafka-python's RecordAccumulator is the model).
+sender takes them (docs/clients.md, "Producer"; kafka-python's RecordAccumulator is the
+model).
 
 A batch is *open* while it takes messages and *ready* once it is full (`batch_size`
 messages or `batch_bytes`), its oldest message is `linger` old, or a flush asks for

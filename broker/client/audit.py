@@ -1,5 +1,6 @@
-"""Monitoring events (DESIGN §6), the producer's side: `AuditCounter` counts the
-messages a producer sent per topic and window, and turns the counts into events.
+"""Monitoring events (docs/clients.md, "Monitoring events"), the producer's side:
+`AuditCounter` counts the messages a producer sent per topic and window, and turns the
+counts into events.
 
 The producer calls `record()` for every batch the broker accepted; `events()` turns the
 windows that changed since the last call into JSON events for the monitoring topic

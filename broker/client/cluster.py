@@ -1,6 +1,6 @@
 """Where partitions live: the client's view of brokers and partition leaders.
 
-Two sources give the same answers (DESIGN §5, §6):
+Two sources give the same answers (docs/zookeeper.md, docs/clients.md):
 
 - `ZooKeeperMetadata` reads `/brokers/ids` and `/brokers/topics/<t>` and keeps them
   current with kazoo watches, so a leader change or a broker death is seen without

@@ -1,4 +1,4 @@
-"""SimpleConsumer (DESIGN §6): read one partition from its leader, from an offset.
+"""SimpleConsumer (docs/clients.md): read one partition from its leader, from an offset.
 
 The consumer keeps the next offset to read. `fetch()` makes one FETCH (long-polling
 up to `max_wait_ms` for at least `min_bytes`), verifies CRCs, drops a partial last

@@ -1,4 +1,5 @@
-"""Consumer groups (DESIGN §5, §6): `ConsumerGroup(group, {topic: n_streams}, zookeeper=...)`.
+"""Consumer groups (docs/clients.md, docs/zookeeper.md):
+`ConsumerGroup(group, {topic: n_streams}, zookeeper=...)`.
 
 Each consumer registers `/consumers/<g>/ids/<id>` (ephemeral, JSON {topic: streams})
 and watches the group's consumers, the live brokers and its topics' assignments. On any

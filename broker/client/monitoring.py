@@ -1,5 +1,6 @@
-"""Monitoring events (DESIGN §6), the reader's side: messages producers sent per
-(topic, window_start), as the Airflow audit compares them with the warehouse's counts.
+"""Monitoring events (docs/clients.md, "Monitoring events"), the reader's side: messages
+producers sent per (topic, window_start), as the Airflow audit compares them with the
+warehouse's counts.
 
 `read_producer_counts()` reads every partition of the monitoring topic from its
 earliest to its latest offset with a `SimpleConsumer` and sums the latest event per

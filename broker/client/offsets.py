@@ -1,5 +1,5 @@
-"""Offsets of partitions: what each partition's leader answers to OFFSETS (DESIGN §3)
-and what a consumer group committed in ZooKeeper (DESIGN §5).
+"""Offsets of partitions: what each partition's leader answers to OFFSETS
+(docs/protocol.md) and what a consumer group committed in ZooKeeper (docs/zookeeper.md).
 
 Leader offsets go through the one metadata/connection layer (`ConnectionPool.call_leader`:
 watched metadata, cached connections, a retry after a leader change). Group offsets are
@@ -72,9 +72,10 @@ def segment_starts(pool: ConnectionPool, topic: str, partition: int, max_offsets
 
 
 def has_data_after(pool: ConnectionPool, topic: str, partition: int, time_ms: int) -> bool:
-    """Whether the partition holds a flushed message with a timestamp > `time_ms`,
-    from one OFFSETS(time) lookup: the broker answers the end offset when all data is
-    at or before `time_ms`, and segment starts otherwise (DESIGN §3)."""
+    """Whether the partition holds a flushed message with a timestamp > `time_ms`, from
+    one OFFSETS(time) lookup: the broker answers the end offset when all data is at or
+    before `time_ms`, and segment starts otherwise (docs/storage.md,
+    "Offsets before a time")."""
     answer = offsets_before(pool, topic, partition, time_ms, 1)
     end = latest(pool, topic, partition)
     if not answer:

@@ -1,4 +1,4 @@
-"""Choosing a partition for a message (DESIGN §6).
+"""Choosing a partition for a message (docs/clients.md, "Producer").
 
 A key always maps to the same partition — from every process, every run, every
 language that implements CRC-32 — so consumers see all messages of a key in order.

@@ -1,4 +1,5 @@
-"""Writing encoded batches to partition leaders, pipelined (DESIGN §4, §11).
+"""Writing encoded batches to partition leaders, pipelined (docs/protocol.md, "Frames";
+docs/clients.md, "Producer").
 
 `Pipeline.send` groups batches by their leader broker, packs at most one batch per
 partition into each request (a PRODUCE for one part, a MULTIPRODUCE for several), and

@@ -1,4 +1,4 @@
-"""The producer (DESIGN §6): `send(topic, value, key=None, timestamp=None, partition=None)`.
+"""The producer (docs/clients.md): `send(topic, value, key=None, timestamp=None, partition=None)`.
 
 Three parts, each with one job (kafka-python's split):
 

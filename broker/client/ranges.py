@@ -1,4 +1,5 @@
-"""Exact byte ranges of a partition (DESIGN §7): what the provider's load reads.
+"""Exact byte ranges of a partition (docs/clients.md, "Offsets and byte ranges"): what
+the provider's load reads.
 
 `read_range(pool, topic, partition, start, end)` yields whole message sets covering
 [start, end) — (base offset, bytes) with complete entries only — and stops exactly at

@@ -1,4 +1,5 @@
-"""Which consumer stream reads which partition: the paper's Algorithm 1 (DESIGN §5).
+"""Which consumer stream reads which partition: the paper's Algorithm 1
+(docs/clients.md, "Consumer groups").
 
 Pure functions, no ZooKeeper: every consumer of a group computes the same answer from
 the same registry contents, so they agree without talking to each other.

@@ -1,1 +1,1 @@
-"""The storage engine: partitions as directories of segment files (DESIGN §3)."""
+"""The storage engine: partitions as directories of segment files (docs/storage.md)."""

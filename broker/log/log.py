@@ -28,7 +28,7 @@ from broker.log.epochs import LeaderEpochCache
 from broker.log.files import SHARED, FileCache
 from broker.log.logdir import LogDir
 from broker.log.segment import EMPTY, SUFFIX, FileRegion, Segment
-from broker.message import scan
+from broker.message import ScanStop, scan
 from broker.protocol import EARLIEST, LATEST
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class Log:
         `message_set` (a fetch may end in a partial one) are checked — sizes, CRCs — and
         appended unchanged, so the replica stays byte-identical to the leader."""
         result = scan(message_set, self.config.max_entry_bytes)
-        if result.error is not None and not result.partial_tail:
+        if result.stop not in (ScanStop.END, ScanStop.PARTIAL):
             raise InvalidMessage(f"replicated set for {self.name} at offset {self.end_offset}: {result.error}")
         if not result.valid_bytes:
             return AppendResult(self.end_offset, self.end_offset)

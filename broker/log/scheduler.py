@@ -1,4 +1,5 @@
-"""When logs are flushed, on the event loop's side (DESIGN §3, §11).
+"""When logs are flushed, on the event loop's side
+(docs/storage.md, "Append, roll, flush").
 
 fsync runs in worker threads so the event loop never waits on the disk. Per
 partition, at most one flush runs at a time; every producer waiting with `acks=-1`

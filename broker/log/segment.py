@@ -15,7 +15,7 @@ from pathlib import Path
 
 from broker.errors import StorageError
 from broker.log.files import SHARED, FileCache, SegmentFile
-from broker.message import HEADER, MAGICS, MIN_ENTRY_SIZE, ScanResult, scan
+from broker.message import HEADER, MAGICS, MIN_ENTRY_SIZE, ScanResult, ScanStop, scan
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class Segment:
             if result.count:
                 smallest = result.min_timestamp if smallest < 0 else min(smallest, result.min_timestamp)
                 largest = max(largest, result.max_timestamp)
-            if result.error is None:
+            if result.stop is ScanStop.END:
                 continue
             chunk_end = position + len(data) - result.valid_bytes
             if result.partial_tail and chunk_end < self.size:  # the entry runs past this chunk

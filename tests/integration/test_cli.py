@@ -102,6 +102,27 @@ def test_groups_describe_shows_committed_offsets_lag_and_owners(broker, zk_conne
     assert rows[0] == ["tracked", "0", "46", "69", "23", "-"]  # entries of 23 bytes
 
 
+def test_groups_describe_counts_lag_from_the_earliest_offset_once_retention_deleted_the_committed_one(
+        cluster, zk_connect):
+    cluster.start_broker(0, {"log.segment.bytes": 1024, "log.retention.bytes": 1024,
+                             "log.retention.check.interval.ms": 100})
+    logbus(zk_connect, "produce", "expiring", "--partition", "0", stdin="a\nb\nc\n")
+    read = logbus(zk_connect, "consume", "expiring", "--group", "readers", "--from-beginning", "--count", "1")
+    assert read.stdout.splitlines() == ["a"]  # the group committed 23, the end of "a"
+    lines = "".join(f"{i:0100d}\n" for i in range(100))  # entries of 122 bytes, 5 a request: 8 per segment
+    assert logbus(zk_connect, "produce", "expiring", "--partition", "0", "--batch-size", "5",
+                  stdin=lines).returncode == 0
+
+    def offset(time: str) -> int:
+        return int(logbus(zk_connect, "offsets", "expiring", "--time", time).stdout.split()[1])
+
+    latest = wait_until(lambda: (e := offset("latest")) == 69 + 100 * 122 and e, 30, "the messages to be flushed")
+    earliest = wait_until(lambda: latest - (e := offset("earliest")) <= 1024 and e, 30,
+                          "retention to bring the partition under log.retention.bytes")
+    rows = [r.split("\t") for r in logbus(zk_connect, "groups", "describe", "readers").stdout.splitlines()[2:]]
+    assert rows == [["expiring", "0", "23", str(latest), str(latest - earliest), "-"]]
+
+
 def test_groups_describe_of_an_unknown_group_fails(broker, zk_connect):
     assert_one_line_error(logbus(zk_connect, "groups", "describe", "ghosts"), "unknown group")
 

@@ -1,4 +1,4 @@
-"""The broker's registration and topic assignment in a real ZooKeeper (DESIGN §5)."""
+"""The broker's registration and topic assignment in a real ZooKeeper (docs/zookeeper.md)."""
 
 import json
 import time

@@ -4,7 +4,8 @@ import pytest
 
 from broker.errors import InvalidMessage, MessageTooLarge
 from broker.message import (
-    HEADER_SIZE, Codec, CorruptEntry, decode_messages, encode_message_set, iter_messages, scan, validate_message_set,
+    HEADER_SIZE, Codec, CorruptEntry, ScanStop, decode_messages, encode_message_set, iter_messages, scan,
+    validate_message_set,
 )
 
 
@@ -36,6 +37,23 @@ def test_partial_tail_is_dropped():
     data = encode_message_set(entries(3))
     assert len(list(iter_messages(data[:-1], 0))) == 2
     assert list(iter_messages(data[:5], 0)) == []
+
+
+def test_scan_says_why_it_stopped_as_a_kind_not_a_text():
+    data = encode_message_set(entries(3))
+    corrupt = bytearray(data)
+    corrupt[-1] ^= 0xFF
+    stops = {
+        "whole": scan(data), "cut in an entry": scan(data[:-1]), "cut in a header": scan(data[: len(data) // 3 + 5]),
+        "bad CRC": scan(corrupt), "impossible size": scan(b"\x00\x00\x00\x01" + data),
+        "too large": scan(data, max_message_bytes=10),
+    }
+    assert {why: (r.stop, r.partial_tail, r.too_large) for why, r in stops.items()} == {
+        "whole": (ScanStop.END, False, False), "cut in an entry": (ScanStop.PARTIAL, True, False),
+        "cut in a header": (ScanStop.PARTIAL, True, False), "bad CRC": (ScanStop.INVALID, False, False),
+        "impossible size": (ScanStop.INVALID, False, False), "too large": (ScanStop.TOO_LARGE, False, True),
+    }
+    assert stops["whole"].error is None and all(r.error for why, r in stops.items() if why != "whole")
 
 
 def test_corrupt_payload_fails_crc():

@@ -1,4 +1,4 @@
-"""The ZooKeeper layout's paths and node codecs (DESIGN §5, a contract)."""
+"""The ZooKeeper layout's paths and node codecs (docs/zookeeper.md, a contract)."""
 
 import json
 
