@@ -36,6 +36,7 @@ from broker.protocol import (
 from broker.partitionstates import live_leader
 from broker.registration import BrokerRegistry
 from broker.replication.manager import ReplicaManager
+from broker.replication.partition import Partition
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,11 @@ class RequestHandler:
 
     def leader_log(self, topic: str, partition: int) -> Log:
         """The local log of a partition this broker leads, or the error saying why not."""
+        return self._led(topic, partition)[0]
+
+    def _led(self, topic: str, partition: int) -> tuple[Log, Partition | None]:
+        """A partition this broker leads: its log, and its replication state when it is
+        replicated (None: one replica); or the error saying why not."""
         assignment = self.registry.view.topics.get(topic)  # known topics have valid names
         if assignment is None:
             check_topic_name(topic)
@@ -117,12 +123,13 @@ class RequestHandler:
         if replicas is None:
             raise UnknownPartition(f"topic {topic!r} has partitions 0..{len(assignment) - 1}, not {partition}")
         if len(replicas) > 1:  # replicated: the leader is the state node's (broker.replication)
-            return self.replicas.leader_partition(topic, partition).log
+            led = self.replicas.leader_partition(topic, partition)
+            return led.log, led
         if replicas[0] != self.config.broker_id:
             leader = self.registry.view.brokers.get(replicas[0])
             where = f"{leader.host}:{leader.port}" if leader else "a broker that is down"
             raise NotLeaderForPartition(f"partition {topic}-{partition} is led by broker {replicas[0]} ({where})")
-        return self.logs.get_or_create(topic, partition)
+        return self.logs.get_or_create(topic, partition), None
 
     def _pick_partition(self, topic: str) -> int:
         assignment = self.registry.view.topics.get(topic)
@@ -147,23 +154,19 @@ class RequestHandler:
     def _append(self, topic: str, partition: int, messages, acks: int) -> Appended:
         """Validate and append. An acknowledged append is in the page cache before its
         answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
-        log = self.leader_log(topic, partition)
-        replicated = log.high_watermark is not None
-        epoch = None
-        if replicated:
-            led = self.replicas.leader_partition(topic, partition)
-            epoch = led.epoch
-            if acks == -1:
-                self.replicas.check_insync(led)
+        log, led = self._led(topic, partition)
+        if led is not None and acks == -1:
+            self.replicas.check_insync(led)
         scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
         if buffered:
             self._unwritten.add(log)
         self.scheduler.flusher(log).appended()
-        if replicated:
-            self.replicas.appended(topic, partition)
-        return Appended(log, result.base_offset, result.next_offset, epoch)
+        if led is None:
+            return Appended(log, result.base_offset, result.next_offset, None)
+        led.appended()
+        return Appended(log, result.base_offset, result.next_offset, led.epoch)
 
     def write_unwritten(self) -> None:
         """Called by connections after each socket read: one write per touched log."""
