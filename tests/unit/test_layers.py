@@ -36,7 +36,7 @@ SPARK_SIDE = ("airflow_provider_logbus.spark.load_job", "airflow_provider_logbus
 
 def layer(module: str) -> str | None:
     """The layer of a project module; None for anything else (standard library, third party)."""
-    if module in CONTRACTS:
+    if module in CONTRACTS or module.startswith("broker.protocol."):
         return "contracts"
     if module in TOOLS:
         return "tools"
