@@ -3,7 +3,7 @@
 `LogbusCluster` is a thin facade over the client library: one watched metadata view
 and one connection pool (`broker.client.cluster`), offsets (`broker.client.offsets`),
 exact byte-range reads (`broker.client.ranges`) and group offsets in ZooKeeper
-(`broker.zklayout`). The hook wraps it for Airflow; the Spark data source uses it on
+(`broker.common.zklayout`). The hook wraps it for Airflow; the Spark data source uses it on
 executors, where Airflow is not importable.
 """
 
@@ -16,7 +16,7 @@ from broker.client.cluster import ClusterMetadata, ConnectionPool, ZooKeeperMeta
 from broker.client.errors import ZooKeeperUnavailable
 from broker.client.offsets import PartitionOffsets
 from broker.client.ranges import DEFAULT_FETCH_BYTES
-from broker.protocol import BrokerInfo
+from broker.common.protocol import BrokerInfo
 
 __all__ = ["ClusterConfigError", "LogbusCluster", "PartitionOffsets"]
 

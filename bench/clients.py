@@ -24,7 +24,7 @@ import time
 
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
-from broker.zklayout import create_topic
+from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}

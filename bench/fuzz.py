@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.client.connection import BrokerConnection
-from broker.message import encode_message_set, iter_messages
-from broker.protocol import (
+from broker.common.message import encode_message_set, iter_messages
+from broker.common.protocol import (
     ApiKey, CreateTopicRequest, FetchRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest,
     OffsetsRequest, ProducePart, ProduceRequest, encode_request,
 )

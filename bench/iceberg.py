@@ -218,7 +218,7 @@ def spark_session():
 
 
 def produce(conn, topic: str, count: int, partitions: int = 2) -> None:
-    from broker.message import encode_message_set
+    from broker.common.message import encode_message_set
 
     t0 = int(time.time() * 1000) - HOUR_MS
     batch: dict[int, list] = {p: [] for p in range(partitions)}

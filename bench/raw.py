@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from broker.client.connection import BrokerConnection
-from broker.message import encode_message_set
-from broker.protocol import ApiKey, ProduceRequest, encode_request
+from broker.common.message import encode_message_set
+from broker.common.protocol import ApiKey, ProduceRequest, encode_request
 from harness.cluster import LocalCluster
 from harness.zookeeper import ZooKeeperServer
 

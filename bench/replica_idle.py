@@ -42,7 +42,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def full_isrs(zk, topics: list[str]) -> bool:
-    from broker.zklayout import read_assignment, read_partition_state
+    from broker.common.zklayout import read_assignment, read_partition_state
 
     for topic in topics:
         assignment = read_assignment(zk, topic) or {}

@@ -24,7 +24,7 @@ import statistics
 import time
 
 from broker.client.producer import Producer
-from broker.zklayout import create_topic
+from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
 
 SIZE = 200

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from broker.client.connection import BrokerConnection  # noqa: E402
-from broker.message import encode_message_set  # noqa: E402
+from broker.common.message import encode_message_set  # noqa: E402
 from harness.cluster import LocalCluster  # noqa: E402
 from harness.process import wait_until  # noqa: E402
 from harness.zookeeper import ZooKeeperServer  # noqa: E402

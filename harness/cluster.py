@@ -24,7 +24,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from broker.zklayout import broker_path
+from broker.common.zklayout import broker_path
 from harness.process import ClusterError, free_port, stop_process, tail, wait_until
 from harness.zookeeper import ZooKeeperServer
 
@@ -32,7 +32,7 @@ from harness.zookeeper import ZooKeeperServer
 def broker_command() -> list[str]:
     """`logbus-broker` from the running environment (the venv's script beside python)."""
     script = Path(sys.executable).parent / "logbus-broker"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "broker.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "broker.tools.cli"]
 
 
 class BrokerProcess:
@@ -61,7 +61,7 @@ class BrokerProcess:
 
     def command(self) -> list[str]:
         start = broker_command() if self.preamble is None else [
-            sys.executable, "-c", f"{self.preamble}\nfrom broker.cli import broker_main\nraise SystemExit(broker_main())"]
+            sys.executable, "-c", f"{self.preamble}\nfrom broker.tools.cli import broker_main\nraise SystemExit(broker_main())"]
         cmd = start + [
             "--broker-id", str(self.broker_id), "--host", "127.0.0.1", "--port", str(self.port),
             "--zookeeper", self.zookeeper,

@@ -167,8 +167,8 @@ def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verif
     import numpy as np
     import pyarrow as pa
 
-    from broker.errors import InvalidMessage
-    from broker.message import decode_messages, entry_crc
+    from broker.common.errors import InvalidMessage
+    from broker.common.message import decode_messages, entry_crc
 
     n_max = len(buf) // 22 + 1
     positions = np.empty(n_max, dtype=np.int64)

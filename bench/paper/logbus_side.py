@@ -17,7 +17,7 @@ from pathlib import Path
 from broker.client.connection import BrokerConnection
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
-from broker.message import HEADER_SIZE
+from broker.common.message import HEADER_SIZE
 from harness.cluster import BrokerProcess, LocalCluster
 from harness.process import wait_until
 from harness.zookeeper import ZooKeeperServer

@@ -32,7 +32,7 @@ from broker.client.cluster import ClusterMetadata, available
 from broker.client.errors import ProducerClosed, QueueFull
 from broker.client.partitioner import choose_partition
 from broker.client.results import BatchResult, ManyFuture, RecordFuture
-from broker.message import HEADER_SIZE
+from broker.common.message import HEADER_SIZE
 
 Record = tuple  # (key: bytes | None, value: bytes, timestamp: int)
 # At most this much goes into one sender round: the round's requests are written and

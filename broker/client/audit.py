@@ -27,7 +27,7 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from broker.message import now_ms
+from broker.common.message import now_ms
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Two sources give the same answers (docs/zookeeper.md, docs/clients.md):
 
 Both answer `partitions(topic)` as {partition: leader broker id, -1 while the partition
 is offline or its leader is down} — leaders as the controller wrote them in the
-partition state nodes (`broker.partitionstates`; METADATA version 1 from a broker
+partition state nodes (`broker.common.partitionstates`; METADATA version 1 from a broker
 list) — and `assignment(topic)` as {partition: replica broker ids, preferred leader
 first}.
 `ConnectionPool` keeps one `BrokerConnection` per broker id and runs calls at a
@@ -33,12 +33,12 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.client.connection import BrokerConnection
 from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
-from broker.errors import (
+from broker.common.errors import (
     ErrorCode, FencedLeaderEpoch, LogbusError, NotLeaderForPartition, PartitionOffline, UnknownPartition, UnknownTopic,
 )
-from broker.partitionstates import PartitionStates, live_leader
-from broker.protocol import AUTO_PARTITIONS, BrokerInfo
-from broker.zklayout import (
+from broker.common.partitionstates import PartitionStates, live_leader
+from broker.common.protocol import AUTO_PARTITIONS, BrokerInfo
+from broker.common.zklayout import (
     BROKER_IDS, BROKER_TOPICS, Assignment, decode_assignment, read_assignment, read_brokers, topic_path,
 )
 

@@ -13,8 +13,8 @@ import socket
 import struct
 from collections import deque
 
-from broker.errors import InvalidRequest, LogbusError
-from broker.protocol import (
+from broker.common.errors import InvalidRequest, LogbusError
+from broker.common.protocol import (
     METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
     Reader, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,

@@ -27,9 +27,9 @@ from typing import Iterator
 from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, open_metadata
 from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable, confirm_corrupt
 from broker.client.settings import require_at_least
-from broker.errors import BrokerShuttingDown, OffsetOutOfRange, UnknownTopic
-from broker.message import CorruptEntry, Message, decode_messages, first_entry_size
-from broker.protocol import EARLIEST, LATEST, check_topic_name
+from broker.common.errors import BrokerShuttingDown, OffsetOutOfRange, UnknownTopic
+from broker.common.message import CorruptEntry, Message, decode_messages, first_entry_size
+from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 
 logger = logging.getLogger(__name__)
 

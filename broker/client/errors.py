@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from broker.errors import LogbusError
-from broker.message import CorruptEntry
+from broker.common.errors import LogbusError
+from broker.common.message import CorruptEntry
 
 logger = logging.getLogger(__name__)
 

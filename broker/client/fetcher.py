@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from broker.client.cluster import ClusterMetadata, ConnectionPool
 from broker.client.errors import FetchSizeTooSmall, confirm_corrupt
 from broker.client.stream import Chunk, MessageStream
-from broker.errors import InvalidRequest, LogbusError, OffsetOutOfRange, error_for
-from broker.message import CorruptEntry, decode_messages, first_entry_size
-from broker.protocol import EARLIEST, LATEST, ApiKey, FetchRequest, MultiFetchRequest, decode_multifetch, raise_for_error
+from broker.common.errors import InvalidRequest, LogbusError, OffsetOutOfRange, error_for
+from broker.common.message import CorruptEntry, decode_messages, first_entry_size
+from broker.common.protocol import EARLIEST, LATEST, ApiKey, FetchRequest, MultiFetchRequest, decode_multifetch, raise_for_error
 
 logger = logging.getLogger(__name__)
 

@@ -44,9 +44,9 @@ from broker.client.fetcher import Fetcher, PartitionFetch
 from broker.client.rebalance import Subscriptions, assignment_for, stream_id
 from broker.client.settings import require_at_least
 from broker.client.stream import CLOSED, Chunk, MessageStream
-from broker.message import Message
-from broker.protocol import check_topic_name
-from broker.zklayout import (
+from broker.common.message import Message
+from broker.common.protocol import check_topic_name
+from broker.common.zklayout import (
     consumer_path, decode_subscription, encode_subscription, group_ids_path, owner_path, read_offset, write_offset,
 )
 

@@ -3,7 +3,7 @@
 
 Leader offsets go through the one metadata/connection layer (`ConnectionPool.call_leader`:
 watched metadata, cached connections, a retry after a leader change). Group offsets are
-read and advanced with the layout's codecs and compare-and-set (`broker.zklayout`);
+read and advanced with the layout's codecs and compare-and-set (`broker.common.zklayout`);
 `lag` combines the two and is pure.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 
 from broker.client.cluster import ConnectionPool
-from broker.errors import UnknownTopic
-from broker.protocol import EARLIEST, LATEST
-from broker.zklayout import advance_offset, read_offset
+from broker.common.errors import UnknownTopic
+from broker.common.protocol import EARLIEST, LATEST
+from broker.common.zklayout import advance_offset, read_offset
 
 LAST_SEGMENT_TIME = 1 << 62  # a time after every segment: OFFSETS answers every segment start
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from broker.client.cluster import ConnectionPool
-from broker.errors import ErrorCode, LogbusError, error_for
-from broker.protocol import (
+from broker.common.errors import ErrorCode, LogbusError, error_for
+from broker.common.protocol import (
     Acks, ApiKey, MultiProduceRequest, ProducePart, ProduceRequest, ProduceResponse, decode_multiproduce,
     raise_for_error,
 )

@@ -60,9 +60,9 @@ from broker.client.results import (
 )
 from broker.client.sender import Sender
 from broker.client.settings import require_at_least
-from broker.errors import UnknownPartition
-from broker.message import Codec, now_ms
-from broker.protocol import Acks, check_topic_name
+from broker.common.errors import UnknownPartition
+from broker.common.message import Codec, now_ms
+from broker.common.protocol import Acks, check_topic_name
 
 logger = logging.getLogger(__name__)
 _now_ns = time.time_ns

@@ -5,7 +5,7 @@ the provider's load reads.
 [start, end) — (base offset, bytes) with complete entries only — and stops exactly at
 `end`, which must be a message boundary. The sets are passed on undecoded (the Spark
 decoder checks CRCs), so the walk cuts by the entries' size fields
-(`broker.message.whole_entries`). Fetches go to the leader through the connection
+(`broker.common.message.whole_entries`). Fetches go to the leader through the connection
 pool, which follows a leader change; a leader that is down fails with a
 `ConnectionError` naming the partition and the broker.
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from broker.client.cluster import ConnectionPool
-from broker.errors import LogbusError
-from broker.message import CorruptEntry, first_entry_size, whole_entries
-from broker.protocol import FetchResponse
+from broker.common.errors import LogbusError
+from broker.common.message import CorruptEntry, first_entry_size, whole_entries
+from broker.common.protocol import FetchResponse
 
 DEFAULT_FETCH_BYTES = 8 << 20
 

@@ -31,11 +31,11 @@ from broker.client.errors import PartitionUnavailable
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Outgoing, Pipeline
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook
-from broker.errors import (
+from broker.common.errors import (
     BrokerShuttingDown, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, RequestTimedOut, StorageError,
     TopicCreationDisabled, UnknownPartition, UnknownTopic,
 )
-from broker.message import HEADER_SIZE, Codec, encode_message_set, now_ms
+from broker.common.message import HEADER_SIZE, Codec, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
 

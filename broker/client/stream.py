@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from broker.client.errors import ConsumerTimeout
-from broker.message import Message
+from broker.common.message import Message
 
 
 @dataclass(frozen=True, slots=True)

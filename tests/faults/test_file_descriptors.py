@@ -9,8 +9,8 @@ import resource
 import time
 from contextlib import contextmanager
 
-from broker.message import encode_message_set, iter_messages
-from broker.protocol import ProducePart
+from broker.common.message import encode_message_set, iter_messages
+from broker.common.protocol import ProducePart
 from harness.process import wait_until
 from tests.integration.brokerutil import connect
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import LogbusError, StorageError
-from broker.message import encode_message_set, scan
+from broker.common.errors import LogbusError, StorageError
+from broker.common.message import encode_message_set, scan
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, read_partition
 

@@ -14,8 +14,8 @@ import pytest
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import CorruptMessageError
 from broker.client.group import ConsumerGroup
-from broker.errors import InvalidMessage, InvalidRequest
-from broker.message import append_entry, encode_message_set, scan
+from broker.common.errors import InvalidMessage, InvalidRequest
+from broker.common.message import append_entry, encode_message_set, scan
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from broker.client.connection import BrokerConnection
-from broker.message import encode_message_set, iter_messages
-from broker.protocol import ApiKey, MetadataRequest, ProduceRequest, encode_request
+from broker.common.message import encode_message_set, iter_messages
+from broker.common.protocol import ApiKey, MetadataRequest, ProduceRequest, encode_request
 from harness.cluster import BrokerProcess
 from harness.process import wait_until
 

@@ -11,8 +11,8 @@ import pytest
 
 from bench.fuzz import BROKER_SETTINGS, FUZZ_TOPIC, fuzz
 from broker.client.connection import BrokerConnection
-from broker.message import encode_message_set
-from broker.protocol import (
+from broker.common.message import encode_message_set
+from broker.common.protocol import (
     ApiKey, MetadataRequest, MetadataResponse, MultiProduceRequest, ProducePart, ProduceRequest,
     decode_response_header, encode_request,
 )

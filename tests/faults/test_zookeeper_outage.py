@@ -11,8 +11,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker.client.connection import BrokerConnection
-from broker.message import encode_message_set, iter_messages
-from broker.zklayout import broker_path, create_topic
+from broker.common.message import encode_message_set, iter_messages
+from broker.common.zklayout import broker_path, create_topic
 from harness.cluster import LocalCluster
 from harness.process import wait_until
 from harness.zookeeper import ZooKeeperServer

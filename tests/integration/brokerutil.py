@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker.client.connection import BrokerConnection
-from broker.message import Message, encode_message_set, iter_messages
+from broker.common.message import Message, encode_message_set, iter_messages
 from harness.cluster import BrokerProcess
 
 

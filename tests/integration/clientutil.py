@@ -8,7 +8,7 @@ from broker.client.cluster import open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import ConsumerTimeout
 from broker.client.group import ConsumerGroup
-from broker.message import Message
+from broker.common.message import Message
 from harness.process import wait_until
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from broker.client.monitoring import read_events, read_producer_counts
 from broker.client.producer import Producer
-from broker.zklayout import create_topic
+from broker.common.zklayout import create_topic
 from harness.process import wait_until
 
 WINDOW = 60_000

@@ -6,12 +6,12 @@ import struct
 
 import pytest
 
-from broker.errors import (
+from broker.common.errors import (
     InvalidMessage, InvalidRequest, InvalidTopicName, MessageTooLarge, RequestTooLarge, UnknownPartition,
     UnknownTopic, UnsupportedApi,
 )
-from broker.message import encode_message_set
-from broker.protocol import ApiKey, ProduceRequest, decode_response_header, encode_request, raise_for_error
+from broker.common.message import encode_message_set
+from broker.common.protocol import ApiKey, ProduceRequest, decode_response_header, encode_request, raise_for_error
 from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition

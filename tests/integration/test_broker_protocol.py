@@ -2,9 +2,9 @@
 
 import pytest
 
-from broker.errors import OffsetOutOfRange
-from broker.message import encode_message_set, iter_messages
-from broker.protocol import FetchRequest
+from broker.common.errors import OffsetOutOfRange
+from broker.common.message import encode_message_set, iter_messages
+from broker.common.protocol import FetchRequest
 from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition, wait_flushed
@@ -81,7 +81,7 @@ def test_acks_zero_gets_no_response_but_is_stored(conn):
 
 
 def test_pipelined_requests_are_answered_in_order(conn):
-    from broker.protocol import ApiKey, ProduceRequest
+    from broker.common.protocol import ApiKey, ProduceRequest
 
     ids = []
     for i in range(50):
@@ -98,7 +98,7 @@ def test_pipelined_requests_are_answered_in_order(conn):
 
 
 def test_multiproduce_and_multifetch_cover_several_partitions(conn):
-    from broker.protocol import ProducePart
+    from broker.common.protocol import ProducePart
 
     parts = [ProducePart("events", p, encode_message_set([(None, b"p%d" % p, 1)])) for p in (0, 1)]
     parts.append(ProducePart("events", 7, encode_message_set([(None, b"bad", 1)])))
@@ -152,13 +152,13 @@ def test_unflushed_messages_are_invisible_until_flushed(cluster):
 def test_long_poll_fetch_returns_when_data_arrives(cluster, broker):
     with connect(broker) as reader, connect(broker) as writer:
         reader.create_topic("poll", 1)
-        from broker.protocol import ApiKey
+        from broker.common.protocol import ApiKey
 
         reader.send(ApiKey.FETCH, FetchRequest("poll", 0, 0, 10_000, max_wait_ms=20_000, min_bytes=1).encode())
         produce(writer, "poll", 0, [b"wake up"], acks=1)
         code, body = reader.receive()
         assert code == 0
-        from broker.protocol import FetchResponse
+        from broker.common.protocol import FetchResponse
 
         response = FetchResponse.read(body)
         assert [m.value for m in iter_messages(response.messages, 0)] == [b"wake up"]

@@ -10,8 +10,8 @@ import pytest
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import FetchSizeTooSmall
 from broker.client.producer import Producer
-from broker.errors import OffsetOutOfRange
-from broker.zklayout import create_topic
+from broker.common.errors import OffsetOutOfRange
+from broker.common.zklayout import create_topic
 from harness.process import wait_until
 from tests.integration.clientutil import wait_visible
 

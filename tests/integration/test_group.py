@@ -8,7 +8,7 @@ import sys
 
 from broker.client.group import ConsumerGroup
 from broker.client.producer import Producer
-from broker.zklayout import create_topic, read_offset
+from broker.common.zklayout import create_topic, read_offset
 from harness.process import wait_until
 from tests.integration.clientutil import Collector, wait_visible
 

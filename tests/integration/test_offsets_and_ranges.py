@@ -10,8 +10,8 @@ from broker.client import offsets, ranges
 from broker.client.cluster import ConnectionPool, open_metadata
 from broker.client.producer import Producer
 from harness.process import wait_until
-from broker.message import iter_messages
-from broker.zklayout import create_topic, read_offset
+from broker.common.message import iter_messages
+from broker.common.zklayout import create_topic, read_offset
 from tests.integration.clientutil import wait_visible
 
 TOPIC = "ranged"

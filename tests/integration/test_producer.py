@@ -14,8 +14,8 @@ from broker.client.cluster import open_metadata
 from broker.client.errors import ProduceError
 from broker.client.partitioner import partition_for_key
 from broker.client.producer import Producer
-from broker.errors import ErrorCode, MessageTooLarge, TopicCreationDisabled, UnknownTopic
-from broker.zklayout import create_topic
+from broker.common.errors import ErrorCode, MessageTooLarge, TopicCreationDisabled, UnknownTopic
+from broker.common.zklayout import create_topic
 from harness.process import wait_until
 from tests.integration.clientutil import read_topic, wait_visible
 

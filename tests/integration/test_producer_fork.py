@@ -9,7 +9,7 @@ from collections import Counter
 
 from broker.client.cluster import open_metadata
 from broker.client.producer import Producer
-from broker.zklayout import create_topic
+from broker.common.zklayout import create_topic
 from tests.integration.clientutil import wait_visible
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from broker.message import scan
+from broker.common.message import scan
 from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition
@@ -15,7 +15,7 @@ PRODUCER = textwrap.dedent(
     """
     import sys
     from broker.client.connection import BrokerConnection
-    from broker.message import encode_message_set
+    from broker.common.message import encode_message_set
     host, port, topic = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     conn = BrokerConnection(host, port).connect()
     i = 0

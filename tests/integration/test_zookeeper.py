@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from broker.errors import NotLeaderForPartition, TopicAlreadyExists
-from broker.message import encode_message_set
-from broker.zklayout import broker_path, decode_assignment, topic_path
+from broker.common.errors import NotLeaderForPartition, TopicAlreadyExists
+from broker.common.message import encode_message_set
+from broker.common.zklayout import broker_path, decode_assignment, topic_path
 from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition
@@ -165,7 +165,7 @@ def test_create_topic_with_auto_partitions_acts_like_a_first_produce(cluster, zk
 
 
 def test_create_topic_with_auto_partitions_obeys_auto_create_off(cluster):
-    from broker.errors import UnknownTopic
+    from broker.common.errors import UnknownTopic
 
     broker = cluster.start_broker(0, {"auto.create.topics": "false"})
     with connect(broker) as conn, pytest.raises(UnknownTopic, match="auto.create.topics is off"):
@@ -173,9 +173,9 @@ def test_create_topic_with_auto_partitions_obeys_auto_create_off(cluster):
 
 
 def test_losing_a_creation_race_adopts_the_winners_assignment(cluster, zk):
-    from broker.protocol import BrokerInfo
-    from broker.registration import BrokerRegistry
-    from broker.zklayout import create_topic
+    from broker.common.protocol import BrokerInfo
+    from broker.server.registration import BrokerRegistry
+    from broker.common.zklayout import create_topic
 
     cluster.start_broker(0)
     winner = create_topic(zk, "raced", 3)

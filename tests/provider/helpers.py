@@ -6,7 +6,7 @@ import json
 import time
 
 from broker.client.producer import Producer
-from broker.message import iter_messages
+from broker.common.message import iter_messages
 
 from airflow_provider_logbus.cluster import LogbusCluster
 

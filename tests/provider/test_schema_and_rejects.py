@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from broker.client.producer import Producer
-from broker.message import iter_messages
+from broker.common.message import iter_messages
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.plan import Range, ranges_to_json

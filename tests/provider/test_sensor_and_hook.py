@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from broker.zklayout import offset_path
+from broker.common.zklayout import offset_path
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusConnectionError, LogbusHook
@@ -141,8 +141,8 @@ def test_hook_builds_a_cluster_that_reads_offsets_group_offsets_and_lag(cluster)
 
 def test_reading_a_range_whose_end_splits_a_message_fails_clearly(cluster):
     from broker.client.connection import BrokerConnection
-    from broker.errors import LogbusError
-    from broker.message import encode_message_set
+    from broker.common.errors import LogbusError
+    from broker.common.message import encode_message_set
 
     from airflow_provider_logbus.cluster import LogbusCluster
 

@@ -45,7 +45,7 @@ def test_root_cause_inside_a_java_stage_failure_is_the_first_python_exception():
     text = ("An error occurred while calling o91.parquet.\n: org.apache.spark.SparkException: Job aborted due to stage "
             "failure: Lost task 0.0: org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
             '  File "/w/cluster.py", line 150, in leaders\n    raise UnknownTopic(\n'
-            "broker.errors.UnknownTopic: topic 'web' does not exist\n\n"
+            "broker.common.errors.UnknownTopic: topic 'web' does not exist\n\n"
             "During handling of the above exception, another exception occurred:\n\n"
             "Traceback (most recent call last):\n  File \"x\", line 1\nRuntimeError: wrapper\n"
             "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:621)\n")

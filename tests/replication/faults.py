@@ -17,7 +17,7 @@ def _hold_commit_waits(gate: str) -> None:
     import asyncio
     import os
 
-    from broker.replication.manager import ReplicaManager
+    from broker.server.replication.manager import ReplicaManager
 
     original = ReplicaManager.wait_committed
 

@@ -47,7 +47,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.message import iter_messages
+from broker.common.message import iter_messages
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ class ConsumerWorker(threading.Thread):
     def run(self) -> None:
         from broker.client.cluster import open_metadata
         from broker.client.consumer import SimpleConsumer
-        from broker.errors import OffsetOutOfRange
+        from broker.common.errors import OffsetOutOfRange
 
         metadata = open_metadata(self.zookeeper, None, "history-consumer")
         consumers = [SimpleConsumer(self.topic, p, metadata=metadata, offset=0, auto_offset_reset="error",
@@ -434,7 +434,7 @@ def _first_difference(a: tuple[int, bytes], b: tuple[int, bytes]) -> int:
 
 def partition_roles(zk, topic: str, partition: int) -> tuple[int, list[int]]:
     """(leader, ISR) from the partition's state node (leader -1: offline)."""
-    from broker.zklayout import read_partition_state
+    from broker.common.zklayout import read_partition_state
 
     state = zk.retry(read_partition_state, zk, topic, partition).state
     return state.leader, list(state.isr)
@@ -525,7 +525,7 @@ class FaultInjector(threading.Thread):
         """Give `broker_id` the lead of `partition` in a new epoch, as the controller's
         rebalance does (compare-and-set on the state node): only from a live leader to
         an in-sync follower, so the move is one an election could make."""
-        from broker.zklayout import PartitionState, read_partition_state, write_partition_state
+        from broker.common.zklayout import PartitionState, read_partition_state, write_partition_state
 
         node = self.zk.retry(read_partition_state, self.zk, self.topic, partition)
         state = node.state

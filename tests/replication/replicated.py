@@ -14,8 +14,8 @@ from kazoo.client import KazooClient
 
 from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
-from broker.errors import LogbusError
-from broker.zklayout import PartitionState, read_assignment, read_partition_state, write_partition_state
+from broker.common.errors import LogbusError
+from broker.common.zklayout import PartitionState, read_assignment, read_partition_state, write_partition_state
 from harness.process import wait_until
 
 LAG_MS = 1000

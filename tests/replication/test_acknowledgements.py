@@ -15,10 +15,10 @@ from kazoo.recipe.watchers import DataWatch
 
 from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
-from broker.errors import ErrorCode, LogbusError, NotLeaderForPartition
-from broker.message import encode_message_set
-from broker.protocol import ApiKey, ProducePart, ProduceRequest, ProduceResponse
-from broker.zklayout import PartitionState, broker_path, partition_state_path
+from broker.common.errors import ErrorCode, LogbusError, NotLeaderForPartition
+from broker.common.message import encode_message_set
+from broker.common.protocol import ApiKey, ProducePart, ProduceRequest, ProduceResponse
+from broker.common.zklayout import PartitionState, broker_path, partition_state_path
 from harness.process import wait_until
 from harness.proxy import TcpProxy
 from tests.integration.brokerutil import connect, produce, read_partition

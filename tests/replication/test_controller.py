@@ -3,7 +3,7 @@ killed controller is replaced, a killed leader's partitions move to an ISR membe
 the next leader epoch, a returning broker does not take leadership back until it is
 in sync and the leader rebalance hands it over, a leader that was down with the whole
 cluster leads a new epoch, and without a live ISR member a partition goes offline
-unless unclean election is on (broker/controller.py, broker/election.py)."""
+unless unclean election is on (broker/server/controller.py, broker/server/election.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from kazoo.client import KazooClient
 
 from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
-from broker.controller import read_controller
-from broker.errors import InvalidReplicationFactor
-from broker.protocol import AUTO_PARTITIONS
-from broker.zklayout import CONTROLLER_EPOCH, PartitionState, create_topic, read_assignment, read_partition_state
+from broker.server.controller import read_controller
+from broker.common.errors import InvalidReplicationFactor
+from broker.common.protocol import AUTO_PARTITIONS
+from broker.common.zklayout import CONTROLLER_EPOCH, PartitionState, create_topic, read_assignment, read_partition_state
 from harness.cluster import LocalCluster
 from harness.process import wait_until
 from tests.integration.clientutil import read_topic

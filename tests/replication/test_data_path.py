@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from broker.errors import NotEnoughReplicas, NotLeaderForPartition
-from broker.zklayout import PartitionState, broker_path
+from broker.common.errors import NotEnoughReplicas, NotLeaderForPartition
+from broker.common.zklayout import PartitionState, broker_path
 from harness.process import wait_until
 from harness.sockets import connections_to
 from tests.integration.brokerutil import connect, produce, read_partition

@@ -13,7 +13,7 @@ import pytest
 
 from broker.client.group import ConsumerGroup
 from broker.client.producer import Producer
-from broker.zklayout import create_topic, read_partition_state
+from broker.common.zklayout import create_topic, read_partition_state
 from harness.process import wait_until
 from tests.integration.clientutil import Collector, read_topic
 

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from broker.message import encode_message_set
+from broker.common.message import encode_message_set
 from tests.replication.history import (
     EXPIRE_SESSION, KILL_ZOOKEEPER, MOVE_LEADER, PAUSE_BRIEFLY, PAUSE_FOLLOWER, PAUSE_LEADER, Seen, SendLog,
     check_history, encode_value, fault_schedule, pingpong_schedule, run_history,

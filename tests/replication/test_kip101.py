@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker.client.producer import Producer
-from broker.message import iter_messages
+from broker.common.message import iter_messages
 from harness.cluster import LocalCluster
 from tests.replication.replicated import (
     BROKER_SETTINGS, create_replicated_topic, pause_quietly, state, wait_for_state, wait_identical, zookeeper_client,

@@ -1,10 +1,10 @@
 """The partition state nodes in a real ZooKeeper: created with the topic in one
-transaction, then changed only by compare-and-set (broker/zklayout.py)."""
+transaction, then changed only by compare-and-set (broker/common/zklayout.py)."""
 
 import pytest
 
-from broker.errors import InvalidReplicationFactor, TopicAlreadyExists
-from broker.zklayout import (
+from broker.common.errors import InvalidReplicationFactor, TopicAlreadyExists
+from broker.common.zklayout import (
     PartitionState, broker_path, create_topic, encode_assignment, partition_state_path, read_partition_state,
     topic_path, write_partition_state,
 )

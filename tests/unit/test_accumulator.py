@@ -9,11 +9,11 @@ from broker.client.accumulator import ProducerBatch, RecordAccumulator
 from broker.client.errors import ProduceError, QueueFull
 from broker.client.results import RecordMetadata
 from broker.client.sender import retriable
-from broker.errors import (
+from broker.common.errors import (
     BrokerShuttingDown, ErrorCode, MessageTooLarge, NotLeaderForPartition, StorageError, TopicCreationDisabled,
     UnknownPartition, UnknownTopic, error_for,
 )
-from broker.message import HEADER_SIZE
+from broker.common.message import HEADER_SIZE
 
 
 class Leaders:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig, ConfigError, parse_overrides, read_properties
+from broker.server.config import BrokerConfig, ConfigError, parse_overrides, read_properties
 
 
 def base(**extra):
@@ -64,7 +64,7 @@ def test_example_configuration_file_is_valid():
 
 
 def test_retention_overrides_per_topic():
-    from broker.log.manager import log_config
+    from broker.server.log.manager import log_config
 
     config = BrokerConfig.from_settings(base(**{
         "log.retention.bytes": "1000000", "log.retention.bytes.per.topic": "_logbus_audit:-1, clicks:5000",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.errors import InvalidMessage
-from broker.message import encode_message_set
+from broker.common.errors import InvalidMessage
+from broker.common.message import encode_message_set
 
 from airflow_provider_logbus.spark.datasource import decode_record_batch
 

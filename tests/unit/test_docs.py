@@ -109,11 +109,11 @@ def missing(reference: str) -> str | None:
 
 
 @pytest.mark.parametrize("reference, why", [
-    ("broker/log/log.py", None), ("broker/replication/", None), ("broker/nowhere.py", "no such file or directory"),
+    ("broker/server/log/log.py", None), ("broker/server/replication/", None), ("broker/nowhere.py", "no such file or directory"),
     ("docs/nowhere.md", "no such file or directory"), ("_rejects/", None),
     ("broker.client.offsets.lag", None), ("broker.client.offsets.drag", "broker.client.offsets defines no drag"),
     ("broker.nowhere", "broker defines no nowhere"), ("brokers.log", None), ("airflow_provider_logbus.targets.KINDS", None),
-    ("broker.log.log.Log.append", None), ("broker.log.log.Log.prepend", "broker.log.log.Log defines no prepend"),
+    ("broker.server.log.log.Log.append", None), ("broker.server.log.log.Log.prepend", "broker.server.log.log.Log defines no prepend"),
     ("Log.append", None), ("Log.prepend", "no class Log defines prepend"), ("Logg", "no such class"),
     ("TableState.token", None), ("REQUEST_TYPES", None), ("REQUEST_KINDS", "no such name"),
     ("log.dirs", None), ("acks=-1", None), ("python -m bench.raw docs/nowhere.md", None),

@@ -1,10 +1,10 @@
-"""The controller's decisions (broker.election) and replica placement, as pure functions."""
+"""The controller's decisions (broker.server.election) and replica placement, as pure functions."""
 
 import pytest
 
-from broker.errors import InvalidReplicationFactor
-from broker.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
-from broker.zklayout import PartitionState, assign_round_robin
+from broker.common.errors import InvalidReplicationFactor
+from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
+from broker.common.zklayout import PartitionState, assign_round_robin
 
 
 def state(leader, epoch, isr):

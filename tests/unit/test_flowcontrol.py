@@ -1,6 +1,6 @@
 """The byte budgets behind back-pressure, as pure bookkeeping."""
 
-from broker.flowcontrol import ConnectionLimits, RequestPool
+from broker.server.flowcontrol import ConnectionLimits, RequestPool
 
 
 def test_frames_are_admitted_while_they_fit():

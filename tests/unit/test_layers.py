@@ -20,30 +20,33 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("broker", "airflow_provider_logbus")
 
-CONTRACTS = frozenset({"broker", "broker.protocol", "broker.message", "broker.errors", "broker.zklayout",
-                       "broker.partitionstates"})
-TOOLS = frozenset({"broker.admin", "broker.cli", "broker.perf"})
+FOLDERS = {  # broker/'s layers are its folders (docs/architecture.md, "Layers")
+    "broker.common": "contracts", "broker.server": "server", "broker.client": "client", "broker.tools": "tools",
+}
 MAY_IMPORT = {
     "contracts": {"contracts"},
     "server": {"contracts", "server"},
     "client": {"contracts", "client"},
     "tools": {"contracts", "client", "server", "tools"},  # `logbus-broker` (cli.py) starts the server
     "provider": {"contracts", "client", "provider"},
+    "unplaced": set(),  # a module of broker/ outside the layer folders: refused below
 }
 OUTSIDE_BROKER = ("airflow", "pyspark", "pyarrow", "pyiceberg", "airflow_provider_logbus", "harness", "bench", "tests")
 SPARK_SIDE = ("airflow_provider_logbus.spark.load_job", "airflow_provider_logbus.spark.datasource")
 
 
 def layer(module: str) -> str | None:
-    """The layer of a project module; None for anything else (standard library, third party)."""
-    if module in CONTRACTS or module.startswith("broker.protocol."):
+    """The layer of a project module; None for anything else (standard library, third
+    party). `broker` itself (the version) counts as a contract; any other module of
+    broker/ outside the four folders has no layer, which `test_every_module_of_broker_is_in_a_layer_folder`
+    refuses."""
+    if module == "broker":
         return "contracts"
-    if module in TOOLS:
-        return "tools"
-    if module == "broker.client" or module.startswith("broker.client."):
-        return "client"
+    for folder, name in FOLDERS.items():
+        if module == folder or module.startswith(folder + "."):
+            return name
     if module.startswith("broker."):
-        return "server"  # a new top-level module is the server's until it is named a contract or a tool
+        return "unplaced"
     if module == "airflow_provider_logbus" or module.startswith("airflow_provider_logbus."):
         return "provider"
     return None
@@ -203,19 +206,25 @@ def test_every_import_keeps_to_its_layer(project_imports):
     assert layer_violations(project_imports) == []
 
 
+def test_every_module_of_broker_is_in_a_layer_folder():
+    """broker/'s folders are its layers: a module directly under broker/ (other than
+    the version) belongs to none, so no rule would hold it."""
+    assert sorted(m for m in project_sources() if layer(m) == "unplaced") == []
+
+
 def test_no_modules_import_each_other_at_import_time(project_imports):
     assert import_cycles(project_imports) == []
 
 
 def test_the_spark_side_reaches_no_airflow_module(project_imports):
     reached = reached_from(project_imports, SPARK_SIDE)
-    assert "airflow_provider_logbus.cluster" in reached and "broker.message" in reached
+    assert "airflow_provider_logbus.cluster" in reached and "broker.common.message" in reached
     assert sorted(m for m in reached if m.split(".")[0] == "airflow") == []
 
 
 def test_the_reader_sees_function_level_imports(project_imports):
     """The rule covers lazy imports: `logbus` imports its subcommands inside a function."""
-    lazy = [i for i in project_imports if i.importer == "broker.cli" and i.imported == "broker.admin"]
+    lazy = [i for i in project_imports if i.importer == "broker.tools.cli" and i.imported == "broker.tools.admin"]
     assert lazy and not lazy[0].at_import_time
 
 
@@ -228,38 +237,38 @@ def check(**modules: str) -> list[Import]:
 
 
 @pytest.mark.parametrize("importer, statement, broken", [
-    ("broker.client.producer", "from broker.log.log import Log", "the client may import only client, contracts"),
-    ("broker.client.producer", "def f():\n    import broker.handlers", "not the server"),
-    ("broker.client.producer", "from broker.admin import main", "not the tools"),
-    ("airflow_provider_logbus.batch", "from broker.registration import BrokerRegistry", "not the server"),
-    ("airflow_provider_logbus.batch", "from broker import config", "not the server"),
-    ("broker.handlers", "from broker.client.offsets import lag", "not the client"),
-    ("broker.log.log", "from airflow_provider_logbus.plan import Range", "not the provider"),
-    ("broker.message", "from broker.log.segment import Segment", "the contracts may import only contracts"),
-    ("broker.handlers", "import pyspark", "nothing in broker/ imports pyspark"),
-    ("broker.client.producer", "if TYPE_CHECKING:\n    from broker.server import Broker", "not the server"),
+    ("broker.client.producer", "from broker.server.log.log import Log", "the client may import only client, contracts"),
+    ("broker.client.producer", "def f():\n    import broker.server.handlers", "not the server"),
+    ("broker.client.producer", "from broker.tools.admin import main", "not the tools"),
+    ("airflow_provider_logbus.batch", "from broker.server.registration import BrokerRegistry", "not the server"),
+    ("airflow_provider_logbus.batch", "from broker.server import config", "not the server"),
+    ("broker.server.handlers", "from broker.client.offsets import lag", "not the client"),
+    ("broker.server.log.log", "from airflow_provider_logbus.plan import Range", "not the provider"),
+    ("broker.common.message", "from broker.server.log.segment import Segment", "the contracts may import only contracts"),
+    ("broker.server.handlers", "import pyspark", "nothing in broker/ imports pyspark"),
+    ("broker.client.producer", "if TYPE_CHECKING:\n    from broker.server.broker import Broker", "not the server"),
 ])
 def test_the_checker_names_an_import_against_the_rule(importer, statement, broken):
-    sources = {importer: (statement, False), "broker.config": ("", False)}
+    sources = {importer: (statement, False), "broker.server.config": ("", False)}
     [violation] = layer_violations(imports_of(sources))
     assert broken in violation and violation.startswith(f"{importer}:")
 
 
 @pytest.mark.parametrize("importer, statement", [
-    ("broker.client.producer", "from broker.protocol import Acks\nfrom broker.client.cluster import ClusterMetadata"),
-    ("airflow_provider_logbus.cluster", "from broker.client import offsets\nfrom broker.errors import LogbusError"),
+    ("broker.client.producer", "from broker.common.protocol import Acks\nfrom broker.client.cluster import ClusterMetadata"),
+    ("airflow_provider_logbus.cluster", "from broker.client import offsets\nfrom broker.common.errors import LogbusError"),
     ("airflow_provider_logbus.cluster", "import airflow\nimport pyspark"),
-    ("broker.cli", "def main():\n    from broker.server import serve\n    from broker.admin import main"),
-    ("broker.handlers", "from broker.replication.manager import ReplicaManager\nimport kazoo"),
+    ("broker.tools.cli", "def main():\n    from broker.server.broker import serve\n    from broker.tools.admin import main"),
+    ("broker.server.handlers", "from broker.server.replication.manager import ReplicaManager\nimport kazoo"),
 ])
 def test_the_checker_passes_imports_within_the_rule(importer, statement):
     assert layer_violations(imports_of({importer: (statement, False)})) == []
 
 
 def test_relative_imports_resolve_against_the_importing_package():
-    imports = imports_of({"broker.client.producer": ("from ..log import log\nfrom . import cluster", False),
-                          "broker.log.log": ("", False), "broker.client.cluster": ("", False)})
-    assert [i.imported for i in imports] == ["broker.log.log", "broker.client.cluster"]
+    imports = imports_of({"broker.client.producer": ("from ..server.log import log\nfrom . import cluster", False),
+                          "broker.server.log.log": ("", False), "broker.client.cluster": ("", False)})
+    assert [i.imported for i in imports] == ["broker.server.log.log", "broker.client.cluster"]
     assert len(layer_violations(imports)) == 1
 
 

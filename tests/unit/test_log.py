@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from broker.errors import InvalidRequest, OffsetOutOfRange, StorageError
-from broker.log.log import Log, LogConfig
-from broker.log.manager import CLEAN_SHUTDOWN, LogManager
-from broker.message import encode_message_set, iter_messages, scan
+from broker.common.errors import InvalidRequest, OffsetOutOfRange, StorageError
+from broker.server.log.log import Log, LogConfig
+from broker.server.log.manager import CLEAN_SHUTDOWN, LogManager
+from broker.common.message import encode_message_set, iter_messages, scan
 
 
 def append(log: Log, values, ts=1000):

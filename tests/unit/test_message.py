@@ -2,8 +2,8 @@ import gzip
 
 import pytest
 
-from broker.errors import InvalidMessage, MessageTooLarge
-from broker.message import (
+from broker.common.errors import InvalidMessage, MessageTooLarge
+from broker.common.message import (
     HEADER_SIZE, Codec, CorruptEntry, ScanStop, decode_messages, encode_message_set, iter_messages, scan,
     validate_message_set,
 )
@@ -118,7 +118,7 @@ def test_scan_reports_count_and_timestamps():
 def test_fast_checksum_agrees_with_crcmod():
     import os
 
-    from broker.message import checksum, crc32c
+    from broker.common.message import checksum, crc32c
 
     for size in (0, 1, 7, 64, 200, 4099):
         data = os.urandom(size)
@@ -127,7 +127,7 @@ def test_fast_checksum_agrees_with_crcmod():
 
 
 def test_everything_works_on_the_crcmod_fallback(monkeypatch):
-    import broker.message as message
+    import broker.common.message as message
 
     monkeypatch.setattr(message, "checksum", message.crc32c)
     data = encode_message_set(entries(5))
@@ -145,7 +145,7 @@ def _entry_v1(value: bytes, timestamp: int = 1, attributes: int = 0) -> bytes:
     """An entry as magic-1 writers made it: the CRC covers the bytes after the crc field only."""
     import struct
 
-    from broker.message import crc32c
+    from broker.common.message import crc32c
 
     covered = struct.pack(">qi", timestamp, -1) + value
     return struct.pack(">ibbI", len(covered) + 6, 1, attributes, crc32c(covered)) + covered
@@ -174,7 +174,7 @@ def test_magic_1_entries_are_still_read_and_accepted():
 
 
 def _wrapper(value: bytes, codec: int = 1) -> bytes:
-    from broker.message import append_entry
+    from broker.common.message import append_entry
 
     out = bytearray()
     append_entry(out, value, None, 1, codec)

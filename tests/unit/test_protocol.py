@@ -1,13 +1,13 @@
-"""The wire codecs (broker/protocol.py) without a broker: every request and response
+"""The wire codecs (broker/common/protocol.py) without a broker: every request and response
 type round-trips, and a few byte layouts are pinned to docs/protocol.md (a contract)."""
 
 import struct
 
 import pytest
 
-from broker.errors import ErrorCode, InvalidRequest, OffsetOutOfRange, UnknownTopic
-from broker.log.segment import FileRegion
-from broker.protocol import (
+from broker.common.errors import ErrorCode, InvalidRequest, OffsetOutOfRange, UnknownTopic
+from broker.server.log.segment import FileRegion
+from broker.common.protocol import (
     REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
     MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
     LeaderEpochEndRequest, LeaderEpochEndResponse, ProducePart, ProduceRequest, ProduceResponse, Reader,
@@ -286,7 +286,7 @@ def test_leader_epoch_end_layout_and_round_trip():
 
 
 def test_replication_error_codes_are_pinned():
-    from broker.errors import (
+    from broker.common.errors import (
         FencedLeaderEpoch, InvalidReplicationFactor, NotEnoughReplicas, NotEnoughReplicasAfterAppend,
         PartitionOffline, RequestTimedOut, error_for,
     )

@@ -4,9 +4,9 @@ byte buffer standing for a partition: no broker needed for the walk itself."""
 import pytest
 
 from broker.client.ranges import last_boundary, walk_range
-from broker.errors import LogbusError
-from broker.message import CorruptEntry, encode_message_set, iter_messages, whole_entries
-from broker.protocol import FetchResponse
+from broker.common.errors import LogbusError
+from broker.common.message import CorruptEntry, encode_message_set, iter_messages, whole_entries
+from broker.common.protocol import FetchResponse
 
 ENTRY = 22 + 10  # 10-byte values
 

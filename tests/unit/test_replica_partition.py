@@ -1,4 +1,4 @@
-"""A leader's book-keeping of one replicated partition (broker/replication/partition.py)
+"""A leader's book-keeping of one replicated partition (broker/server/replication/partition.py)
 on a real log: the high watermark over the ISR, who may join, who lags, acks=-1."""
 
 import asyncio
@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from broker.errors import NotEnoughReplicasAfterAppend, NotLeaderForPartition, RequestTimedOut
-from broker.log.log import Log, LogConfig
-from broker.log.scheduler import FlushScheduler
-from broker.replication.partition import Partition
-from broker.zklayout import PartitionState
+from broker.common.errors import NotEnoughReplicasAfterAppend, NotLeaderForPartition, RequestTimedOut
+from broker.server.log.log import Log, LogConfig
+from broker.server.log.scheduler import FlushScheduler
+from broker.server.replication.partition import Partition
+from broker.common.zklayout import PartitionState
 from tests.unit.test_log import append
 
 

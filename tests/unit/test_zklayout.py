@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from broker.errors import UnknownError
-from broker.protocol import BrokerInfo
-from broker.zklayout import (
+from broker.common.errors import UnknownError
+from broker.common.protocol import BrokerInfo
+from broker.common.zklayout import (
     assign_round_robin, broker_path, consumer_path, decode_assignment, decode_broker, decode_offset,
     decode_subscription, encode_assignment, encode_broker, encode_offset, encode_subscription, group_ids_path,
     offset_path, offsets_path, owner_path, owners_path, topic_path,
@@ -62,7 +62,7 @@ def test_round_robin_needs_a_live_broker():
 
 
 def test_partition_state_node_follows_the_contract():
-    from broker.zklayout import PartitionState, controller_epoch_path, controller_path, partition_state_path
+    from broker.common.zklayout import PartitionState, controller_epoch_path, controller_path, partition_state_path
 
     assert partition_state_path("clicks", 3) == "/brokers/topics/clicks/partitions/3/state"
     assert (controller_path(), controller_epoch_path()) == ("/controller", "/controller_epoch")
@@ -73,7 +73,7 @@ def test_partition_state_node_follows_the_contract():
 
 
 def test_replicas_are_distinct_brokers_after_the_leader():
-    from broker.errors import InvalidReplicationFactor
+    from broker.common.errors import InvalidReplicationFactor
 
     assignment = assign_round_robin("t", 6, [0, 1, 2], 3)
     assert all(sorted(r) == [0, 1, 2] for r in assignment.values())

@@ -1,0 +1,85 @@
+"""Request and response frames (docs/protocol.md): the request header, and the
+response header whose error code, when not 0, is followed by a string explaining the
+error in place of the body — so a client can show the broker's reason."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from broker.common.errors import ErrorCode, InvalidRequest, error_for
+from broker.common.protocol.primitives import API_VERSION, ApiKey, Reader, SIZE, Writer
+
+
+REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id (+ client_id)
+
+
+RESPONSE_HEADER = struct.Struct(">iih")  # size, correlation_id, error_code
+
+
+@dataclass(frozen=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str
+
+
+def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: bytes | bytearray,
+                   api_version: int = API_VERSION) -> bytes:
+    w = Writer()
+    w.buf += SIZE.pack(0)
+    w.buf += REQUEST_HEADER.pack(api_key, api_version, correlation_id)
+    w.string(client_id)
+    w.raw(body)
+    SIZE.pack_into(w.buf, 0, len(w.buf) - 4)
+    return bytes(w.buf)
+
+
+def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, Reader]:
+    """Parse the header of a frame (without its size field)."""
+    r = Reader(frame)
+    api_key, api_version, correlation_id = r._unpack(REQUEST_HEADER)
+    return RequestHeader(api_key, api_version, correlation_id, r.string()), r
+
+
+# A response body is a list of parts: bytes, and in fetch responses the message set as
+# given — bytes in clients and tests, a file region the broker sends with sendfile (any
+# object with a length). `response_frame` puts the header in front.
+Body = list
+
+
+def response_header(correlation_id: int, error_code: int, body_size: int) -> bytes:
+    return RESPONSE_HEADER.pack(body_size + 6, correlation_id, error_code)
+
+
+def response_frame(correlation_id: int, body: Body) -> Body:
+    """The frame of a successful response, the header joined to the first part so that a
+    small response is one write."""
+    if len(body) == 1 and type(body[0]) is bytes:  # most responses: one write, nothing to add up
+        return [RESPONSE_HEADER.pack(len(body[0]) + 6, correlation_id, ErrorCode.NONE) + body[0]]
+    head = response_header(correlation_id, ErrorCode.NONE, sum(map(len, body)))
+    if body and isinstance(body[0], bytes):
+        return [head + body[0], *body[1:]]
+    return [head, *body]
+
+
+def error_response(correlation_id: int, error_code: int, message: str) -> bytes:
+    body = Writer().string(message[:2000]).buf
+    return response_header(correlation_id, error_code, len(body)) + body
+
+
+def decode_response_header(frame: bytes | memoryview) -> tuple[int, int, Reader]:
+    """(correlation_id, error_code, reader at the body) of a frame without its size."""
+    r = Reader(frame)
+    return r.int32(), r.int16(), r
+
+
+def raise_for_error(error_code: int, r: Reader) -> None:
+    """Raise the error a response carries, with the broker's explanation."""
+    if error_code != ErrorCode.NONE:
+        try:
+            message = r.string()
+        except InvalidRequest:
+            message = ""
+        raise error_for(error_code, message)

@@ -1,0 +1,192 @@
+"""The requests clients send (docs/protocol.md): produce, fetch, offsets, metadata,
+topic creation — each a frozen dataclass that encodes and decodes its body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from broker.common.errors import InvalidRequest
+from broker.common.protocol.primitives import ApiKey, Reader, Writer
+from broker.common.protocol.replication import LeaderEpochEndRequest, ReplicaFetchRequest
+
+
+@dataclass(frozen=True)
+class ProduceRequest:
+    API: ClassVar[ApiKey] = ApiKey.PRODUCE
+    acks: int
+    timeout_ms: int
+    topic: str
+    partition: int
+    messages: bytes | memoryview
+
+    def encode(self) -> bytes:
+        return bytes(
+            Writer().int8(self.acks).int32(self.timeout_ms).string(self.topic).int32(self.partition).sized(self.messages).buf
+        )
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ProduceRequest":
+        acks, timeout_ms, topic, partition = r.int8(), r.int32(), r.string(), r.int32()
+        messages = r.raw(r.int32())
+        r.done()
+        return cls(_check_acks(acks), timeout_ms, topic, partition, messages)
+
+
+def _check_acks(acks: int) -> int:
+    if acks not in (0, 1, -1):
+        raise InvalidRequest(f"acks must be 0, 1 or -1, not {acks}")
+    return acks
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    API: ClassVar[ApiKey] = ApiKey.FETCH
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    max_wait_ms: int = 0
+    min_bytes: int = 0
+
+    def write(self, w: Writer) -> Writer:
+        return w.string(self.topic).int32(self.partition).int64(self.offset).int32(self.max_bytes).int32(
+            self.max_wait_ms
+        ).int32(self.min_bytes)
+
+    def encode(self) -> bytes:
+        return bytes(self.write(Writer()).buf)
+
+    @classmethod
+    def read(cls, r: Reader) -> "FetchRequest":
+        req = cls(r.string(), r.int32(), r.int64(), r.int32(), r.int32(), r.int32())
+        if req.max_bytes < 0 or req.max_wait_ms < 0 or req.min_bytes < 0:
+            raise InvalidRequest(f"negative max_bytes, max_wait_ms or min_bytes in {req}")
+        return req
+
+    @classmethod
+    def decode(cls, r: Reader) -> "FetchRequest":
+        req = cls.read(r)
+        r.done()
+        return req
+
+
+@dataclass(frozen=True)
+class MultiFetchRequest:
+    """Several fetches in one round trip. The broker answers when any one of them has
+    reached its `min_bytes`, or when the longest `max_wait_ms` has passed."""
+
+    API: ClassVar[ApiKey] = ApiKey.MULTIFETCH
+    fetches: list[FetchRequest]
+
+    def encode(self) -> bytes:
+        w = Writer().int16(len(self.fetches))
+        for f in self.fetches:
+            f.write(w)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "MultiFetchRequest":
+        n = r.int16()
+        if n < 0:
+            raise InvalidRequest(f"negative fetch count {n}")
+        fetches = [FetchRequest.read(r) for _ in range(n)]
+        r.done()
+        return cls(fetches)
+
+
+@dataclass(frozen=True)
+class ProducePart:
+    topic: str
+    partition: int
+    messages: bytes | memoryview
+
+
+@dataclass(frozen=True)
+class MultiProduceRequest:
+    API: ClassVar[ApiKey] = ApiKey.MULTIPRODUCE
+    acks: int
+    timeout_ms: int
+    parts: list[ProducePart]
+
+    def encode(self) -> bytes:
+        w = Writer().int8(self.acks).int32(self.timeout_ms).int16(len(self.parts))
+        for p in self.parts:
+            w.string(p.topic).int32(p.partition).sized(p.messages)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "MultiProduceRequest":
+        acks, timeout_ms, n = r.int8(), r.int32(), r.int16()
+        if n < 0:
+            raise InvalidRequest(f"negative part count {n}")
+        parts = []
+        for _ in range(n):
+            topic, partition = r.string(), r.int32()
+            parts.append(ProducePart(topic, partition, r.raw(r.int32())))
+        r.done()
+        return cls(_check_acks(acks), timeout_ms, parts)
+
+
+@dataclass(frozen=True)
+class OffsetsRequest:
+    API: ClassVar[ApiKey] = ApiKey.OFFSETS
+    topic: str
+    partition: int
+    time: int
+    max_offsets: int = 1
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.partition).int64(self.time).int32(self.max_offsets).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "OffsetsRequest":
+        req = cls(r.string(), r.int32(), r.int64(), r.int32())
+        r.done()
+        if req.max_offsets < 0:
+            raise InvalidRequest(f"negative max_offsets {req.max_offsets}")
+        return req
+
+
+@dataclass(frozen=True)
+class MetadataRequest:
+    API: ClassVar[ApiKey] = ApiKey.METADATA
+    topics: list[str] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        w = Writer().int32(len(self.topics))
+        for t in self.topics:
+            w.string(t)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "MetadataRequest":
+        topics = [r.string() for _ in range(r.count())]
+        r.done()
+        return cls(topics)
+
+
+@dataclass(frozen=True)
+class CreateTopicRequest:
+    API: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    topic: str
+    partitions: int
+    replication_factor: int = 1
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.partitions).int16(self.replication_factor).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "CreateTopicRequest":
+        req = cls(r.string(), r.int32(), r.int16())
+        r.done()
+        return req
+
+
+REQUEST_TYPES: dict[int, type] = {
+    cls.API: cls
+    for cls in (
+        ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
+        MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest,
+    )
+}

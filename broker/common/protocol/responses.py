@@ -1,0 +1,187 @@
+"""The answers to the clients' requests (docs/protocol.md): produce and fetch
+responses, the per-partition results of the MULTI* requests, offsets and metadata."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from broker.common.errors import ErrorCode, LogbusError, error_for
+from broker.common.protocol.primitives import Reader, Writer, _I64
+from broker.common.protocol.frames import Body
+
+
+@dataclass(frozen=True)
+class ProduceResponse:
+    base_offset: int
+    next_offset: int
+
+    def encode(self) -> bytes:
+        return _I64.pack(self.base_offset) + _I64.pack(self.next_offset)
+
+    def encode_parts(self) -> Body:
+        return [self.encode()]
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ProduceResponse":
+        return cls(r.int64(), r.int64())
+
+
+FETCH_RESPONSE_HEAD = struct.Struct(">qi")  # high_watermark, set_size
+
+
+@dataclass(frozen=True)
+class FetchResponse:
+    high_watermark: int
+    messages: bytes | memoryview  # or, in the broker, the file region holding them
+
+    def encode_parts(self) -> Body:
+        return [FETCH_RESPONSE_HEAD.pack(self.high_watermark, len(self.messages)), self.messages]
+
+    @classmethod
+    def read(cls, r: Reader) -> "FetchResponse":
+        high_watermark = r.int64()
+        return cls(high_watermark, r.raw(r.int32()))
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """One entry of a MULTI* response: the value, or the error it carries."""
+
+    error_code: int
+    value: object = None
+    message: str = ""
+
+    def unwrap(self):
+        if self.error_code != ErrorCode.NONE:
+            raise error_for(self.error_code, self.message)
+        return self.value
+
+    @classmethod
+    def failed(cls, error: LogbusError) -> "PartitionResult":
+        return cls(error.code, None, str(error))
+
+
+def encode_results(results: list[PartitionResult], keys: list[tuple[str, int]] | None = None) -> Body:
+    """A MULTI* response body: int16 n, n × (int16 error_code, the value's body — or the
+    error string); with `keys`, each entry starts with its topic and int32 partition. A
+    value's message set (a fetch's file region) stays its own part."""
+    body: Body = []
+    w = Writer().int16(len(results))
+    for i, result in enumerate(results):
+        if keys is not None:
+            w.string(keys[i][0]).int32(keys[i][1])
+        w.int16(result.error_code)
+        if result.error_code != ErrorCode.NONE:
+            w.string(result.message)
+            continue
+        for part in result.value.encode_parts():
+            if isinstance(part, (bytes, bytearray, memoryview)):
+                w.raw(part)
+            elif part.length:  # an empty file region adds nothing to send
+                body += [bytes(w.buf), part]
+                w = Writer()
+    if w.buf:
+        body.append(bytes(w.buf))
+    return body
+
+
+def decode_multifetch(r: Reader) -> list[PartitionResult]:
+    return _decode_results(r, FetchResponse.read)
+
+
+def decode_multiproduce(r: Reader) -> list[PartitionResult]:
+    return _decode_results(r, ProduceResponse.decode)
+
+
+def _decode_results(r: Reader, decode_value) -> list[PartitionResult]:
+    return [_decode_result(r, decode_value) for _ in range(r.int16())]
+
+
+def _decode_result(r: Reader, decode_value) -> PartitionResult:
+    code = r.int16()
+    if code == ErrorCode.NONE:
+        return PartitionResult(code, decode_value(r))
+    return PartitionResult(code, None, r.string())
+
+
+def decode_offsets(r: Reader) -> list[int]:
+    return [r.int64() for _ in range(r.count())]
+
+
+def encode_offsets(offsets: list[int]) -> bytes:
+    w = Writer().int32(len(offsets))
+    for o in offsets:
+        w.int64(o)
+    return bytes(w.buf)
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    broker_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class PartitionMetadata:
+    partition: int
+    leader: int  # -1 while the partition has no live leader (offline)
+    replicas: list[int]
+    earliest: int = -1  # offsets only from the partition's leader, -1 elsewhere
+    latest: int = -1
+    leader_epoch: int = 0  # version 1 only (a version 0 answer decodes as 0)
+    isr: list[int] = field(default_factory=list)  # version 1 only (a version 0 answer decodes as [])
+
+
+@dataclass(frozen=True)
+class TopicMetadata:
+    topic: str
+    error_code: int
+    partitions: list[PartitionMetadata]
+
+
+METADATA_VERSION = 1  # clients ask for version 1: leader epoch and ISR per partition
+
+
+@dataclass(frozen=True)
+class MetadataResponse:
+    brokers: list[BrokerInfo]
+    topics: list[TopicMetadata]
+
+    def encode(self, version: int = 0) -> bytes:
+        w = Writer().int32(len(self.brokers))
+        for b in self.brokers:
+            w.int32(b.broker_id).string(b.host).int32(b.port)
+        w.int32(len(self.topics))
+        for t in self.topics:
+            w.string(t.topic).int16(t.error_code).int32(len(t.partitions))
+            for p in t.partitions:
+                w.int32(p.partition).int32(p.leader).int16(len(p.replicas))
+                for replica in p.replicas:
+                    w.int32(replica)
+                w.int64(p.earliest).int64(p.latest)
+                if version >= 1:
+                    w.int32(p.leader_epoch).int16(len(p.isr))
+                    for member in p.isr:
+                        w.int32(member)
+        return bytes(w.buf)
+
+    @classmethod
+    def decode(cls, r: Reader, version: int = 0) -> "MetadataResponse":
+        brokers = [BrokerInfo(r.int32(), r.string(), r.int32()) for _ in range(r.count())]
+        topics = []
+        for _ in range(r.count()):
+            topic, code = r.string(), r.int16()
+            partitions = []
+            for _ in range(r.count()):
+                partition, leader = r.int32(), r.int32()
+                replicas = [r.int32() for _ in range(r.int16())]
+                earliest, latest = r.int64(), r.int64()
+                epoch, isr = 0, []
+                if version >= 1:
+                    epoch = r.int32()
+                    isr = [r.int32() for _ in range(r.int16())]
+                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest, epoch, isr))
+            topics.append(TopicMetadata(topic, code, partitions))
+        return cls(brokers, topics)

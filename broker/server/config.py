@@ -1,0 +1,181 @@
+"""Broker settings: one typed object, defaults in one place (STYLE: "the code below
+never reads raw strings").
+
+Sources, later ones winning: defaults < properties file < `--set key=value` and the
+common flags. Unknown keys and bad values fail at start with a message that names
+the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+DAY_MS = 24 * 3600 * 1000
+
+
+class ConfigError(ValueError):
+    """A setting that is unknown or whose value cannot be used."""
+
+
+def _setting(key: str, default: Any, parse: Callable[[str], Any], check: Callable[[Any], bool] | None = None, rule: str = ""):
+    return field(default=default, metadata={"key": key, "parse": parse, "check": check, "rule": rule})
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _dirs(text: str) -> tuple[Path, ...]:
+    dirs = tuple(Path(p.strip()) for p in text.split(",") if p.strip())
+    if not dirs:
+        raise ValueError("expected a comma-separated list of directories")
+    return dirs
+
+
+def _per_topic(text: str) -> tuple[tuple[str, int], ...]:
+    """`topic:value,topic:value` (empty: no overrides), as (topic, value) pairs so the
+    config stays immutable; `dict()` them to look up."""
+    from broker.common.protocol import check_topic_name
+
+    overrides = {}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        topic, sep, value = item.rpartition(":")
+        if not sep:
+            raise ValueError(f"expected topic:value, got {item!r}")
+        try:
+            check_topic_name(topic)
+        except Exception as exc:
+            raise ValueError(str(exc)) from None
+        overrides[topic] = int(value)
+    return tuple(sorted(overrides.items()))
+
+
+_positive = (lambda v: v > 0, "must be > 0")
+_non_negative = (lambda v: v >= 0, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: int = _setting("broker.id", -1, int, lambda v: v >= 0, "must be >= 0 (and is required)")
+    host: str = _setting("host", "127.0.0.1", str)
+    port: int = _setting("port", 9092, int, lambda v: 0 < v < 65536, "must be a TCP port 1-65535")
+    log_dirs: tuple[Path, ...] = _setting("log.dirs", (Path("/tmp/logbus-logs"),), _dirs)
+    zookeeper_connect: str = _setting("zookeeper.connect", "", str, bool, "is required (host:port[,host:port][/chroot])")
+    zookeeper_session_timeout_ms: int = _setting("zookeeper.session.timeout.ms", 6000, int, *_positive)
+    zookeeper_connection_timeout_ms: int = _setting("zookeeper.connection.timeout.ms", 10000, int, *_positive)
+    zookeeper_reconnect_backoff_max_ms: int = _setting("zookeeper.reconnect.backoff.max.ms", 1000, int, *_positive)
+    num_partitions: int = _setting("num.partitions", 1, int, *_positive)
+    auto_create_topics: bool = _setting("auto.create.topics", True, _bool)
+    log_segment_bytes: int = _setting("log.segment.bytes", 1 * GiB, int, lambda v: v >= 1024, "must be >= 1024")
+    log_roll_ms: int = _setting("log.roll.ms", 7 * DAY_MS, int, *_positive)
+    log_flush_interval_messages: int = _setting("log.flush.interval.messages", 10_000, int, *_positive)
+    log_flush_interval_ms: int = _setting("log.flush.interval.ms", 200, int, *_positive)
+    log_retention_ms: int = _setting("log.retention.ms", 7 * DAY_MS, int, lambda v: v > 0 or v == -1, "must be > 0, or -1 for no limit")
+    log_retention_bytes: int = _setting("log.retention.bytes", -1, int, lambda v: v > 0 or v == -1, "must be > 0, or -1 for no limit")
+    log_retention_ms_per_topic: tuple[tuple[str, int], ...] = _setting(
+        "log.retention.ms.per.topic", (), _per_topic, lambda m: all(v > 0 or v == -1 for _, v in m),
+        "values must be > 0, or -1 for no limit",
+    )
+    log_retention_bytes_per_topic: tuple[tuple[str, int], ...] = _setting(
+        "log.retention.bytes.per.topic", (), _per_topic, lambda m: all(v > 0 or v == -1 for _, v in m),
+        "values must be > 0, or -1 for no limit",
+    )
+    log_retention_check_interval_ms: int = _setting("log.retention.check.interval.ms", 300_000, int, *_positive)
+    message_max_bytes: int = _setting("message.max.bytes", 1 * MiB, int, lambda v: v >= 64, "must be >= 64")
+    message_max_decompressed_bytes: int = _setting(
+        "message.max.decompressed.bytes", 64 * MiB, int, lambda v: v >= 1024, "must be >= 1024")
+    log_open_files_max: int = _setting("log.open.files.max", 0, int, *_non_negative)
+    log_dir_probe_interval_ms: int = _setting("log.dir.probe.interval.ms", 1000, int, *_positive)
+    socket_request_max_bytes: int = _setting("socket.request.max.bytes", 100 * MiB, int, lambda v: v >= 1024, "must be >= 1024")
+    connections_max_idle_ms: int = _setting("connections.max.idle.ms", 600_000, int, *_positive)
+    request_read_timeout_ms: int = _setting("request.read.timeout.ms", 30_000, int, *_positive)
+    fetch_max_wait_ms: int = _setting("fetch.max.wait.ms", 30_000, int, *_non_negative)
+    max_in_flight_requests: int = _setting("max.in.flight.requests.per.connection", 100, int, *_positive)
+    socket_send_buffer_max_bytes: int = _setting("socket.send.buffer.max.bytes", 1 * MiB, int, lambda v: v >= 64 * KiB, "must be >= 65536")
+    queued_max_request_bytes: int = _setting("queued.max.request.bytes", 128 * MiB, int, lambda v: v >= 1 * MiB, "must be >= 1048576")
+    # replication (docs/replication.md)
+    replica_lag_time_max_ms: int = _setting("replica.lag.time.max.ms", 10_000, int, *_positive)
+    min_insync_replicas: int = _setting("min.insync.replicas", 1, int, *_positive)
+    replica_fetch_max_bytes: int = _setting("replica.fetch.max.bytes", 1 * MiB, int, lambda v: v >= 1024, "must be >= 1024")
+    replica_fetch_wait_max_ms: int = _setting("replica.fetch.wait.max.ms", 500, int, *_non_negative)
+    default_replication_factor: int = _setting("default.replication.factor", 1, int, *_positive)
+    unclean_leader_election_enable: bool = _setting("unclean.leader.election.enable", False, _bool)
+    auto_leader_rebalance_enable: bool = _setting("auto.leader.rebalance.enable", True, _bool)
+    leader_imbalance_check_interval_seconds: int = _setting(
+        "leader.imbalance.check.interval.seconds", 300, int, *_positive)
+    leader_imbalance_per_broker_percentage: int = _setting(
+        "leader.imbalance.per.broker.percentage", 10, int, lambda v: 0 <= v <= 100, "must be between 0 and 100")
+    replica_high_watermark_checkpoint_interval_ms: int = _setting(
+        "replica.high.watermark.checkpoint.interval.ms", 5000, int, *_positive)
+
+    @classmethod
+    def keys(cls) -> dict[str, dataclasses.Field]:
+        return {f.metadata["key"]: f for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str]) -> "BrokerConfig":
+        """Build from `key -> text`; every problem is reported at once."""
+        known = cls.keys()
+        aliases = {"log.dir": "log.dirs"}
+        values: dict[str, Any] = {}
+        problems = []
+        for key, text in settings.items():
+            key = aliases.get(key, key)
+            f = known.get(key)
+            if f is None:
+                problems.append(f"unknown setting {key!r}")
+                continue
+            try:
+                value = f.metadata["parse"](str(text).strip())
+            except ValueError as exc:
+                problems.append(f"{key}={text!r}: {exc}")
+                continue
+            values[f.name] = value
+        config = cls(**values)
+        for key, f in known.items():
+            check = f.metadata["check"]
+            value = getattr(config, f.name)
+            if check is not None and not check(value):
+                problems.append(f"{key}={value!r} {f.metadata['rule']}")
+        if problems:
+            raise ConfigError("bad broker configuration:\n  " + "\n  ".join(problems))
+        return config
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Java-style `key=value` lines; `#` and `!` start comments."""
+    settings: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            key, sep, value = line.partition(":")
+        if not sep:
+            raise ConfigError(f"{path}:{number}: expected key=value, got {line!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        settings[key.strip()] = value
+    return settings

@@ -1,0 +1,363 @@
+"""One handler per API (docs/protocol.md). Every handler decodes its request and returns one
+shape: a `Reply`, the future of its response body (`protocol.Body`, encoded by
+`broker.common.protocol`), already resolved unless the request must wait (acks=-1, long-poll
+fetch, topic creation). A body of None means no response at all (acks=0).
+
+Handlers raise `LogbusError`s; the connection turns them into error responses — or,
+for an acks=0 request, into a log line only: such a request is never answered, not
+even with an error, or a pipelining client would take that frame for the answer to
+its next request (`server.Connection._refused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from dataclasses import dataclass
+from typing import Callable, Coroutine
+
+from broker.server.config import BrokerConfig
+from broker.common.errors import (
+    BrokerShuttingDown, ErrorCode, InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition,
+    TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
+)
+from broker.server.log.log import Log
+from broker.server.log.manager import LogManager
+from broker.server.log.scheduler import FlushScheduler
+from broker.common.message import validate_message_set
+from broker.common.protocol import (
+    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, LeaderEpochEndRequest,
+    MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata,
+    PartitionResult, ProduceRequest, ProduceResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata,
+    check_topic_name, encode_offsets, encode_results,
+)
+from broker.common.partitionstates import live_leader
+from broker.server.registration import BrokerRegistry
+from broker.server.replication.manager import ReplicaManager
+from broker.server.replication.partition import Partition
+
+logger = logging.getLogger(__name__)
+
+Reply = asyncio.Future  # of Body | None
+MAX_PARTITIONS = 10_000
+MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
+
+
+@dataclass(frozen=True)
+class Appended:
+    """One partition's append, as its acknowledgement needs it: where it ends, and for a
+    replicated partition the leader epoch it was appended in (None: unreplicated). An
+    acks=-1 answer is bound to that epoch (docs/replication.md)."""
+
+    log: Log
+    base_offset: int
+    next_offset: int
+    epoch: int | None
+
+
+def answered(body: Body | None) -> Reply:
+    """A reply known at once."""
+    reply = asyncio.get_running_loop().create_future()
+    reply.set_result(body)
+    return reply
+
+
+def later(answer: Coroutine) -> Reply:
+    """A reply that waits (for a flush, data, or ZooKeeper)."""
+    return asyncio.ensure_future(answer)
+
+
+class RequestHandler:
+    def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler, registry: BrokerRegistry,
+                 replicas: ReplicaManager) -> None:
+        self.config = config
+        self.logs = logs
+        self.scheduler = scheduler
+        self.registry = registry
+        self.replicas = replicas
+        self.shutting_down = False
+        self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
+        self._handlers: dict[int, Callable[[Reader], Reply]] = {
+            ApiKey.PRODUCE: self.produce,
+            ApiKey.FETCH: self.fetch,
+            ApiKey.MULTIFETCH: self.multifetch,
+            ApiKey.MULTIPRODUCE: self.multiproduce,
+            ApiKey.OFFSETS: self.offsets,
+            ApiKey.METADATA: self.metadata,
+            ApiKey.CREATE_TOPIC: self.create_topic,
+            ApiKey.REPLICA_FETCH: self.replica_fetch,
+            ApiKey.LEADER_EPOCH_END: self.leader_epoch_end,
+        }
+
+    def handle(self, header: RequestHeader, reader: Reader) -> Reply:
+        handler = self._handlers.get(header.api_key)
+        if handler is None or header.api_version > MAX_API_VERSIONS.get(header.api_key, 0) or header.api_version < 0:
+            raise UnsupportedApi(f"api {header.api_key} version {header.api_version} is not supported")
+        if self.shutting_down:
+            raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
+        if header.api_key == ApiKey.METADATA:
+            return self.metadata(reader, header.api_version)
+        return handler(reader)
+
+    @functools.cached_property
+    def _no_reply(self) -> Reply:
+        """The reply of every acks=0 request: one resolved future, not one per request."""
+        return answered(None)
+
+    # ----------------------------------------------------------------- partitions
+
+    def leader_log(self, topic: str, partition: int) -> Log:
+        """The local log of a partition this broker leads, or the error saying why not."""
+        return self._led(topic, partition)[0]
+
+    def _led(self, topic: str, partition: int) -> tuple[Log, Partition | None]:
+        """A partition this broker leads: its log, and its replication state when it is
+        replicated (None: one replica); or the error saying why not."""
+        assignment = self.registry.view.topics.get(topic)  # known topics have valid names
+        if assignment is None:
+            check_topic_name(topic)
+            raise UnknownTopic(f"unknown topic {topic!r}")
+        replicas = assignment.get(partition)
+        if replicas is None:
+            raise UnknownPartition(f"topic {topic!r} has partitions 0..{len(assignment) - 1}, not {partition}")
+        if len(replicas) > 1:  # replicated: the leader is the state node's (broker.server.replication)
+            led = self.replicas.leader_partition(topic, partition)
+            return led.log, led
+        if replicas[0] != self.config.broker_id:
+            leader = self.registry.view.brokers.get(replicas[0])
+            where = f"{leader.host}:{leader.port}" if leader else "a broker that is down"
+            raise NotLeaderForPartition(f"partition {topic}-{partition} is led by broker {replicas[0]} ({where})")
+        return self.logs.get_or_create(topic, partition), None
+
+    def _pick_partition(self, topic: str) -> int:
+        assignment = self.registry.view.topics.get(topic)
+        if assignment is None:
+            raise UnknownTopic(f"unknown topic {topic!r}")
+        led = [p for p, r in assignment.items() if self._leader(topic, p, r) == self.config.broker_id]
+        if not led:
+            raise NotLeaderForPartition(f"broker {self.config.broker_id} leads no partition of topic {topic!r}")
+        return random.choice(led)
+
+    def _leader(self, topic: str, partition: int, replicas: list[int]) -> int:
+        return self.replicas.leader_of(topic, partition, replicas) if len(replicas) > 1 else replicas[0]
+
+    async def _auto_create(self, topic: str) -> None:
+        check_topic_name(topic)
+        if not self.config.auto_create_topics:
+            raise TopicCreationDisabled(f"unknown topic {topic!r} (auto.create.topics is off)")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions,
+                                   self.config.default_replication_factor)
+
+    def _append(self, topic: str, partition: int, messages, acks: int) -> Appended:
+        """Validate and append. An acknowledged append is in the page cache before its
+        answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
+        log, led = self._led(topic, partition)
+        if led is not None and acks == -1:
+            self.replicas.check_insync(led)
+        scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
+        buffered = acks == 0
+        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
+        if buffered:
+            self._unwritten.add(log)
+        self.scheduler.flusher(log).appended()
+        if led is None:
+            return Appended(log, result.base_offset, result.next_offset, None)
+        led.appended()
+        return Appended(log, result.base_offset, result.next_offset, led.epoch)
+
+    def write_unwritten(self) -> None:
+        """Called by connections after each socket read: one write per touched log."""
+        while self._unwritten:
+            self._unwritten.pop().write_unwritten()
+
+    # -------------------------------------------------------------------- produce
+
+    def produce(self, reader: Reader) -> Reply:
+        req = ProduceRequest.decode(reader)
+        if req.topic not in self.registry.view.topics:
+            return later(self._produce_after_create(req))
+        return self._produce(req)
+
+    async def _produce_after_create(self, req: ProduceRequest) -> Body | None:
+        await self._auto_create(req.topic)
+        return await self._produce(req)
+
+    def _produce(self, req: ProduceRequest) -> Reply:
+        partition = self._pick_partition(req.topic) if req.partition == -1 else req.partition
+        appended = self._append(req.topic, partition, req.messages, req.acks)
+        if req.acks == 0:  # the hot path of acks=0 producers: nothing is built for an answer
+            return self._no_reply
+        body = [ProduceResponse(appended.base_offset, appended.next_offset).encode()]
+        if req.acks == 1:
+            return answered(body)
+        return later(self._after_commit(body, appended, req.timeout_ms))
+
+    async def _after_commit(self, body: Body, appended: Appended, timeout_ms: int) -> Body:
+        await self._committed(appended, timeout_ms)
+        return body
+
+    def _committed(self, appended: Appended, timeout_ms: int) -> Coroutine:
+        """acks=-1: the fsync — for a replicated partition, the high watermark covering
+        the append in the epoch it was made in: flushed on every in-sync replica."""
+        if appended.epoch is None:
+            return self.scheduler.flusher(appended.log).wait_flushed(appended.next_offset)
+        return self.replicas.wait_committed(appended.log, appended.next_offset, appended.epoch, timeout_ms)
+
+    def multiproduce(self, reader: Reader) -> Reply:
+        """Each partition answers on its own, refused or appended and — with acks=-1 —
+        committed or not: one partition's failure never fails the others, so a producer
+        retries only the batches that failed."""
+        req = MultiProduceRequest.decode(reader)
+        results: list[PartitionResult] = []
+        appended: dict[int, Appended] = {}  # result index -> its append
+        for part in req.parts:
+            try:
+                partition = self._pick_partition(part.topic) if part.partition == -1 else part.partition
+                appended[len(results)] = done = self._append(part.topic, partition, part.messages, req.acks)
+            except LogbusError as exc:
+                logger.warning("multiproduce to %s-%d refused: %s", part.topic, part.partition, exc)
+                results.append(PartitionResult.failed(exc))
+            else:
+                results.append(PartitionResult(ErrorCode.NONE, ProduceResponse(done.base_offset, done.next_offset)))
+        if req.acks == 0:
+            return self._no_reply
+        if req.acks == 1 or not appended:
+            return answered(encode_results(results))
+        return later(self._multiproduce_committed(results, appended, req.timeout_ms))
+
+    async def _multiproduce_committed(self, results: list[PartitionResult], appended: dict[int, Appended],
+                                      timeout_ms: int) -> Body:
+        outcomes = await asyncio.gather(*(self._committed(a, timeout_ms) for a in appended.values()),
+                                        return_exceptions=True)
+        for (index, done), outcome in zip(appended.items(), outcomes):
+            if isinstance(outcome, LogbusError):
+                logger.warning("multiproduce to %s not committed: %s", done.log.name, outcome)
+                results[index] = PartitionResult.failed(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return encode_results(results)
+
+    # ---------------------------------------------------------------------- fetch
+
+    def fetch(self, reader: Reader) -> Reply:
+        req = FetchRequest.decode(reader)
+        log = self.leader_log(req.topic, req.partition)
+        region = log.read(req.offset, req.max_bytes)
+        if region.length >= req.min_bytes or req.max_wait_ms == 0:
+            return answered(FetchResponse(log.visible_offset, region).encode_parts())
+        return later(self._fetch_later(log, req))
+
+    async def _fetch_later(self, log: Log, req: FetchRequest) -> Body:
+        await self.scheduler.wait_for_data([(log, req.offset, req.min_bytes)], self._wait_seconds(req.max_wait_ms))
+        return FetchResponse(log.visible_offset, log.read(req.offset, req.max_bytes)).encode_parts()
+
+    def _wait_seconds(self, max_wait_ms: int) -> float:
+        return min(max_wait_ms, self.config.fetch_max_wait_ms) / 1000
+
+    def multifetch(self, reader: Reader) -> Reply:
+        req = MultiFetchRequest.decode(reader)
+        logs, results = self._multifetch_results(req)
+        if not req.fetches or any(
+            len(r.value.messages) >= f.min_bytes for r, f in zip(results, req.fetches) if r.error_code == ErrorCode.NONE
+        ):
+            return answered(encode_results(results))
+        return later(self._multifetch_later(req, logs, results))
+
+    def _multifetch_results(self, req: MultiFetchRequest) -> tuple[list[Log | None], list[PartitionResult]]:
+        """Each fetch's log (None when refused) and its result."""
+        logs, results = [], []
+        for f in req.fetches:
+            try:
+                log = self.leader_log(f.topic, f.partition)
+                region = log.read(f.offset, f.max_bytes)
+            except LogbusError as exc:
+                logs.append(None)
+                results.append(PartitionResult.failed(exc))
+            else:
+                logs.append(log)
+                results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.visible_offset, region)))
+        return logs, results
+
+    async def _multifetch_later(self, req: MultiFetchRequest, logs: list[Log | None], results) -> Body:
+        waits = [(log, f.offset, f.min_bytes) for log, f in zip(logs, req.fetches) if log is not None]
+        timeout = self._wait_seconds(max(f.max_wait_ms for f in req.fetches))
+        if waits and timeout > 0:
+            await self.scheduler.wait_for_data(waits, timeout)
+            results = self._multifetch_results(req)[1]
+        return encode_results(results)
+
+    # ------------------------------------------------------------ offsets, metadata
+
+    def offsets(self, reader: Reader) -> Reply:
+        req = OffsetsRequest.decode(reader)
+        log = self.leader_log(req.topic, req.partition)
+        return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
+
+    def metadata(self, reader: Reader, version: int = 0) -> Reply:
+        """Leaders come from the partition state nodes (the controller's decisions): -1
+        for an offline partition or a leader that is not registered. Version 1 adds
+        each partition's leader epoch and ISR."""
+        req = MetadataRequest.decode(reader)
+        view = self.registry.view
+        topics = []
+        for topic in req.topics or sorted(view.topics):
+            assignment = view.topics.get(topic)
+            if assignment is None:
+                try:
+                    check_topic_name(topic)
+                except LogbusError as exc:  # a name no topic can have is not merely unknown
+                    topics.append(TopicMetadata(topic, exc.code, []))
+                else:
+                    topics.append(TopicMetadata(topic, ErrorCode.UNKNOWN_TOPIC, []))
+                continue
+            partitions = []
+            for partition, replicas in sorted(assignment.items()):
+                state = self.registry.states.get(topic, partition, replicas)
+                leader = live_leader(state, view.brokers)
+                log = self.logs.get(topic, partition) if leader == self.config.broker_id else None
+                earliest, latest = (log.start_offset, log.visible_offset) if log else (-1, -1)
+                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest,
+                                                    state.leader_epoch, list(state.isr)))
+            topics.append(TopicMetadata(topic, 0, partitions))
+        brokers = sorted(view.brokers.values(), key=lambda b: b.broker_id)
+        return answered([MetadataResponse(brokers, topics).encode(version)])
+
+    # ---------------------------------------------------------------- replication
+
+    def replica_fetch(self, reader: Reader) -> Reply:
+        return later(self.replicas.replica_fetch(ReplicaFetchRequest.decode(reader)))
+
+    def leader_epoch_end(self, reader: Reader) -> Reply:
+        return answered(self.replicas.leader_epoch_end(LeaderEpochEndRequest.decode(reader)))
+
+    def create_topic(self, reader: Reader) -> Reply:
+        req = CreateTopicRequest.decode(reader)
+        check_topic_name(req.topic)
+        if req.partitions == AUTO_PARTITIONS:
+            return later(self._auto_create_topic(req.topic))
+        if not 1 <= req.partitions <= MAX_PARTITIONS:
+            raise InvalidRequest(
+                f"partitions must be 1..{MAX_PARTITIONS}, or {AUTO_PARTITIONS} for the broker's num.partitions, "
+                f"not {req.partitions}"
+            )
+        if req.replication_factor < -1:
+            raise InvalidReplicationFactor(
+                f"replication factor {req.replication_factor}: must be >= 1, or 0/-1 for default.replication.factor")
+        return later(self._create_topic(req))
+
+    async def _auto_create_topic(self, topic: str) -> Body:
+        """Clients that learn a topic is missing ask for it to be created exactly as a
+        first produce would: num.partitions, only if auto.create.topics is on, and an
+        existing topic is success."""
+        if topic not in self.registry.view.topics:
+            await self._auto_create(topic)
+        return []
+
+    async def _create_topic(self, req: CreateTopicRequest) -> Body:
+        loop = asyncio.get_running_loop()
+        factor = req.replication_factor if req.replication_factor > 0 else self.config.default_replication_factor
+        await loop.run_in_executor(None, self.registry.create_topic, req.topic, req.partitions, factor)
+        return []

@@ -1,0 +1,389 @@
+"""One partition: its segments, and the paper's verbs — append, flush, read, roll,
+recover, delete old segments, offsets before a time.
+
+Concurrency: appends and flushes may come from different threads (fsync runs in a
+worker so it never blocks the event loop). `_lock` guards the active segment's writes,
+`size` and timestamps, the unflushed counters, and replacing `_view`. Readers take no
+lock: `_view` is an immutable (segments, base offsets) pair replaced on roll and
+delete (copy-on-write), and `_flushed` is a single int.
+
+Failures: an append either happens entirely or leaves the segment, its size and the
+end offset as they were (see `Segment`); a write error becomes `StorageError` and, for
+errors about the directory (full, read-only, I/O), takes the whole `LogDir` offline so
+that later appends are refused without touching the disk until a probe finds it
+writable again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
+from broker.server.log.epochs import LeaderEpochCache
+from broker.server.log.files import SHARED, FileCache
+from broker.server.log.logdir import LogDir
+from broker.server.log.segment import EMPTY, SUFFIX, FileRegion, Segment
+from broker.common.message import ScanStop, scan
+from broker.common.protocol import EARLIEST, LATEST
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    segment_bytes: int = 1 << 30
+    roll_ms: int = 7 * 24 * 3600 * 1000
+    flush_interval_messages: int = 10_000
+    flush_interval_ms: int = 200
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1: keep forever
+    retention_bytes: int = -1  # -1: no size limit
+    max_entry_bytes: int = 100 << 20  # recovery treats a larger size field as garbage
+    # broker-wide, read by the LogManager (they travel here because the manager is built from a LogConfig factory)
+    open_files_max: int = 0  # segment files kept open at most; 0: half the open-files limit
+    dir_probe_interval_ms: int = 1000  # how often an offline log directory is probed
+    dir_min_free_bytes: int = 1 << 20  # free space a probe needs before the directory goes back online
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    next_offset: int
+
+
+class Log:
+    def __init__(
+        self, directory: Path, topic: str, partition: int, config: LogConfig, recover: bool = False,
+        files: FileCache = SHARED, log_dir: LogDir | None = None,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self.log_dir = log_dir or LogDir(directory.parent, config.dir_probe_interval_ms, config.dir_min_free_bytes)
+        self._files = files
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one fsync pass at a time per partition
+        directory.mkdir(parents=True, exist_ok=True)
+        segments = [Segment.open(p, files) for p in sorted(directory.glob("*" + SUFFIX))]
+        if not segments:
+            segments = [Segment.create(directory, 0, files)]
+        self._set_segments(segments)
+        if recover:
+            self.recover()
+        for segment in self.segments:
+            if segment.min_timestamp < 0 and segment.size and not segment.has_meta:
+                segment.recover(config.max_entry_bytes)  # no sidecar: learn its timestamps
+        self._flushed = self.end_offset  # what survived start-up is on disk
+        # replicated partitions: the high watermark (min flushed end over the ISR), None
+        # for an unreplicated one, whose consumers see up to its flushed end
+        self.high_watermark: int | None = None
+        self.epochs = LeaderEpochCache(directory)
+        self.epochs.truncate_from(self.end_offset + 1)  # recovery may have cut the tail of a newer epoch
+        self._unflushed_messages = 0
+        self._first_unflushed = 0.0
+        self._rolled_at = time.monotonic()
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def _set_segments(self, segments: list[Segment]) -> None:
+        self._view = (tuple(segments), tuple(s.base_offset for s in segments))
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return self._view[0]
+
+    @property
+    def start_offset(self) -> int:
+        return self._view[0][0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """End of everything appended, flushed or not."""
+        return self._view[0][-1].end_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        """End of what is on this broker's disk."""
+        return self._flushed
+
+    @property
+    def visible_offset(self) -> int:
+        """What consumers may read up to: the flushed end (the paper's rule) or, for a
+        replicated partition, the high watermark — flushed on every in-sync replica."""
+        hw = self.high_watermark
+        return self._flushed if hw is None else min(hw, self._flushed)
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # ------------------------------------------------------------------ append and roll
+
+    def append(
+        self, message_set: bytes | memoryview, count: int, min_timestamp: int, max_timestamp: int,
+        buffered: bool = False,
+    ) -> AppendResult:
+        """Append an already validated set with one write; returns its offsets. With
+        `buffered`, the write may wait for `write_unwritten` (or the next flush or roll),
+        so one syscall covers many small sets.
+
+        Raises StorageError, with nothing appended, when the write (or the roll before
+        it) fails or the log directory is offline."""
+        if not self.log_dir.online:
+            self.log_dir.check_writable(self.name)
+        with self._lock:
+            try:
+                active = self.segments[-1]
+                if active.size and (
+                    active.size + len(message_set) > self.config.segment_bytes
+                    or (time.monotonic() - self._rolled_at) * 1000 >= self.config.roll_ms
+                ):
+                    active = self._roll()
+                base = active.end_offset
+                active.append(message_set, buffered)
+            except OSError as exc:
+                raise self.log_dir.failed(exc, self.name, f"append of {len(message_set)} bytes") from None
+            active.note_timestamps(min_timestamp, max_timestamp)
+            if not self._unflushed_messages:
+                self._first_unflushed = time.monotonic()
+            self._unflushed_messages += count
+            return AppendResult(base, active.end_offset)
+
+    def append_replica(self, message_set: bytes | memoryview) -> AppendResult:
+        """A follower's append of its leader's bytes: the whole entries at the front of
+        `message_set` (a fetch may end in a partial one) are checked — sizes, CRCs — and
+        appended unchanged, so the replica stays byte-identical to the leader."""
+        result = scan(message_set, self.config.max_entry_bytes)
+        if result.stop not in (ScanStop.END, ScanStop.PARTIAL):
+            raise InvalidMessage(f"replicated set for {self.name} at offset {self.end_offset}: {result.error}")
+        if not result.valid_bytes:
+            return AppendResult(self.end_offset, self.end_offset)
+        with memoryview(message_set) as view:
+            return self.append(view[: result.valid_bytes], result.count, result.min_timestamp, result.max_timestamp)
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop everything at and after the message boundary `offset` (a follower whose
+        log diverged from its leader's): later segments deleted, the one holding
+        `offset` cut and fsync'd, the epoch cache cut too. Returns the bytes removed."""
+        with self._lock:
+            segments = list(self.segments)
+            end = segments[-1].end_offset
+            if offset >= end:
+                return 0
+            if offset < segments[0].base_offset:
+                raise OffsetOutOfRange(f"cannot truncate {self.name} to {offset}: the log starts at "
+                                       f"{segments[0].base_offset}")
+            keep = [s for s in segments if s.base_offset <= offset]
+            if len(keep) > 1 and keep[-1].base_offset == offset:
+                keep.pop()  # `offset` is a segment's start: cut at the end of the one before
+            active = keep[-1]
+            position = offset - active.base_offset
+            if 0 < position < active.size and not active.is_boundary(position):
+                raise InvalidRequest(f"cannot truncate {self.name} to {offset}: not a message boundary")
+            try:
+                active.truncate(position)
+                for segment in segments[len(keep):]:
+                    segment.delete()
+                    segment.close()
+            except OSError as exc:
+                raise self.log_dir.failed(exc, self.name, f"truncation to {offset}") from None
+            active.recover(self.config.max_entry_bytes)  # refresh its timestamps
+            self._set_segments(keep)
+            self._flushed = min(self._flushed, offset)
+            if self.high_watermark is not None:
+                self.high_watermark = min(self.high_watermark, offset)
+        self.epochs.truncate_from(offset)
+        logger.info("%s: truncated to offset %d (%d bytes removed)", self.name, offset, end - offset)
+        return end - offset
+
+    def _roll(self) -> Segment:
+        """Start a new segment at the end offset. Caller holds `_lock`."""
+        old = self.segments[-1]
+        old.write_unwritten()
+        old.write_meta()
+        segment = Segment.create(self.directory, old.end_offset, self._files)
+        self._set_segments([*self.segments, segment])
+        self._rolled_at = time.monotonic()
+        logger.info("%s: rolled to segment %s", self.name, segment.path.name)
+        return segment
+
+    # ------------------------------------------------------------------------- flush
+
+    def write_unwritten(self) -> None:
+        """Hand buffered appends to the OS (page cache). These are acks=0 appends: if the
+        write fails they are dropped (the segment is cut back) and the failure is logged
+        by the log directory, never raised into the connection that buffered them."""
+        with self._lock:
+            self._write_buffered()
+
+    def _write_buffered(self) -> None:
+        """`write_unwritten` of the active segment, a failure logged not raised. Caller
+        holds `_lock`."""
+        try:
+            self.segments[-1].write_unwritten()
+        except OSError as exc:
+            self.log_dir.failed(exc, self.name, "write of buffered acks=0 appends")
+
+    @property
+    def unflushed_messages(self) -> int:
+        return self._unflushed_messages
+
+    def flush_due(self, now: float | None = None) -> bool:
+        """True once M messages or S milliseconds of unflushed data have piled up."""
+        if not self._unflushed_messages:
+            return False
+        if self._unflushed_messages >= self.config.flush_interval_messages:
+            return True
+        now = time.monotonic() if now is None else now
+        return (now - self._first_unflushed) * 1000 >= self.config.flush_interval_ms
+
+    def flush(self) -> int:
+        """fsync every segment holding unflushed bytes; returns the new flushed offset.
+
+        The fsync runs outside `_lock`, so appends continue meanwhile; what they add is
+        covered by the next flush (group commit happens one level up).
+        """
+        with self._flush_lock:
+            with self._lock:
+                self._write_buffered()  # only acks=0 appends are buffered here: dropped on failure, and the fsync goes on
+                target = self.end_offset
+                dirty = [s for s in self.segments if s.end_offset > self._flushed]
+                self._unflushed_messages = 0
+            try:
+                for segment in dirty:
+                    segment.fsync()
+            except OSError as exc:  # the flushed offset stays: nothing past it is acknowledged
+                raise self.log_dir.failed(exc, self.name, "fsync") from None
+            with self._lock:
+                if target > self._flushed:
+                    self._flushed = target
+            return self._flushed
+
+    # -------------------------------------------------------------------------- read
+
+    def read(self, offset: int, max_bytes: int, upto: int | None = None) -> FileRegion:
+        """Bytes `[offset, min(offset+max_bytes, visible end of that segment))`; a
+        follower's fetch reads `upto` the log end instead (what was written, flushed or
+        not).
+
+        The region may end inside a message; clients drop the partial tail. An offset
+        outside `[start, end]` is OffsetOutOfRange; at (or past) the flushed end the
+        region is empty. An offset where no entry header starts is InvalidRequest: the
+        answer would begin mid-message (see `Segment.is_boundary` for how sure that is).
+        """
+        segments, bases = self._view
+        flushed = self.visible_offset if upto is None else upto
+        if offset < bases[0] or offset > segments[-1].end_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside the range [{bases[0]}, {segments[-1].end_offset}] of partition {self.name}"
+            )
+        if offset >= flushed or max_bytes <= 0:
+            return EMPTY
+        segment = segments[bisect.bisect_right(bases, offset) - 1]
+        end = min(segment.end_offset, flushed, offset + max_bytes)
+        if end <= offset:
+            return EMPTY
+        position = offset - segment.base_offset
+        try:
+            if position and not segment.is_boundary(position):
+                raise InvalidRequest(
+                    f"offset {offset} of partition {self.name} is not a message boundary (no entry header starts "
+                    f"there); fetch at an offset a message or OFFSETS gave"
+                )
+            return segment.region(position, end - offset)
+        except FileNotFoundError:  # retention deleted the segment after this read took its snapshot
+            raise OffsetOutOfRange(f"offset {offset} of partition {self.name} was just deleted by retention") from None
+        except OSError as exc:  # e.g. EMFILE: a failure of this read, not of the log
+            raise StorageError(f"cannot read partition {self.name} at offset {offset}: {exc.strerror or exc}") from None
+
+    def offsets_before(self, timestamp: int, max_offsets: int = 1) -> list[int]:
+        """Offsets from which to read everything produced after `timestamp`, newest first:
+        the flushed end if all data is older, then the start offsets of the segments
+        whose data begins at or before `timestamp`. -1 is the end, -2 the start."""
+        visible = self.visible_offset
+        if timestamp == LATEST:
+            return [visible][:max_offsets]
+        if timestamp == EARLIEST:
+            return [self.start_offset][:max_offsets]
+        segments = [s for s in self.segments if s.base_offset < visible]
+        offsets = []
+        if segments and segments[-1].max_timestamp <= timestamp:
+            offsets.append(visible)
+        offsets += [s.base_offset for s in reversed(segments) if 0 <= s.min_timestamp <= timestamp]
+        return offsets[:max_offsets]
+
+    # ------------------------------------------------------------------ recovery, retention
+
+    def recover(self) -> int:
+        """After an unclean shutdown: scan the newest segment and any whose end does not
+        meet the next one's start, truncate at the first bad or partial entry, and drop
+        segments that would follow a hole. Returns the bytes removed."""
+        segments = list(self.segments)
+        removed = 0
+        for i, segment in enumerate(segments):
+            is_last = i == len(segments) - 1
+            if not is_last and segment.end_offset == segments[i + 1].base_offset and segment.has_meta:
+                continue
+            removed += segment.recover(self.config.max_entry_bytes)
+            segment.write_meta()
+            if not is_last and segment.end_offset != segments[i + 1].base_offset:
+                for later in segments[i + 1 :]:
+                    removed += later.size
+                    later.delete()
+                    later.close()
+                logger.warning("%s: dropped %d segment(s) after a torn segment", self.name, len(segments) - i - 1)
+                segments = segments[: i + 1]
+                break
+        self._set_segments(segments)
+        if removed:
+            logger.warning("%s: recovery removed %d bytes; log now ends at %d", self.name, removed, self.end_offset)
+        return removed
+
+    def delete_old_segments(self, now_ms: int) -> list[Segment]:
+        """Retention: drop the oldest segments while they are older than `retention_ms`
+        (by their largest message timestamp) or the partition is over `retention_bytes`.
+        The active segment stays, so offsets keep growing."""
+        with self._lock:
+            segments = list(self.segments)
+            total = sum(s.size for s in segments)
+            removed: list[Segment] = []
+            while len(segments) > 1:
+                oldest = segments[0]
+                too_old = self.config.retention_ms > 0 and now_ms - oldest.max_timestamp > self.config.retention_ms
+                too_big = self.config.retention_bytes > 0 and total > self.config.retention_bytes
+                if not (too_old or too_big):
+                    break
+                removed.append(segments.pop(0))
+                total -= oldest.size
+            if removed:
+                self._set_segments(segments)
+        for segment in removed:
+            segment.delete()
+            logger.info("%s: retention deleted %s", self.name, segment.path.name)
+        return removed
+
+    def close(self) -> bool:
+        """Flush, record the active segment's timestamps, close the files. False when
+        the flush or the sidecar could not be written (the next start must recover)."""
+        clean = True
+        try:
+            self.flush()
+        except StorageError as exc:
+            logger.error("%s: final flush failed: %s", self.name, exc)
+            clean = False
+        with self._lock:
+            try:
+                self.segments[-1].write_meta()
+            except OSError as exc:
+                logger.error("%s: cannot write the segment sidecar at close: %s", self.name, exc)
+                clean = False
+            for segment in self.segments:
+                segment.close()
+        return clean

@@ -1,0 +1,150 @@
+"""All partitions of one broker: finding them on disk at start-up, creating new ones in
+the least-loaded log directory, retention, and the clean-shutdown marker that lets the
+next start skip recovery.
+
+Start-up cost per partition is a directory listing, a stat and a small sidecar read per
+segment, plus recovery's scan of the newest segment after an unclean stop; no segment
+file is opened until it is read or written, and the `FileCache` bounds how many are
+open at once, so a broker with more partitions than open files still starts."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from broker.server.config import BrokerConfig
+from broker.server.log.checkpoint import HW_CHECKPOINT, read_hw_checkpoint, write_hw_checkpoint
+from broker.server.log.files import FileCache
+from broker.server.log.log import Log, LogConfig
+from broker.server.log.logdir import LogDir
+
+logger = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN = ".clean_shutdown"
+
+
+def log_config(config: BrokerConfig, topic: str) -> LogConfig:
+    """A partition's settings: the broker's, with the topic's retention overrides (so
+    that, say, the monitoring topic can outlive size-based retention of busy topics)."""
+    return LogConfig(
+        segment_bytes=config.log_segment_bytes,
+        roll_ms=config.log_roll_ms,
+        flush_interval_messages=config.log_flush_interval_messages,
+        flush_interval_ms=config.log_flush_interval_ms,
+        retention_ms=dict(config.log_retention_ms_per_topic).get(topic, config.log_retention_ms),
+        retention_bytes=dict(config.log_retention_bytes_per_topic).get(topic, config.log_retention_bytes),
+        max_entry_bytes=config.socket_request_max_bytes,
+        open_files_max=config.log_open_files_max,
+        dir_probe_interval_ms=config.log_dir_probe_interval_ms,
+        dir_min_free_bytes=config.message_max_bytes,
+    )
+
+
+def parse_partition_dir(name: str) -> tuple[str, int] | None:
+    """`<topic>-<partition>` (topics may contain '-', so split at the last one)."""
+    topic, sep, number = name.rpartition("-")
+    if not sep or not topic or not number.isdigit():
+        return None
+    return topic, int(number)
+
+
+class LogManager:
+    """`_lock` guards `_logs` and `_counts` changes; lookups read the dict without it."""
+
+    def __init__(self, log_dirs: tuple[Path, ...], config: LogConfig | Callable[[str], LogConfig]) -> None:
+        self.log_dirs = tuple(Path(d) for d in log_dirs)
+        self.config_for: Callable[[str], LogConfig] = config if callable(config) else (lambda topic: config)
+        broker_wide = self.config_for("")
+        self.files = FileCache(broker_wide.open_files_max)
+        self.dirs = {
+            d: LogDir(d, broker_wide.dir_probe_interval_ms, broker_wide.dir_min_free_bytes) for d in self.log_dirs
+        }
+        self._logs: dict[tuple[str, int], Log] = {}
+        self._counts = {d: 0 for d in self.log_dirs}  # partitions per log directory
+        self.checkpointed_hw: dict[tuple[str, int], int] = {}  # read at load (replicated partitions)
+        self._lock = threading.Lock()
+
+    def _open_log(self, directory: Path, topic: str, partition: int, recover: bool = False) -> Log:
+        log = Log(directory / f"{topic}-{partition}", topic, partition, self.config_for(topic), recover,
+                  self.files, self.dirs[directory])
+        self._logs[(topic, partition)] = log
+        self._counts[directory] += 1
+        return log
+
+    def load(self) -> None:
+        """Open every partition found on disk; recover those of a directory that was not
+        shut down cleanly."""
+        for directory in self.log_dirs:
+            directory.mkdir(parents=True, exist_ok=True)
+            marker = directory / CLEAN_SHUTDOWN
+            clean = marker.exists()
+            self.checkpointed_hw.update(read_hw_checkpoint(directory))
+            for child in sorted(directory.iterdir()):
+                parsed = parse_partition_dir(child.name)
+                if not child.is_dir() or parsed is None:
+                    continue
+                if parsed in self._logs:
+                    logger.error("partition %s-%d found in two log directories; using %s",
+                                 *parsed, self._logs[parsed].directory)
+                    continue
+                self._open_log(directory, parsed[0], parsed[1], recover=not clean)
+            marker.unlink(missing_ok=True)  # from now on, a crash means recovery
+            logger.info("loaded %d partitions from %s (%s shutdown)", self._counts[directory], directory,
+                        "clean" if clean else "unclean")
+
+    def get(self, topic: str, partition: int) -> Log | None:
+        return self._logs.get((topic, partition))
+
+    def get_or_create(self, topic: str, partition: int) -> Log:
+        existing = self._logs.get((topic, partition))
+        if existing is not None:
+            return existing
+        with self._lock:
+            existing = self._logs.get((topic, partition))
+            if existing is None:
+                online = [d for d in self.log_dirs if self.dirs[d].online] or list(self.log_dirs)
+                directory = min(online, key=self._counts.__getitem__)
+                existing = self._open_log(directory, topic, partition)
+                logger.info("created partition %s-%d in %s", topic, partition, directory)
+            return existing
+
+    def __iter__(self) -> Iterator[Log]:
+        return iter(list(self._logs.values()))
+
+    def delete_old_segments(self, now_ms: int | None = None) -> int:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        return sum(len(log.delete_old_segments(now_ms)) for log in self)
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Write each log directory's high-watermark checkpoint (replicated partitions:
+        those whose log has a high watermark)."""
+        for directory in self.log_dirs:
+            marks = {(log.topic, log.partition): log.high_watermark for log in self
+                     if log.high_watermark is not None and log.directory.parent == directory}
+            if marks or (directory / HW_CHECKPOINT).exists():
+                try:
+                    write_hw_checkpoint(directory, marks)
+                except OSError as exc:
+                    logger.error("cannot write the high-watermark checkpoint of %s: %s", directory, exc)
+
+    def close(self) -> None:
+        """Flush and close every log, then mark each directory whose logs all closed
+        cleanly as cleanly shut down (the others are recovered at the next start)."""
+        self.checkpoint_high_watermarks()
+        unclean = set()
+        for log in self:
+            if not log.close():
+                unclean.add(log.directory.parent)
+        for directory, log_dir in self.dirs.items():
+            log_dir.stop()
+            if directory in unclean or not log_dir.online:
+                logger.warning("log directory %s was not shut down cleanly; it is recovered at the next start", directory)
+                continue
+            try:
+                (directory / CLEAN_SHUTDOWN).touch()
+            except OSError as exc:
+                logger.error("cannot mark %s cleanly shut down: %s", directory, exc)
+        logger.info("all logs flushed and closed")
