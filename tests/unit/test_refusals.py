@@ -4,7 +4,7 @@ import logging
 
 from broker.common.protocol import ApiKey, ProduceRequest, decode_request_header, encode_request
 from broker.server.refusals import RefusalLog
-from broker.server.broker import acks_zero
+from broker.server.connection import acks_zero
 
 
 def test_first_refusal_of_each_reason_is_logged_and_repeats_are_summed_up(caplog):
