@@ -26,6 +26,7 @@ from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
+from harness.zookeeper import client
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
 SIZE = 200
@@ -34,19 +35,19 @@ MANY_CHUNK = 1000
 
 def produce(zk: str, topic: str, count: int, batch: int, acks: int, many: bool = False) -> float:
     value = b"x" * SIZE
-    producer = Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, audit=False,
-                        queue_size=50_000)
-    start = time.perf_counter()
-    if many:
-        chunk = [value] * MANY_CHUNK
-        count -= count % MANY_CHUNK
-        for _ in range(count // MANY_CHUNK):
-            producer.send_many(topic, chunk)
-    else:
-        for _ in range(count):
-            producer.send(topic, value, partition=0)
-    report = producer.close(300)
-    elapsed = time.perf_counter() - start
+    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, audit=False,
+                  queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches
+        start = time.perf_counter()
+        if many:
+            chunk = [value] * MANY_CHUNK
+            count -= count % MANY_CHUNK
+            for _ in range(count // MANY_CHUNK):
+                producer.send_many(topic, chunk)
+        else:
+            for _ in range(count):
+                producer.send(topic, value, partition=0)
+        report = producer.close(300)
+        elapsed = time.perf_counter() - start
     assert not report.failed, report
     return count / elapsed
 
@@ -68,25 +69,21 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
-        from kazoo.client import KazooClient
-
-        zk = KazooClient(zookeeper.connect_string)
-        zk.start(30)
         rows = []
-        for batch in (1, 50):
-            for acks in (0, 1):
-                topic = f"bench-b{batch}-a{acks}"
-                create_topic(zk, topic, 1)
-                rate = produce(zookeeper.connect_string, topic, args.count, batch, acks)
-                paper = PAPER[f"batch {batch}"]
-                rows.append((f"producer batch {batch} acks {acks}", rate, paper))
-        if args.send_many:
-            for acks in (0, 1):
-                topic = f"bench-many-a{acks}"
-                create_topic(zk, topic, 1)
-                rate = produce(zookeeper.connect_string, topic, args.count, 50, acks, many=True)
-                rows.append((f"producer batch 50 acks {acks} send_many", rate, PAPER["batch 50"]))
-        zk.stop()
+        with client(zookeeper.connect_string) as zk:
+            for batch in (1, 50):
+                for acks in (0, 1):
+                    topic = f"bench-b{batch}-a{acks}"
+                    create_topic(zk, topic, 1)
+                    rate = produce(zookeeper.connect_string, topic, args.count, batch, acks)
+                    paper = PAPER[f"batch {batch}"]
+                    rows.append((f"producer batch {batch} acks {acks}", rate, paper))
+            if args.send_many:
+                for acks in (0, 1):
+                    topic = f"bench-many-a{acks}"
+                    create_topic(zk, topic, 1)
+                    rate = produce(zookeeper.connect_string, topic, args.count, 50, acks, many=True)
+                    rows.append((f"producer batch 50 acks {acks} send_many", rate, PAPER["batch 50"]))
         rate = consume(zookeeper.connect_string, "bench-b50-a1", args.count)
         rows.append(("consumer (one partition, 1 MiB fetches)", rate, PAPER["consumer"]))
     print(f"{args.count} messages of {SIZE} bytes per run, one broker, one partition, 2 shared cores")

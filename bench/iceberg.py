@@ -28,12 +28,15 @@ Parts:
   extrapolation to 8,760; then snapshot expiry and a manifest-merging append.
 
 Nothing here asserts a time. Results are printed as Markdown and written to
-`bench/results/iceberg-<part>.{csv,json,md}` (git-ignored).
+`bench/results/iceberg-<part>.{csv,json,md}` (git-ignored; `--results DIR` elsewhere).
+ZooKeeper, the broker and one Spark JVM for all parts run only meanwhile, in a scratch
+directory, and are stopped on the way out, also on failure (exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import logging
@@ -49,11 +52,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.spark_load import SCHEMA, value  # noqa: E402
+from bench.spark_load import ENTRY, HOUR_MS, SCHEMA, produce  # noqa: E402
+from harness.cluster import LocalCluster  # noqa: E402
+from harness.spark import local_session  # noqa: E402
+from harness.zookeeper import ZooKeeperServer  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ENTRY = 222  # bytes per 200-byte message in the log (22-byte header)
-HOUR_MS = 3_600_000
 YEAR_START = datetime(2025, 1, 1, tzinfo=timezone.utc)
 HOURS_PER_YEAR = 8_760
 ROWS_PER_SMALL_FILE = 100
@@ -84,12 +88,12 @@ def markdown(title: str, rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(name: str, rows: list[dict]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_results(results: Path, name: str, rows: list[dict]) -> None:
+    results.mkdir(parents=True, exist_ok=True)
     if not rows:
         return
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(RESULTS / f"iceberg-{name}.csv", "w", newline="") as f:
+    with open(results / f"iceberg-{name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
@@ -203,35 +207,7 @@ def metadata_files(target) -> dict[str, int]:
     return {str(p): p.stat().st_size for p in root.iterdir()} if root.is_dir() else {}
 
 
-def spark_session():
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (SparkSession.builder.master("local[*]").config("spark.driver.memory", "4g")
-             .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 # ------------------------------------------------------------------ part 1: load
-
-
-def produce(conn, topic: str, count: int, partitions: int = 2) -> None:
-    from broker.common.message import encode_message_set
-
-    t0 = int(time.time() * 1000) - HOUR_MS
-    batch: dict[int, list] = {p: [] for p in range(partitions)}
-    for i in range(count):
-        ts = t0 + i % HOUR_MS
-        p = i % partitions
-        batch[p].append((None, value(i, ts), ts))
-        if len(batch[p]) == 2000:
-            conn.produce(topic, p, encode_message_set(batch[p]))
-            batch[p] = []
-    for p, rest in batch.items():
-        if rest:
-            conn.produce(topic, p, encode_message_set(rest))
 
 
 def one_batch(spark, cluster, zookeeper: str, target, topic: str, hour: datetime) -> dict:
@@ -258,57 +234,42 @@ def one_batch(spark, cluster, zookeeper: str, target, topic: str, hour: datetime
             "total_s": (t4 - t3b) + (t3 - t0), "rows": committed.record.row_count, "files": files}
 
 
-def part_load(args, work: Path) -> list[dict]:
+def part_load(args, work: Path, spark, local) -> list[dict]:
+    """Part 1 on `spark` and `local` (a `LocalCluster` whose broker starts here)."""
     from airflow_provider_logbus.cluster import LogbusCluster
     from broker.client.connection import BrokerConnection
-    from harness.cluster import LocalCluster
     from harness.process import wait_until
-    from harness.zookeeper import ZooKeeperServer
 
     rows: list[dict] = []
-    zk = ZooKeeperServer(work / "zk")
-    spark = None
-    try:
-        zk.start()
-        connect = zk.connect_string + "/bench"
-        with LocalCluster(connect, work, {"log.flush.interval.ms": 100}) as local:
-            broker = local.start_broker(0)
-            conn = BrokerConnection(*broker.address)
-            cluster = LogbusCluster(connect)
-            try:
-                for topic, count in (("warm", 2_000), ("bench", args.messages)):
-                    conn.create_topic(topic, 2)
-                    wait_until(lambda t=topic: len(cluster.partitions(t)) == 2, 30, f"topic {topic}")
-                    produce(conn, topic, count)
-                    wait_until(lambda t=topic, c=count: sum(cluster.latest(t, p) for p in (0, 1)) == c * ENTRY,
-                               60, f"flush of {topic}")
-                print(f"{args.messages:,} messages in topic bench ({args.messages * ENTRY / 1e6:.0f} MB); "
-                      f"load average {loadavg()}", flush=True)
-                spark = spark_session()
-                hour = datetime(2025, 1, 1, tzinfo=timezone.utc)
-                for kind in ("directory", "iceberg"):  # warm-up: JVM, Python workers, both layouts, catalog
-                    one_batch(spark, cluster, connect, open_kind(kind, work / f"wh-{kind}", f"warm_{kind}"), "warm",
-                              hour)
-                for rep in range(args.repeat):
-                    kinds = ("directory", "iceberg") if rep % 2 == 0 else ("iceberg", "directory")
-                    for kind in kinds:
-                        target = open_kind(kind, work / f"wh-{kind}", f"bench_{kind}_{rep}")
-                        row = {"run": rep + 1, "target": kind, "messages": args.messages,
-                               **one_batch(spark, cluster, connect, target, "bench", hour)}
-                        target.close()
-                        row["rows_per_s"] = row["rows"] / row["total_s"]
-                        row["loadavg"] = loadavg()
-                        rows.append(row)
-                        print(f"  run {rep + 1} {kind:<9} load {row['load_s']:6.1f} s  commit {row['commit_s']:6.3f} s"
-                              f"  total {row['total_s']:6.1f} s  {row['files']} files  load avg {row['loadavg']}",
-                              flush=True)
-            finally:
-                cluster.close()
-                conn.close()
-    finally:
-        if spark is not None:
-            spark.stop()
-        zk.stop()
+    connect = local.zookeeper
+    broker = local.start_broker(0)
+    # closed also on failure: its ZooKeeper watches would retry for ever at exit
+    with BrokerConnection(*broker.address) as conn, LogbusCluster(connect) as cluster:
+        for topic, count in (("warm", 2_000), ("bench", args.messages)):
+            conn.create_topic(topic, 2)
+            wait_until(lambda t=topic: len(cluster.partitions(t)) == 2, 30, f"topic {topic}")
+            produce(conn, topic, count)
+            wait_until(lambda t=topic, c=count: sum(cluster.latest(t, p) for p in (0, 1)) == c * ENTRY,
+                       60, f"flush of {topic}")
+        print(f"{args.messages:,} messages in topic bench ({args.messages * ENTRY / 1e6:.0f} MB); "
+              f"load average {loadavg()}", flush=True)
+        hour = datetime(2025, 1, 1, tzinfo=timezone.utc)
+        for kind in ("directory", "iceberg"):  # warm-up: JVM, Python workers, both layouts, catalog
+            one_batch(spark, cluster, connect, open_kind(kind, work / f"wh-{kind}", f"warm_{kind}"), "warm",
+                      hour)
+        for rep in range(args.repeat):
+            kinds = ("directory", "iceberg") if rep % 2 == 0 else ("iceberg", "directory")
+            for kind in kinds:
+                target = open_kind(kind, work / f"wh-{kind}", f"bench_{kind}_{rep}")
+                row = {"run": rep + 1, "target": kind, "messages": args.messages,
+                       **one_batch(spark, cluster, connect, target, "bench", hour)}
+                target.close()
+                row["rows_per_s"] = row["rows"] / row["total_s"]
+                row["loadavg"] = loadavg()
+                rows.append(row)
+                print(f"  run {rep + 1} {kind:<9} load {row['load_s']:6.1f} s  commit {row['commit_s']:6.3f} s"
+                      f"  total {row['total_s']:6.1f} s  {row['files']} files  load avg {row['loadavg']}",
+                      flush=True)
     for rep in range(args.repeat):
         pair = {r["target"]: r for r in rows if r["run"] == rep + 1}
         for key in ("load_s", "commit_s", "total_s"):
@@ -683,13 +644,8 @@ def extrapolate(rows: list[dict], commits: list[dict], snapshots: list[int]) -> 
             "commit_s_median_last10": fit(commit_points, HOURS_PER_YEAR)}
 
 
-def part_year(args, work: Path) -> dict[str, list[dict]]:
-    spark = None if args.no_spark_reader else spark_session()
-    try:
-        directory = directory_year(args, work, spark)
-    finally:
-        if spark is not None:
-            spark.stop()
+def part_year(args, work: Path, spark) -> dict[str, list[dict]]:
+    directory = directory_year(args, work, spark)
     iceberg, commits = iceberg_year(args, work)
     guess = extrapolate(iceberg, commits, sorted(args.snapshots))
     if guess:
@@ -711,6 +667,7 @@ def main() -> int:
     parser.add_argument("--spark-timeout", type=float, default=600, help="year: cancel the Spark reader after this")
     parser.add_argument("--no-spark-reader", action="store_true", help="year: skip the Spark reader of one hour")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the CSV, JSON and Markdown go")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -721,10 +678,20 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="logbus-bench-iceberg-"))
     out: dict[str, list[dict]] = {}
     report = [f"{header}\n"]
-    try:
+    uses_spark = args.part in ("load", "all") or (args.part == "year" and not args.no_spark_reader)
+    # stopped in reverse order, also on failure: Spark (whose Python workers keep ZooKeeper
+    # clients), the broker, ZooKeeper; the scratch directory last
+    with contextlib.ExitStack() as stack:
+        if not args.keep:
+            stack.callback(shutil.rmtree, work, ignore_errors=True)
+        if args.part in ("load", "all"):
+            zookeeper = stack.enter_context(ZooKeeperServer(work / "zk"))
+            local = stack.enter_context(LocalCluster(zookeeper.connect_string + "/bench", work,
+                                                     {"log.flush.interval.ms": 100}))
+        spark = stack.enter_context(local_session(conf={"spark.driver.memory": "4g"})) if uses_spark else None
         if args.part in ("load", "all"):
             print("part 1: load", flush=True)
-            out["load"] = part_load(args, work)
+            out["load"] = part_load(args, work, spark, local)
             report.append(markdown(f"Load of {args.messages:,} messages: whole batch path per target", out["load"], [
                 "run", "target", "rows", "files", "plan_s", "load_s", "commit_s", "total_s", "rows_per_s",
                 "load_s_ratio_to_directory", "commit_s_ratio_to_directory", "total_s_ratio_to_directory",
@@ -738,7 +705,7 @@ def main() -> int:
                 "manifest_bytes", "loadavg"]))
         if args.part in ("year", "all"):
             print("part 3: a year of hourly batches", flush=True)
-            out.update(part_year(args, work))
+            out.update(part_year(args, work, None if args.no_spark_reader else spark))
             report.append(markdown("A reader of one hour after a year: directory layout", [
                 r for r in out["year-directory"] if "reader" in r and not r["reader"].startswith("writer")], [
                 "reader", "run", "batches", "directories_listed", "files_listed", "data_files_read", "rows",
@@ -750,17 +717,14 @@ def main() -> int:
                 "snapshots", "note", "run", "metadata_json_bytes", "manifest_list_bytes", "manifests_listed",
                 "manifests_opened", "data_files_planned", "load_table_s", "plan_files_s", "reader_total_s",
                 "metadata_dir_bytes", "commit_s_median_last10", "maintenance_s"]))
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
     report.append(f"load average at end {loadavg()}; took {(datetime.now(timezone.utc) - started).seconds} s\n")
     print("\n" + "\n".join(report))
     for name, rows in out.items():
-        write_results(name, rows)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"iceberg-{args.part}.json").write_text(json.dumps(
+        write_results(args.results, name, rows)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"iceberg-{args.part}.json").write_text(json.dumps(
         {"started": started.isoformat(), "args": vars(args), "results": out}, indent=1, default=str))
-    (RESULTS / f"iceberg-{args.part}.md").write_text("\n".join(report))
+    (args.results / f"iceberg-{args.part}.md").write_text("\n".join(report))
     return 0
 
 

@@ -68,10 +68,11 @@ def produce(zookeeper: str, count: int) -> int:
     from broker.client.producer import Producer
 
     value = b"x" * SIZE
-    producer = Producer(zookeeper=zookeeper, mode="async", acks=1, batch_size=500, linger_ms=5, audit=False)
-    for _ in range(count):
-        producer.send(TOPIC, value, partition=0)
-    report = producer.close(300)
+    with Producer(zookeeper=zookeeper, mode="async", acks=1, batch_size=500, linger_ms=5,
+                  audit=False) as producer:  # closed also on failure: its ZooKeeper watches
+        for _ in range(count):
+            producer.send(TOPIC, value, partition=0)
+        report = producer.close(300)
     assert not report.failed, report
     end = count * ENTRY
     with LogbusCluster(zookeeper) as cluster:

@@ -60,7 +60,8 @@ def run_produce(port: int, topic: str, messages: int, batch: int, connections: i
     for i in range(connections):
         ready = ctx.Event()
         readies.append(ready)
-        procs.append(ctx.Process(target=_producer, args=(port, topic, i, batch, requests, ready, go)))
+        # daemonic: a failure here must not leave the exit waiting for producers that wait for `go`
+        procs.append(ctx.Process(target=_producer, args=(port, topic, i, batch, requests, ready, go), daemon=True))
     for p in procs:
         p.start()
     for r in readies:

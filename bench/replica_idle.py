@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.cluster import LocalCluster
 from harness.process import wait_until
 from harness.sockets import connections_to, descendants
-from harness.zookeeper import ZooKeeperServer
+from harness.zookeeper import ZooKeeperServer, client
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -56,17 +56,13 @@ def full_isrs(zk, topics: list[str]) -> bool:
 
 
 def run(code: str, work: Path, counts: list[int], seconds: float) -> list[dict]:
-    from kazoo.client import KazooClient
-
     from broker.client.connection import BrokerConnection
 
     os.environ["PYTHONPATH"] = code  # the brokers' code
     rows, topics, created = [], [], 0
     with ZooKeeperServer(work / "zookeeper") as zookeeper, LocalCluster(zookeeper.connect_string, work) as cluster:
         cluster.start(3)
-        zk = KazooClient(hosts=zookeeper.connect_string)
-        zk.start()
-        try:
+        with client(zookeeper.connect_string) as zk:
             for count in counts:
                 topic = f"idle-{count}"
                 with BrokerConnection(*cluster.brokers[0].address) as connection:
@@ -85,9 +81,6 @@ def run(code: str, work: Path, counts: list[int], seconds: float) -> list[dict]:
                              "broker_cpu_percent": round(100 * used / seconds, 1)})
                 print(f"  {count:4d} partitions: {sum(links.values())} connections between brokers, "
                       f"brokers' CPU {rows[-1]['broker_cpu_percent']}% of one core while idle", flush=True)
-        finally:
-            zk.stop()
-            zk.close()
     return rows
 
 

@@ -14,7 +14,8 @@ on the same cores: the brokers' followers compete with the producer, so RF 3 her
 costs CPU the study's three machines spread out. Each measurement is one async
 producer (default batching) sending `--count` messages as fast as it can; the clock
 stops when `flush` returns, i.e. when the last message is acknowledged. Results go
-to `<out>/replication.json` and the plots to `bench/plots/replication-*.png`.
+to `<out>/replication.json` and the plots to `bench/plots/replication-*.png` (`--plots
+DIR`, or `none` for no plots).
 """
 
 from __future__ import annotations
@@ -90,28 +91,32 @@ class Bench:
         ready = threading.Event()
         reader = threading.Thread(target=consume, daemon=True)
         reader.start()
-        ready.wait(30)
         count = int(rate * seconds)
-        with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, audit=False, linger_ms=0) as producer:
-            start = time.perf_counter()
-            for i in range(count):
-                ahead = start + i / rate - time.perf_counter()
-                if ahead > 0:
-                    time.sleep(ahead)
-                producer.send(topic, b"%019d" % time.time_ns() + b"x" * 181)
-            producer.flush(60)
-        deadline = time.monotonic() + 30
-        while len(delays) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stop.set()
-        reader.join(10)
+        try:  # the reader stops also on failure, closing its consumer (and its ZooKeeper watches)
+            ready.wait(30)
+            with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, audit=False,
+                          linger_ms=0) as producer:
+                start = time.perf_counter()
+                for i in range(count):
+                    ahead = start + i / rate - time.perf_counter()
+                    if ahead > 0:
+                        time.sleep(ahead)
+                    producer.send(topic, b"%019d" % time.time_ns() + b"x" * 181)
+                producer.flush(60)
+            deadline = time.monotonic() + 30
+            while len(delays) < count and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            reader.join(10)
         ordered = sorted(delays)
         return {"received": len(ordered), "sent": count, "p50": ordered[len(ordered) // 2],
                 "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "max": ordered[-1],
                 "mean": statistics.fmean(ordered)}
 
 
-def run(out: Path, count_200: int, count_1k: int, partition_count: int, rate: float, seconds: float) -> dict:
+def run(out: Path, count_200: int, count_1k: int, partition_count: int, partition_counts: tuple[int, ...],
+        rate: float, seconds: float) -> dict:
     results: dict = {"matrix": [], "partitions": [], "latency": [], "settings": BROKER_SETTINGS}
     with scratch_cluster("logbus-bench-replication-", BROKER_SETTINGS) as (zookeeper, cluster):
         cluster.start(3)
@@ -123,7 +128,7 @@ def run(out: Path, count_200: int, count_1k: int, partition_count: int, rate: fl
                     results["matrix"].append({"size": size, "rf": factor, "acks": acks, "msg_per_s": measured})
                     print(f"{size:5d} B rf={factor} acks={acks:2d}: {measured:10,.0f} msg/s", flush=True)
         for factor in (1, 3):
-            for partitions in PARTITION_COUNTS:
+            for partitions in partition_counts:
                 measured = bench.throughput(partitions, factor, -1, 200, partition_count)
                 results["partitions"].append({"partitions": partitions, "rf": factor, "acks": -1,
                                               "msg_per_s": measured})
@@ -174,7 +179,8 @@ def plot(results: dict, plots: Path = PLOTS) -> None:
         ax.plot([r["partitions"] for r in rows], [r["msg_per_s"] for r in rows], style,
                 label=f"replication factor {factor}, acks=-1")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(PARTITION_COUNTS, [str(p) for p in PARTITION_COUNTS])
+    counts = sorted({r["partitions"] for r in results["partitions"]})
+    ax.set_xticks(counts, [str(p) for p in counts])
     _label(ax, "Producer throughput against partitions (3 brokers)", "partitions", "messages/s (200 bytes)")
     fig.tight_layout()
     fig.savefig(plots / "replication-partitions.png")
@@ -206,14 +212,20 @@ def main() -> None:
     parser.add_argument("--partition-count", type=int, default=60_000, help="messages per partitions run")
     parser.add_argument("--rate", type=float, default=1000, help="messages/s of the latency runs")
     parser.add_argument("--seconds", type=float, default=5, help="length of each latency run")
+    parser.add_argument("--partition-counts", default=",".join(map(str, PARTITION_COUNTS)),
+                        help="partition counts of the partitions runs (default 1,2,4,8,16)")
+    parser.add_argument("--plots", default=str(PLOTS),
+                        help="where the figures go (default bench/plots; none: no figures, no matplotlib needed)")
     parser.add_argument("--plot-only", action="store_true", help="redraw from <out>/replication.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.plot_only:
         results = json.loads((args.out / "replication.json").read_text())
     else:
-        results = run(args.out, args.count, args.count_1k, args.partition_count, args.rate, args.seconds)
-    plot(results)
+        counts = tuple(int(c) for c in args.partition_counts.split(","))
+        results = run(args.out, args.count, args.count_1k, args.partition_count, counts, args.rate, args.seconds)
+    if args.plots != "none":
+        plot(results, Path(args.plots))
 
 
 if __name__ == "__main__":

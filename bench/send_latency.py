@@ -26,6 +26,7 @@ import time
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
+from harness.zookeeper import client
 
 SIZE = 200
 FRACTIONS = (0.01, 0.1, 0.5, 0.9, 1.0)
@@ -90,12 +91,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with scratch_cluster("logbus-bench-latency-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
-        from kazoo.client import KazooClient
-
-        zk = KazooClient(zookeeper.connect_string)
-        zk.start(30)
-        create_topic(zk, "latency", 1)
-        zk.stop()
+        with client(zookeeper.connect_string) as zk:
+            create_topic(zk, "latency", 1)
         top = maximum_rate(zookeeper.connect_string, "latency", args.count, args.acks)
         rows = []
         for fraction in FRACTIONS:

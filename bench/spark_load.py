@@ -4,34 +4,36 @@ output columns and partitioning), both on `local[*]`.
 
     .venv/bin/python -m bench.spark_load --messages 1000000
 
-Measured once (2 cores, 1M messages): plain Spark 21.3 s (46,943 msg/s), load job from
-logbus 35.4 s (28,287 msg/s), ratio 0.60.
-
 N messages of 200 bytes of JSON go to a 2-partition topic on one local broker (the
-producing is not timed). Timed: the Parquet write of each path (the load job's
-`run_load` without its counts pass, and `spark.read.json` + the same columns). The
-machine's 2 cores are shared by Spark's tasks, the Python workers and the broker.
+producing is not timed). Timed: (a) the load job's own `run_load` with the declared
+schema — the `logbus` data source, decoding, the Parquet write of the accepted rows and
+of the (empty) rejects, and its counts pass over what it wrote; (b) `spark.read.json` of
+the file with the same schema, the same output columns, and the Parquet write. Both
+paths are warmed up first (JVM, Python workers and their imports). The machine's cores
+are shared by Spark's tasks, the Python workers and the broker.
+
+ZooKeeper, the broker and Spark's JVM run only meanwhile, in a scratch directory, and
+are stopped on the way out, also on failure (exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from broker.client.connection import BrokerConnection  # noqa: E402
-from broker.common.message import encode_message_set  # noqa: E402
-from harness.cluster import LocalCluster  # noqa: E402
-from harness.process import wait_until  # noqa: E402
-from harness.zookeeper import ZooKeeperServer  # noqa: E402
+from broker.client.connection import BrokerConnection
+from broker.message import encode_message_set
+from harness.cluster import scratch_cluster
+from harness.process import wait_until
+from harness.spark import local_session
 
 SCHEMA = "server string, n long, ts_ms long, page string, pad string"
+ENTRY = 222  # bytes per 200-byte message in the log (22-byte header)
+HOUR_MS = 3_600_000
 
 
 def value(i: int, ts: int) -> bytes:
@@ -42,96 +44,92 @@ def value(i: int, ts: int) -> bytes:
     return out
 
 
-def main() -> int:
+def produce(conn: BrokerConnection, topic: str, count: int, partitions: int = 2, lines: Path | None = None) -> None:
+    """`count` messages round-robin over `partitions`, stamped within the last hour, in
+    sets of 2,000; each value also as a line of `lines` when given."""
+    t0 = int(time.time() * 1000) - HOUR_MS
+    batch: dict[int, list] = {p: [] for p in range(partitions)}
+    with open(lines or os.devnull, "wb") as f:
+        for i in range(count):
+            ts = t0 + i % HOUR_MS
+            v = value(i, ts)
+            f.write(v + b"\n")
+            p = i % partitions
+            batch[p].append((None, v, ts))
+            if len(batch[p]) == 2000:
+                conn.produce(topic, p, encode_message_set(batch[p]))
+                batch[p] = []
+    for p, rest in batch.items():
+        if rest:
+            conn.produce(topic, p, encode_message_set(rest))
+
+
+def measure(spark, work: Path, zookeeper: str, ranges: list, jsonl: Path, messages: int) -> dict[str, float]:
+    """messages/s of each path, warmed up first."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_logbus.plan import Range
+    from airflow_provider_logbus.spark.load_job import run_load
+
+    def from_broker(out: str, load: list = ranges) -> None:
+        result = run_load(spark, load, out, zookeeper=zookeeper, value_format="json", schema=SCHEMA)
+        if result["rejected_count"]:
+            raise RuntimeError(f"the load job rejected {result['rejected_count']} values: {result['rejected']}")
+
+    def from_file(out: str) -> None:
+        df = spark.read.schema(SCHEMA).json(str(jsonl))
+        ts = F.timestamp_millis("ts_ms")
+        df = (df.select(F.lit("bench").alias("topic"), F.lit(0).alias("partition"), F.lit(0).cast("long").alias("offset"),
+                        ts.alias("timestamp"), F.lit(None).cast("binary").alias("key"), "server", "n", "ts_ms", "page", "pad")
+              .withColumn("event_date", F.to_date("timestamp")).withColumn("event_hour", F.hour("timestamp")))
+        df.write.partitionBy("event_date", "event_hour").mode("overwrite").parquet(out)
+
+    # warm-up of both paths, not timed: the JVM, the JSON reader, and the Python workers
+    # with their imports (pyarrow, numpy, the data source) — the second path would
+    # otherwise pay for starting them inside its measurement
+    spark.read.json(str(jsonl)).limit(10).collect()
+    from_broker(str(work / "warm-up"), [Range(r.topic, r.partition, r.start, min(r.end, r.start + 100 * ENTRY))
+                                        for r in ranges])  # 100 whole entries
+    rates = {}
+    for name, fn in (("plain Spark from JSON-lines", from_file), ("load job from logbus", from_broker)):
+        out = str(work / name.replace(" ", "_"))
+        start = time.perf_counter()
+        fn(out)
+        elapsed = time.perf_counter() - start
+        rows = spark.read.parquet(out).count()
+        if rows != messages:
+            raise RuntimeError(f"{name}: {rows} rows written of {messages}")
+        rates[name] = messages / elapsed
+        print(f"{name:<30} {elapsed:7.1f} s  {rates[name]:>10,.0f} messages/s  ({rows} rows)", flush=True)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=2)
-    args = parser.parse_args()
-    import os
+    args = parser.parse_args(argv)
+    from airflow_provider_logbus.cluster import LogbusCluster
+    from airflow_provider_logbus.plan import Range
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    work = Path(tempfile.mkdtemp(prefix="logbus-bench-"))
-    zk = ZooKeeperServer(work / "zk")
-    try:
-        zk.start()
-        connect = zk.connect_string + "/bench"
-        with LocalCluster(connect, work, {"log.flush.interval.ms": 100}) as cluster:
-            broker = cluster.start_broker(0)
-            conn = BrokerConnection(*broker.address)
+    # innermost first on the way out: the ZooKeeper clients (whose watches would retry
+    # for ever at exit), then Spark, the broker and ZooKeeper
+    with scratch_cluster("logbus-bench-spark-", {"log.flush.interval.ms": 100}) as (_, cluster):
+        work = cluster.workdir
+        broker = cluster.start_broker(0)
+        jsonl = work / "input.jsonl"
+        with BrokerConnection(*broker.address) as conn, LogbusCluster(cluster.zookeeper) as logbus:
             conn.create_topic("bench", args.partitions)
-            from airflow_provider_logbus.cluster import LogbusCluster
-
-            lc = LogbusCluster(connect)
-            wait_until(lambda: len(lc.partitions("bench")) == args.partitions, 30, "topic")
-            t0 = int(time.time() * 1000) - 3_600_000
-            jsonl = work / "input.jsonl"
-            with open(jsonl, "wb") as f:
-                batch: dict[int, list] = {p: [] for p in range(args.partitions)}
-                for i in range(args.messages):
-                    ts = t0 + i % 3_600_000
-                    v = value(i, ts)
-                    f.write(v + b"\n")
-                    p = i % args.partitions
-                    batch[p].append((None, v, ts))
-                    if len(batch[p]) == 2000:
-                        conn.produce("bench", p, encode_message_set(batch[p]))
-                        batch[p] = []
-                for p, rest in batch.items():
-                    if rest:
-                        conn.produce("bench", p, encode_message_set(rest))
-            total = args.messages * (22 + 200)
-            wait_until(lambda: sum(lc.latest("bench", p) for p in range(args.partitions)) == total, 60, "flush")
-            from airflow_provider_logbus.plan import Range
-
-            ranges = [Range("bench", p, o.earliest, o.latest) for p, o in lc.partition_offsets("bench").items()]
-            size = sum(r.end - r.start for r in ranges)
-            print(f"{args.messages} messages, {size / 1e6:.0f} MB in the broker, {jsonl.stat().st_size / 1e6:.0f} MB JSON-lines")
-
-            from pyspark.sql import SparkSession
-            from pyspark.sql import functions as F
-
-            from airflow_provider_logbus.spark.load_job import decode, read_ranges
-
-            spark = (SparkSession.builder.master("local[*]").config("spark.driver.memory", "4g")
-                     .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
-                     .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
-            spark.sparkContext.setLogLevel("ERROR")
-            # warm-up of both paths, not timed: the JVM, the JSON reader, and the Python
-            # workers with their imports (pyarrow, numpy, the data source) — the second
-            # path would otherwise pay for starting them inside its measurement
-            spark.read.json(str(jsonl)).limit(10).collect()
-            tiny = [Range(r.topic, r.partition, r.start, min(r.end, r.start + 100 * (200 + 22)))
-                    for r in ranges]  # 100 whole entries
-            decode(spark, read_ranges(spark, tiny, zookeeper=connect), "json", SCHEMA).count()
-
-            def from_broker(out: str) -> None:
-                df = decode(spark, read_ranges(spark, ranges, zookeeper=connect), "json", SCHEMA)
-                df.write.partitionBy("event_date", "event_hour").mode("overwrite").parquet(out)
-
-            def from_file(out: str) -> None:
-                df = spark.read.schema(SCHEMA).json(str(jsonl))
-                ts = F.timestamp_millis("ts_ms")
-                df = (df.select(F.lit("bench").alias("topic"), F.lit(0).alias("partition"), F.lit(0).cast("long").alias("offset"),
-                                ts.alias("timestamp"), F.lit(None).cast("binary").alias("key"), "server", "n", "ts_ms", "page", "pad")
-                      .withColumn("event_date", F.to_date("timestamp")).withColumn("event_hour", F.hour("timestamp")))
-                df.write.partitionBy("event_date", "event_hour").mode("overwrite").parquet(out)
-
-            results = {}
-            for name, fn in (("plain Spark from JSON-lines", from_file), ("load job from logbus", from_broker)):
-                out = str(work / name.replace(" ", "_"))
-                start = time.perf_counter()
-                fn(out)
-                elapsed = time.perf_counter() - start
-                rows = spark.read.parquet(out).count()
-                assert rows == args.messages, (name, rows)
-                results[name] = args.messages / elapsed
-                print(f"{name:<30} {elapsed:7.1f} s  {results[name]:>10,.0f} messages/s  ({rows} rows)")
-            ratio = results["load job from logbus"] / results["plain Spark from JSON-lines"]
-            print(f"ratio logbus / plain = {ratio:.2f}")
-            spark.stop()
-    finally:
-        zk.stop()
-        shutil.rmtree(work, ignore_errors=True)
+            wait_until(lambda: len(logbus.partitions("bench")) == args.partitions, 30, "topic")
+            produce(conn, "bench", args.messages, args.partitions, jsonl)
+            total = args.messages * ENTRY
+            wait_until(lambda: sum(logbus.latest("bench", p) for p in range(args.partitions)) == total, 60, "flush")
+            ranges = [Range("bench", p, o.earliest, o.latest) for p, o in logbus.partition_offsets("bench").items()]
+        print(f"{args.messages} messages, {total / 1e6:.1f} MB in the broker, {jsonl.stat().st_size / 1e6:.1f} MB "
+              f"JSON-lines", flush=True)
+        with local_session(conf={"spark.driver.memory": "4g"}) as spark:
+            rates = measure(spark, work, cluster.zookeeper, ranges, jsonl, args.messages)
+    print(f"ratio logbus / plain = {rates['load job from logbus'] / rates['plain Spark from JSON-lines']:.2f}")
     return 0
 
 

@@ -1,5 +1,9 @@
-"""A Spark standalone cluster for tests: one master and one worker run from the pip
-`pyspark`'s own launcher (`bin/spark-class`; the wheel has no `sbin/start-master.sh`),
+"""Spark for tests and benchmarks.
+
+`local_session()`: a `local[*]` SparkSession whose JVM has exited when the block ends.
+
+`SparkStandalone`: a Spark standalone cluster for tests, one master and one worker run
+from the pip `pyspark`'s own launcher (`bin/spark-class`; the wheel has no `sbin/start-master.sh`),
 each in the foreground in its own process group, so `stop()` ends the daemon and the
 executors it launched even when a test fails.
 
@@ -12,13 +16,19 @@ runs with (`PYSPARK_PYTHON`) and what makes the provider importable there
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 from harness.process import ClusterError, free_port, stop_process, tail, wait_until
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 LOOPBACK = "127.0.0.1"
 MASTER = "org.apache.spark.deploy.master.Master"
@@ -31,6 +41,43 @@ def spark_home() -> Path:
     if spec is None or spec.origin is None:
         raise ClusterError("a Spark standalone cluster needs the pyspark package")
     return Path(spec.origin).parent
+
+
+@contextlib.contextmanager
+def local_session(master: str = "local[*]", conf: dict[str, str] | None = None) -> Iterator[SparkSession]:
+    """A SparkSession on `master` (UTC, no UI or progress bars, loopback; `conf` adds settings), its
+    Python workers on this interpreter. On the way out the session is stopped and its
+    JVM too, waited for: pyspark leaves the JVM to notice on its own that the Python
+    process has ended, so a benchmark's JVM — and the scratch directories its shutdown
+    removes — would outlive the benchmark."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.host", LOOPBACK)
+               .config("spark.driver.bindAddress", LOOPBACK))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        yield spark
+    finally:
+        gateway = SparkContext._gateway
+        spark.stop()
+        if gateway is not None:
+            gateway.shutdown()
+            SparkContext._gateway = SparkContext._jvm = None
+            jvm = getattr(gateway, "proc", None)
+            if jvm is not None:
+                jvm.stdin.close()  # the JVM exits, running its shutdown hooks, on EOF of its stdin
+                try:
+                    jvm.wait(30)
+                except subprocess.TimeoutExpired:
+                    jvm.kill()
+                    jvm.wait(10)
 
 
 class SparkStandalone:

@@ -8,11 +8,15 @@ follower); a server of an ensemble that has no quorum answers that it is not ser
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Iterator
+
+from kazoo.client import KazooClient
 
 from harness.process import ClusterError, free_port, stop_process, tail, wait_until
 
@@ -32,6 +36,20 @@ def four_letter_word(port: int, word: bytes, timeout: float = 2) -> str:
             return b"".join(chunks).decode(errors="replace")
     except OSError:
         return ""
+
+
+@contextlib.contextmanager
+def client(connect: str, timeout: float = 30) -> Iterator[KazooClient]:
+    """A started kazoo client, stopped and closed on the way out, also on failure: left
+    open, it retries against a stopped server for ever, and a watch it was serving can
+    hold up the interpreter's exit (kazoo joins its threads at exit)."""
+    zk = KazooClient(connect)
+    zk.start(timeout)
+    try:
+        yield zk
+    finally:
+        zk.stop()
+        zk.close()
 
 
 class ZooKeeperServer:

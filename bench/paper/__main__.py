@@ -15,7 +15,8 @@
 Peers are installed from Debian's packages when missing and run only for the
 duration of the run, in a scratch directory on free loopback ports; everything is
 stopped on the way out, also on failure, Ctrl-C or SIGTERM. Results go to
-`bench/results/` (CSV, Markdown), the figures to `bench/plots/`.
+`bench/results/` (CSV, Markdown), the figures to `bench/plots/` (`--results DIR`,
+`--plots DIR` or `none`); `--peers none` runs the logbus side alone.
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-flush-ms", default="200,20", help="log.flush.interval.ms values for latency runs")
     parser.add_argument("--skip-install", action="store_true", help="do not apt-get/pip install anything")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("--plots", type=Path, default=ROOT / "bench" / "plots")
+    parser.add_argument("--plots", default=str(ROOT / "bench" / "plots"),
+                        help="where the figures go (default bench/plots; none: no figures, no matplotlib needed)")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     args.acks = [int(a) for a in args.acks.split(",")]
@@ -260,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             f"logbus {args.messages:,} messages per run, peers {args.peer_messages:,}\n\n"
             + markdown(runs, storage, latencies))
     (args.results / "results.md").write_text(text)
-    draw(runs, args.plots)
+    if args.plots != "none":
+        draw(runs, Path(args.plots))
     print(text)
     log(f"results in {args.results}, plots in {args.plots}")
     return 1 if failed else 0
