@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from broker.client.connection import BrokerConnection
-from broker.message import encode_message_set
+from broker.common.message import encode_message_set
 from harness.cluster import scratch_cluster
 from harness.process import wait_until
 from harness.spark import local_session

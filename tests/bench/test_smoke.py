@@ -1,193 +1,23 @@
-"""Benchmarks that keep working (issue 25): every `bench/` module runs at a tiny size as
-`python -m bench.<module>` and must exit 0, print its measurement lines and leave
-nothing behind; a benchmark that fails must exit non-zero at once, having stopped what
-it started. No time is asserted (speed lives in `bench/` and BENCHMARKS.md): the
-timeouts only tell a hang from a slow machine.
-
-Left behind is checked two ways that hold on a machine shared with other runs:
-
-- scratch directories: the benchmark runs with TMPDIR (Python's `tempfile`) and
-  SPARK_LOCAL_DIRS (Spark's scratch) set to a directory of the test's own, which must
-  be empty once it has exited — a glob over /tmp would see other people's runs;
-- processes: the benchmark's environment carries a token of the test's own, which every
-  process it starts inherits — ZooKeeper, brokers, Spark's JVM and Python workers,
-  multiprocessing children — also those started in a session of their own (the
-  harness starts servers so), which a process-group check would miss. No process with
-  the token may outlive the benchmark (after a short grace for the last exits).
-"""
+"""Every benchmark but the two Spark ones at a tiny size (tests/bench/smoke.py says what is
+checked), and a failing benchmark that must exit at once."""
 
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
-import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-TOKEN = "LOGBUS_BENCH_SMOKE_TOKEN"
-GRACE = 10.0  # seconds for the benchmark's last processes to be gone after it exits
+from tests.bench.smoke import SMOKES, check_runs_at_a_tiny_size, run_bench, timed
 
 
-@dataclass
-class Smoke:
-    """One benchmark at a tiny size, and what it must print (regular expressions, one
-    per measurement line; `{tmp}` in the arguments is the test's scratch directory)."""
-
-    args: list[str]
-    prints: list[str]
-    timeout: float = 180
-
-
-SMOKES: dict[str, Smoke] = {
-    "clients": Smoke(["--count", "500"], [
-        r"producer batch 1 acks 0 +\d+ +[\d.]+ +50000 +[\d.]+",
-        r"producer batch 50 acks 1 +\d+ +[\d.]+ +400000 +[\d.]+",
-        r"consumer \(one partition, 1 MiB fetches\) +\d+ +[\d.]+ +22000 +[\d.]+"]),
-    "raw": Smoke(["--messages", "2000"], [
-        r"produce batch  1, acks=0: +[\d,]+ msg/s",
-        r"\| produce batch 50 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|",
-        r"\| consume \| [\d,]+ \| [\d.]+ \| 22,000 \| [\d.]+ \|"]),
-    "range_read": Smoke(["--count", "2000", "--repeat", "1"], [
-        r"read_range of 2000 messages",
-        r"current +8Mi +\d+ +[\d.]+ \([\d.]+-[\d.]+\) +\d+ +\d+ +\{",
-        r"current +1Mi +\d+ +[\d.]+ \([\d.]+-[\d.]+\) +\d+ +\d+ +\{"]),
-    "replication": Smoke(["--count", "300", "--count-1k", "200", "--partition-count", "200",
-                          "--partition-counts", "1,4", "--rate", "200", "--seconds", "0.5",
-                          "--out", "{tmp}/out", "--plots", "none"], [
-        r" 200 B rf=3 acks=-1: +[\d,]+ msg/s",
-        r"1024 B rf=1 acks= 1: +[\d,]+ msg/s",
-        r" 4 partitions rf=3 acks=-1: +[\d,]+ msg/s",
-        r"latency rf=3 acks=-1 at 200 msg/s: p50 [\d.]+ ms, p99 [\d.]+ ms"], timeout=240),
-    "replica_idle": Smoke(["--code", f"current={REPO}", "--partitions", "3,6", "--seconds", "1"], [
-        r" 3 partitions: \d+ connections between brokers, brokers' CPU [\d.]+% of one core while idle",
-        r" 6 partitions: \d+ connections between brokers, brokers' CPU [\d.]+% of one core while idle"]),
-    "send_latency": Smoke(["--count", "2000", "--seconds", "0.3"], [
-        r"async send\(\) latency, 200-byte messages, acks=1, maximum [\d,]+ msg/s",
-        r"^ +1% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$",
-        r"^ +100% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$"]),
-    "spark_load": Smoke(["--messages", "500"], [
-        r"500 messages, [\d.]+ MB in the broker",
-        r"plain Spark from JSON-lines +[\d.]+ s +[\d,]+ messages/s +\(500 rows\)",
-        r"load job from logbus +[\d.]+ s +[\d,]+ messages/s +\(500 rows\)",
-        r"ratio logbus / plain = [\d.]+"], timeout=300),
-    "iceberg": Smoke(["--messages", "500", "--files", "2", "--snapshots", "2,3", "--hours", "3",
-                      "--spark-timeout", "120", "--results", "{tmp}/results"], [
-        r"run 1 directory +load +[\d.]+ s +commit +[\d.]+ s +total +[\d.]+ s",
-        r"run 1 iceberg +load +[\d.]+ s +commit +[\d.]+ s +total +[\d.]+ s",
-        r" 2 files +run 1 +iceberg +commit +[\d.]+ s",
-        r"directory spark run 1: listing \+ schema [\d.]+ s",
-        r"iceberg: 3 snapshots after",
-        r"merging append [\d.]+ s"], timeout=420),
-    "fuzz": Smoke(["--cases", "40", "--seed", "25", "--check-every", "10"], [
-        r"^40 cases in [\d.]+s: \d+ answered, \d+ closed without an answer; crashes 0; "
-        r"control worst wait \d+ ms; fuzz topic holds \d+ readable messages$"]),
-    "paper": Smoke(["--messages", "2000", "--peers", "none", "--skip-install", "--latency-rate", "200",
-                    "--latency-seconds", "1", "--latency-flush-ms", "20", "--results", "{tmp}/results",
-                    "--plots", "none"], [
-        r"^\| logbus \| batch 1, acks=0 \| 2,000 \| [\d,]+ \| [\d.]+ \| 50,000 \| [\d.]+ \|$",
-        r"^\| logbus \| batch 50, acks=1 \| 2,000 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|$",
-        r"^\| logbus \| fetch 200 KB \| 2,000 \| [\d,]+ \| [\d.]+ \| 22,000 \| [\d.]+ \|$",
-        r"^\| logbus \| 2,000 \| [\d,]+ \| [\d.]+ \| 9 \|",
-        r"^\| 20 \| 200 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$"]),
-}
-
-
-@dataclass
-class Run:
-    code: int
-    output: str
-    seconds: float
-
-
-def marked(token: str) -> list[int]:
-    """The live processes whose environment holds `token`."""
-    needle = f"{TOKEN}={token}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(entry.name))
-            except OSError:  # gone meanwhile, or not ours to read
-                pass
-    return pids
-
-
-def describe(pids: list[int]) -> str:
-    lines = []
-    for pid in pids:
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            lines.append(f"{pid}: {command[:200]}")
-        except OSError:
-            pass
-    return "\n".join(lines)
-
-
-def run_bench(module: str, args: list[str], scratch: Path, timeout: float, env: dict[str, str] | None = None,
-              watch: str | None = None, after_watch: float | None = None) -> Run:
-    """`python -m bench.<module> args` with its own TMPDIR and token; fails the test when
-    it outlives `timeout` (or `after_watch` seconds after printing `watch`), leaves a
-    process or a file in its TMPDIR. Output goes to a file, not a pipe, whose end would
-    wait for every process holding it."""
-    tmp = scratch / "tmp"
-    tmp.mkdir()
-    token = uuid.uuid4().hex
-    log = scratch / "output.txt"
-    environment = {**os.environ, "TMPDIR": str(tmp), "SPARK_LOCAL_DIRS": str(tmp), TOKEN: token,
-                   "PYTHONUNBUFFERED": "1", **(env or {})}
-    start = time.monotonic()
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", f"bench.{module}", *args], cwd=REPO, env=environment,
-                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    hang = None
-    seen = None
-    while process.poll() is None and hang is None:
-        time.sleep(0.2)
-        now = time.monotonic()
-        if seen is None and watch is not None and watch in log.read_text(errors="replace"):
-            seen = now
-        if now - start > timeout:
-            hang = f"did not exit within {timeout:.0f} s"
-        elif seen is not None and now - seen > after_watch:
-            hang = f"did not exit within {after_watch:.0f} s of printing {watch!r}"
-    seconds = time.monotonic() - start
-    if hang:
-        process.kill()
-        process.wait()
-    deadline = time.monotonic() + GRACE
-    while (left := marked(token)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in left:  # not to leak them into the rest of the run
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    output = log.read_text(errors="replace")
-    assert hang is None, f"bench.{module} {hang}; its output:\n{output[-4000:]}"
-    assert not left, f"bench.{module} left processes running:\n{describe(left)}\n\nits output:\n{output[-4000:]}"
-    leftovers = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
-    assert not leftovers, f"bench.{module} left files in its TMPDIR: {leftovers[:20]}"
-    return Run(process.returncode, output, seconds)
+SPARK = ("spark_load", "iceberg")  # tests/bench/test_smoke_spark_load.py, test_smoke_iceberg.py
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", [pytest.param(m, marks=pytest.mark.timeout(s.timeout + 60)) for m, s in SMOKES.items()])
+@pytest.mark.parametrize("module", timed([m for m in SMOKES if m not in SPARK]))
 def test_benchmark_runs_at_a_tiny_size(module: str, tmp_path: Path) -> None:
-    smoke = SMOKES[module]
-    args = [a.replace("{tmp}", str(tmp_path)) for a in smoke.args]
-    run = run_bench(module, args, tmp_path, smoke.timeout)
-    assert run.code == 0, f"bench.{module} exited with {run.code}:\n{run.output[-4000:]}"
-    missing = [p for p in smoke.prints if not re.search(p, run.output, re.MULTILINE)]
-    assert not missing, f"bench.{module} did not print {missing}; its output:\n{run.output[-4000:]}"
-    print(f"bench.{module}: {run.seconds:.1f} s")
+    check_runs_at_a_tiny_size(module, tmp_path)
 
 
 @pytest.mark.slow

@@ -1,0 +1,16 @@
+"""bench.iceberg at a tiny size (tests/bench/smoke.py says what is checked); a file of its own
+so that pytest-xdist runs it beside the other benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.bench.smoke import check_runs_at_a_tiny_size, timed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", timed(["iceberg"]))
+def test_iceberg_runs_at_a_tiny_size(module: str, tmp_path: Path) -> None:
+    check_runs_at_a_tiny_size(module, tmp_path)
