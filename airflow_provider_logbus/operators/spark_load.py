@@ -13,6 +13,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseOperator
 from airflow.sdk import Connection
 
+from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
@@ -100,6 +101,10 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     and records it. `layout`: "directory" or "iceberg"; by default the target's.
     `max_reject_rate`: fail the load when more than this fraction of a topic's values is
     rejected (1.0, the default: never; the rejects are counted in the batch either way).
+    `leader_wait`: seconds the job's reads wait for a partition without a reachable
+    leader (a broker restarting, a leadership moving) before the load fails naming the
+    partition (`LOAD_LEADER_WAIT_S`, 60): a short outage costs the load that long, not a
+    task retry with a new Spark start-up each.
 
     A failed job raises `LogbusLoadError("<ExceptionType>: <message> (Spark log: <path>)")`
     with the job's own exception (recorded in staging by the job) and spark-submit's output
@@ -107,7 +112,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     (`LOCAL_CONF`) unless `conf` says otherwise."""
 
     template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target",
-                                      "max_reject_rate")
+                                      "max_reject_rate", "leader_wait")
     template_fields_renderers = {"conf": "json"}
 
     def __init__(self, *, table: str, warehouse: str | None = None, snapshot_task_id: str = "snapshot",
@@ -115,9 +120,10 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
                  logbus_conn_id: str = LogbusHook.default_conn_name, conf: dict[str, Any] | None = None,
                  fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, layout: str | None = None,
-                 max_reject_rate: float | str = 1.0, **kwargs: Any) -> None:
+                 max_reject_rate: float | str = 1.0, leader_wait: float | str = LOAD_LEADER_WAIT_S,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.layout, self.max_reject_rate = layout, max_reject_rate
+        self.layout, self.max_reject_rate, self.leader_wait = layout, max_reject_rate, leader_wait
         self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
         self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
@@ -137,7 +143,8 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         if self.schema:
             args += ["--schema", self.value_schema().to_ddl()]  # a bad schema fails here, before Spark
         args += ["--layout", layout or self.layout or "directory",
-                 "--max-reject-rate", str(float(self.max_reject_rate))]
+                 "--max-reject-rate", str(float(self.max_reject_rate)),
+                 "--leader-wait", str(leader_wait_seconds(self.leader_wait))]  # a bad value fails before Spark
         if log_file:
             args += ["--log-file", log_file]
         return args
