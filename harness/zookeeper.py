@@ -4,6 +4,7 @@ servers can be stopped and restarted one at a time.
 
 A server is serving when its `srvr` four-letter word names a mode (standalone, leader or
 follower); a server of an ensemble that has no quorum answers that it is not serving.
+`with_chroot` gives a connect string whose chroot exists before anyone connects to it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+
+from kazoo.client import KazooClient
 
 from harness.process import ClusterError, free_port, stop_process, tail, wait_until
 
@@ -32,6 +35,21 @@ def four_letter_word(port: int, word: bytes, timeout: float = 2) -> str:
             return b"".join(chunks).decode(errors="replace")
     except OSError:
         return ""
+
+
+def with_chroot(connect: str, chroot: str) -> str:
+    """`connect` + `chroot` (e.g. "/logbus-demo"), the chroot node created first: a kazoo
+    client connecting under a chroot that does not exist warns `No chroot path exists,
+    the chroot path should be created before normal use` (and the brokers, clients and
+    tests that share the string each would)."""
+    client = KazooClient(connect)
+    client.start(30)
+    try:
+        client.ensure_path(chroot)
+    finally:
+        client.stop()
+        client.close()
+    return connect + chroot
 
 
 class ZooKeeperServer:

@@ -7,7 +7,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseOperator
@@ -26,6 +26,10 @@ LOOPBACK = "127.0.0.1"
 # Spark on a local master serves nobody but this machine: driver and block manager on
 # loopback, no UI. A user's conf (or a spark_default connection's extras) wins.
 LOCAL_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK, "spark.ui.enabled": "false"}
+# What spark-submit's JVM prints at every start and says nothing about the load: Spark's
+# launcher always adds `--add-modules=jdk.incubator.vector` (for its vectorized BLAS), and
+# the JVM announces an incubator module on stderr, with no option to turn that off.
+JVM_NOTICES = frozenset({"WARNING: Using incubator modules: jdk.incubator.vector"})
 
 
 class LogbusLoadError(AirflowException):
@@ -50,9 +54,11 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
     (`LOCAL_CONF` and `SPARK_LOCAL_IP`, for what `conf` and `env_vars` do not set).
     `env_vars` are for spark-submit's own process only (the load passes this machine's
     interpreter and PATH): where the driver runs elsewhere they are dropped, not sent to
-    it — there `conf`'s `spark.pyspark.python` names the interpreter. Only public means:
-    the connection through `get_connection`, the binding through the constructor's
-    `conf` and `env_vars`."""
+    it — there `conf`'s `spark.pyspark.python` names the interpreter. Public means where
+    there are some: the connection through `get_connection`, the binding through the
+    constructor's `conf` and `env_vars`; spark-submit's output goes to the task log
+    through the stock `_process_spark_submit_log`, less the lines of `JVM_NOTICES`
+    (nothing public reaches them)."""
 
     def __init__(self, *args: Any, conf: dict[str, Any] | None = None, conn_id: str = "spark_default",
                  env_vars: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -78,6 +84,11 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
 
     def is_local(self) -> bool:
         return self.local
+
+    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
+        """The stock processing (the task log, the driver's and application's ids), of
+        every line but the JVM's start-up notices."""
+        super()._process_spark_submit_log(line for line in itr if line.strip() not in JVM_NOTICES)
 
 
 def python_environment() -> dict[str, str]:
