@@ -18,11 +18,11 @@ from broker.client.offsets import PartitionOffsets
 from broker.client.ranges import DEFAULT_FETCH_BYTES
 from broker.common.protocol import BrokerInfo
 
-__all__ = ["ClusterConfigError", "LogbusCluster", "PartitionOffsets"]
+__all__ = ["ClusterConfigError", "LOAD_LEADER_WAIT_S", "LogbusCluster", "PartitionOffsets", "leader_wait_seconds"]
 
 
 class ClusterConfigError(ValueError):
-    """The cluster address is missing or malformed."""
+    """The cluster address or a setting is missing or malformed."""
 
 
 def parse_brokers(brokers: str | list) -> list[str]:
@@ -36,20 +36,44 @@ def parse_brokers(brokers: str | list) -> list[str]:
         raise ClusterConfigError(str(exc)) from None
 
 
+# How long a load's reads wait for a partition without a reachable leader (a broker
+# restarting, the controller moving a leadership) before the load fails: a load that
+# failed at once spent a task retry, and Spark's start-up, on each such outage.
+LOAD_LEADER_WAIT_S = 60.0
+
+
+def leader_wait_seconds(value: object) -> float:
+    """A `leader_wait` setting (a number, or its text from a template or an option) as
+    seconds; `ClusterConfigError` naming the value unless it is a finite number >= 0."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ClusterConfigError(f"leader_wait must be a number of seconds, not {value!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise ClusterConfigError(f"leader_wait must be a finite number of seconds >= 0, not {value!r}")
+    return seconds
+
+
 class LogbusCluster:
     """A cluster seen through ZooKeeper (`zookeeper="h:p/chroot"`) or a static list of
     brokers (`brokers="h:p,h:p"`, answered with METADATA). Metadata is opened on first
     use and then kept current by watches; connections are cached; `close()` releases
-    both. Like the connection pool it holds, one per thread."""
+    both. Like the connection pool it holds, one per thread.
+
+    `leader_wait`: seconds a call at a partition's leader waits for a partition without
+    a reachable leader before it fails (`ConnectionPool`); 0, the default, fails at once
+    — the hook's callers (snapshot, sensor, commit) are retried by Airflow or poll, and
+    the load's data source passes `LOAD_LEADER_WAIT_S` or the operator's setting."""
 
     def __init__(self, zookeeper: str | None = None, brokers: str | list | None = None,
-                 timeout: float = 15.0, client_id: str = "logbus-airflow") -> None:
+                 timeout: float = 15.0, client_id: str = "logbus-airflow", leader_wait: float = 0.0) -> None:
         if not zookeeper and not brokers:
             raise ClusterConfigError("give a ZooKeeper connect string or a list of brokers")
         self.zookeeper = zookeeper or None
         self.static_brokers = None if self.zookeeper else parse_brokers(brokers)
         self.timeout = timeout
         self.client_id = client_id
+        self.leader_wait = leader_wait_seconds(leader_wait)
         self._pool: ConnectionPool | None = None
 
     @property
@@ -60,7 +84,7 @@ class LogbusCluster:
                 metadata = open_metadata(self.zookeeper, self.static_brokers, self.client_id, self.timeout)
             except ZooKeeperUnavailable as exc:
                 raise ConnectionError(str(exc)) from None
-            self._pool = ConnectionPool(metadata, self.client_id, self.timeout)
+            self._pool = ConnectionPool(metadata, self.client_id, self.timeout, self.leader_wait)
         return self._pool
 
     @property

@@ -16,7 +16,9 @@ from airflow_provider_logbus.targets.base import BatchRecord
 HOUR_MS = 3_600_000
 
 
-def _iso(ms: int) -> str:
+def utc_minute(ms: int) -> str:
+    """Epoch milliseconds as the ISO-8601 UTC minute reports and announcements use:
+    `2024-01-01T10:00Z` (hours are what people read; the milliseconds stay in the data)."""
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
 
@@ -51,14 +53,14 @@ def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: d
             continue
         p, l, rj = produced_h.get(hour, 0), loaded_h.get(hour, 0), rejected_h.get(hour, 0)
         hours.append({
-            "hour": _iso(hour), "hour_ms": hour, "produced": p, "loaded": l, "rejected": rj,
+            "hour": utc_minute(hour), "hour_ms": hour, "produced": p, "loaded": l, "rejected": rj,
             "missing": max(p - l - rj, 0), "duplicated": max(l + rj - p, 0),
             "completeness": (min(p, l + rj) / p) if p else 1.0,
         })
     total = {k: sum(h[k] for h in hours) for k in ("produced", "loaded", "rejected", "missing", "duplicated")}
     gaps = offset_gaps(batches, topic)
     return {
-        "table": table, "topic": topic, "start": _iso(start_ms), "end": _iso(end_ms),
+        "table": table, "topic": topic, "start": utc_minute(start_ms), "end": utc_minute(end_ms),
         "start_ms": start_ms, "end_ms": end_ms, "threshold": threshold, **total,
         "completeness": (total["produced"] - total["missing"]) / total["produced"] if total["produced"] else 1.0,
         "hours": hours, "data_loss": data_losses(batches, topic), "offset_gaps": gaps,

@@ -1,12 +1,17 @@
 """`make demo`: from nothing to an audited Apache Iceberg table.
 
-Starts ZooKeeper and two brokers (harness.zookeeper, harness.cluster), simulates three web servers
+Starts ZooKeeper and two brokers (harness.zookeeper, harness.cluster) whose topics are
+replicated on both (`default.replication.factor=2`, as the example broker properties
+set it), simulates three web servers
 producing a few hours of JSON activity (timestamps over the past hours, monitoring
 events on), runs the example hourly DAG for each of those hours with `airflow dags test`
 (temporary AIRFLOW_HOME, SQLite, `airflow db migrate`) into an Iceberg table on an
 embedded SQLite catalog (or Parquet directories with `--target directory`), audits the
 same hours, prints produced / loaded / completeness per hour and the table's snapshots
-with their batch ids and offset ranges, and stops everything, also on failure.
+with their batch ids and offset ranges, and stops everything, also on failure. The
+example DAGs read their configuration from the LOGBUS_* variables set here, through
+`airflow_provider_logbus.examples.config`, which the demo's own audit reads too. Times are
+printed as ISO-8601 UTC; the output holds no Python warnings (tests/provider/test_demo.py).
 
     .venv/bin/python demo/run_demo.py [--hours 3] [--rate 2000] [--target iceberg] [--seed N] [--keep DIR]
 """
@@ -27,14 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from airflow_provider_logbus.completeness import utc_minute  # noqa: E402
 from harness.cluster import LocalCluster  # noqa: E402
-from harness.process import wait_until  # noqa: E402
-from harness.zookeeper import ZooKeeperServer  # noqa: E402
+from harness.zookeeper import ZooKeeperServer, with_chroot  # noqa: E402
 
 HOUR_MS = 3_600_000
-# the simulator's events, declared (an Iceberg table is created from a declared schema)
-SCHEMA = ("event_id string, server string, ts_ms bigint, user_id bigint, session string, action string, page string, "
-          "status int, latency_ms double")
+BROKER_SETTINGS = {"log.flush.interval.ms": 50, "num.partitions": 4, "default.replication.factor": 2}
 
 
 def airflow_env(home: Path, zookeeper: str, warehouse: Path, topic: str, table: str, target: str) -> dict[str, str]:
@@ -49,7 +52,7 @@ def airflow_env(home: Path, zookeeper: str, warehouse: Path, topic: str, table: 
         "AIRFLOW_CONN_LOGBUS_DEFAULT": json.dumps({"conn_type": "logbus", "extra": {"zookeeper": zookeeper}}),
         "LOGBUS_TOPIC": topic, "LOGBUS_TABLE": table, "LOGBUS_WAREHOUSE": str(warehouse),
         "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0", "LOGBUS_RETRY_DELAY_SECONDS": "1",
-        "LOGBUS_TARGET": target, "LOGBUS_VALUE_SCHEMA": SCHEMA,
+        "LOGBUS_TARGET": target,  # the value schema: the examples' default, the simulator's events
         "PYSPARK_PYTHON": sys.executable,
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -68,6 +71,15 @@ def airflow(env: dict[str, str], *args: str, log: Path) -> None:
         raise RuntimeError(f"`airflow {' '.join(args)}` failed with {code}; log {log}:\n{tail}")
 
 
+def describe_topic(logbus, topic: str) -> str:
+    """The topic's partitions and the brokers holding each one's replicas."""
+    assignment = logbus.metadata.assignment(topic) or {}
+    factors = sorted({len(replicas) for replicas in assignment.values()})
+    brokers = sorted({b for replicas in assignment.values() for b in replicas})
+    return (f"topic {topic}: {len(assignment)} partitions, replication factor "
+            f"{'/'.join(map(str, factors))} on brokers {', '.join(map(str, brokers))}")
+
+
 def describe_table(target, warehouse: Path) -> str:
     """Where the table lives and its batches: one snapshot (Iceberg) or directory each."""
     lines = []
@@ -76,7 +88,8 @@ def describe_table(target, warehouse: Path) -> str:
         lines.append(f"Iceberg table {target.identifier} at {table.location()} "
                      f"(catalog {target.catalog_properties['uri']})")
         lines.append(f"  committed offsets (table property): {table.properties.get('logbus.committed-offsets')}")
-        lines.append(f"  complete through: {table.properties.get('logbus.complete-through')}")
+        complete_through = table.properties.get("logbus.complete-through")
+        lines.append(f"  complete through: {utc_minute(int(complete_through)) if complete_through else 'no hour yet'}")
         for snapshot in table.snapshots():
             summary = snapshot.summary.additional_properties if snapshot.summary else {}
             if "logbus.batch-id" not in summary:
@@ -117,11 +130,11 @@ def main() -> int:
     cluster = None
     try:
         zookeeper.start()
-        connect = zookeeper.connect_string + "/logbus-demo"
-        cluster = LocalCluster(connect, work, settings={"log.flush.interval.ms": 50, "num.partitions": 4})
+        connect = with_chroot(zookeeper.connect_string, "/logbus-demo")
+        cluster = LocalCluster(connect, work, settings=BROKER_SETTINGS)
         cluster.start_broker(0)
         cluster.start_broker(1)
-        print("ZooKeeper and 2 brokers are up")
+        print("ZooKeeper and 2 brokers are up (topics replicated on both)")
 
         from airflow_provider_logbus.examples.simulate_web_servers import simulate
 
@@ -147,21 +160,23 @@ def main() -> int:
                   f"airflow dags test logbus_hourly_load {end.isoformat()} ...")
             airflow(env, "dags", "test", "logbus_hourly_load", end.isoformat(), log=log)
 
-        os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW", "LOGBUS"))})
         from airflow_provider_logbus.batch import audit_inputs
+        from airflow_provider_logbus.cluster import LogbusCluster
         from airflow_provider_logbus.completeness import build_report, format_report, judge
-        from airflow_provider_logbus.hooks.logbus import LogbusHook
+        from airflow_provider_logbus.examples.config import ExampleConfig
         from airflow_provider_logbus.targets import open_target
 
-        target = open_target(args.target, table, warehouse=str(warehouse))
-        hook = LogbusHook(zookeeper=connect)
-        produced, batches = audit_inputs(hook.get_conn(), target)
-        report = judge(build_report(table, topic, first, now + 60_000, produced, batches, 0.999),
-                       now_ms=int(time.time() * 1000), grace_ms=0)
-        hook.close()
+        config = ExampleConfig.from_environment(env)  # the table the example DAGs wrote
+        target = open_target(config.target, config.table, warehouse=config.warehouse)
+        with LogbusCluster(connect) as logbus:
+            produced, batches = audit_inputs(logbus, target)
+            topic_line = describe_topic(logbus, config.topic)
+        report = judge(build_report(config.table, config.topic, first, now + 60_000, produced, batches,
+                                    config.audit_threshold), now_ms=int(time.time() * 1000), grace_ms=0)
         print()
         print(format_report(report))
         print()
+        print(topic_line)
         print(describe_table(target, warehouse))
         target.close()
         print(f"Airflow log: {log}")

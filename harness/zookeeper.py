@@ -4,6 +4,7 @@ servers can be stopped and restarted one at a time.
 
 A server is serving when its `srvr` four-letter word names a mode (standalone, leader or
 follower); a server of an ensemble that has no quorum answers that it is not serving.
+`with_chroot` gives a connect string whose chroot exists before anyone connects to it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ def client(connect: str, timeout: float = 30) -> Iterator[KazooClient]:
     finally:
         zk.stop()
         zk.close()
+
+
+def with_chroot(connect: str, chroot: str) -> str:
+    """`connect` + `chroot` (e.g. "/logbus-demo"), the chroot node created first: a kazoo
+    client connecting under a chroot that does not exist warns `No chroot path exists,
+    the chroot path should be created before normal use` (and the brokers, clients and
+    tests that share the string each would)."""
+    with client(connect) as zk:
+        zk.ensure_path(chroot)
+    return connect + chroot
 
 
 class ZooKeeperServer:

@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 from harness.cluster import LocalCluster
 from harness.postgres import PostgresServer
-from harness.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
+from harness.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, with_chroot
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -54,13 +54,7 @@ def postgres(tmp_path_factory) -> PostgresServer:
 @pytest.fixture
 def zk_connect(zookeeper: ZooKeeperServer) -> str:
     """A connect string with a fresh chroot for this test."""
-    chroot = f"/test-{uuid.uuid4().hex[:12]}"
-    client = KazooClient(zookeeper.connect_string)
-    client.start(30)
-    client.ensure_path(chroot)
-    client.stop()
-    client.close()
-    return zookeeper.connect_string + chroot
+    return with_chroot(zookeeper.connect_string, f"/test-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

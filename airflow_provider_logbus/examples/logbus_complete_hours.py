@@ -7,23 +7,23 @@ and advances the table's `logbus.complete-through` watermark. Scheduled with a
 its `partition_key` — the place for a job that must only see complete hours (an
 aggregate, an export, a model refresh).
 
-Configuration (environment): LOGBUS_TABLE (web_activity), LOGBUS_WAREHOUSE, LOGBUS_TARGET,
-LOGBUS_CATALOG_CONN_ID — as for `logbus_hourly_load`.
+Configuration: `airflow_provider_logbus.examples.config`, the settings the hourly load
+and its audit read (table, target, catalog, warehouse), so this reads the table they
+write and announce.
 """
 
 from __future__ import annotations
 
-import os
-
 from airflow.sdk import DAG, PartitionedAssetTimetable, task
 
+from airflow_provider_logbus.examples.config import example_config
 from airflow_provider_logbus.operators.audit import complete_hours_asset
 
-TABLE = os.environ.get("LOGBUS_TABLE", "web_activity")
+config = example_config()
 
 with DAG(
     dag_id="logbus_complete_hours",
-    schedule=PartitionedAssetTimetable(assets=complete_hours_asset(TABLE)),
+    schedule=PartitionedAssetTimetable(assets=complete_hours_asset(config.table)),
     tags=["logbus", "example"],
 ) as dag:
 
@@ -40,16 +40,15 @@ with DAG(
             for event in events:
                 details = (event.extra or {}).get("hours", {}).get(hour, details)
         start = datetime.strptime(hour, "%Y-%m-%dT%H:%MZ").replace(tzinfo=timezone.utc)
-        target = resolve_target(os.environ.get("LOGBUS_TARGET", "directory"), TABLE,
-                                warehouse=os.environ.get("LOGBUS_WAREHOUSE", "/tmp/logbus-warehouse"),
-                                catalog_conn_id=os.environ.get("LOGBUS_CATALOG_CONN_ID", "logbus_iceberg_default"))
+        target = resolve_target(config.target, config.table, warehouse=config.warehouse,
+                                catalog_conn_id=config.catalog_conn_id)
         try:
             hour_ms = int(start.timestamp() * 1000) // 3_600_000 * 3_600_000
             rows = sum(c["count"] for b in target.batches() for c in b.counts
                        if hour_ms <= int(c["window_start"]) < hour_ms + 3_600_000)
         finally:
             target.close()
-        print(f"hour {hour} of {TABLE} is complete: {rows} rows (audit: {details})")
+        print(f"hour {hour} of {config.table} is complete: {rows} rows (audit: {details})")
         return {"hour": hour, "rows": rows, "audit": details}
 
     process_complete_hour()

@@ -7,12 +7,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseOperator
 from airflow.sdk import Connection
 
+from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
@@ -25,6 +26,10 @@ LOOPBACK = "127.0.0.1"
 # Spark on a local master serves nobody but this machine: driver and block manager on
 # loopback, no UI. A user's conf (or a spark_default connection's extras) wins.
 LOCAL_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK, "spark.ui.enabled": "false"}
+# What spark-submit's JVM prints at every start and says nothing about the load: Spark's
+# launcher always adds `--add-modules=jdk.incubator.vector` (for its vectorized BLAS), and
+# the JVM announces an incubator module on stderr, with no option to turn that off.
+JVM_NOTICES = frozenset({"WARNING: Using incubator modules: jdk.incubator.vector"})
 
 
 class LogbusLoadError(AirflowException):
@@ -49,9 +54,11 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
     (`LOCAL_CONF` and `SPARK_LOCAL_IP`, for what `conf` and `env_vars` do not set).
     `env_vars` are for spark-submit's own process only (the load passes this machine's
     interpreter and PATH): where the driver runs elsewhere they are dropped, not sent to
-    it — there `conf`'s `spark.pyspark.python` names the interpreter. Only public means:
-    the connection through `get_connection`, the binding through the constructor's
-    `conf` and `env_vars`."""
+    it — there `conf`'s `spark.pyspark.python` names the interpreter. Public means where
+    there are some: the connection through `get_connection`, the binding through the
+    constructor's `conf` and `env_vars`; spark-submit's output goes to the task log
+    through the stock `_process_spark_submit_log`, less the lines of `JVM_NOTICES`
+    (nothing public reaches them)."""
 
     def __init__(self, *args: Any, conf: dict[str, Any] | None = None, conn_id: str = "spark_default",
                  env_vars: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -78,6 +85,11 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
     def is_local(self) -> bool:
         return self.local
 
+    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
+        """The stock processing (the task log, the driver's and application's ids), of
+        every line but the JVM's start-up notices."""
+        super()._process_spark_submit_log(line for line in itr if line.strip() not in JVM_NOTICES)
+
 
 def python_environment() -> dict[str, str]:
     """Driver and workers run this interpreter (docs/provider.md, "Connections"),
@@ -101,6 +113,10 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     and records it. `layout`: "directory" or "iceberg"; by default the target's.
     `max_reject_rate`: fail the load when more than this fraction of a topic's values is
     rejected (1.0, the default: never; the rejects are counted in the batch either way).
+    `leader_wait`: seconds the job's reads wait for a partition without a reachable
+    leader (a broker restarting, a leadership moving) before the load fails naming the
+    partition (`LOAD_LEADER_WAIT_S`, 60): a short outage costs the load that long, not a
+    task retry with a new Spark start-up each.
 
     A failed job raises `LogbusLoadError("<ExceptionType>: <message> (Spark log: <path>)")`
     with the job's own exception (recorded in staging by the job) and spark-submit's output
@@ -108,7 +124,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     (`LOCAL_CONF`) unless `conf` says otherwise."""
 
     template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target",
-                                      "max_reject_rate")
+                                      "max_reject_rate", "leader_wait")
     template_fields_renderers = {"conf": "json"}
 
     def __init__(self, *, table: str, warehouse: str | None = None, snapshot_task_id: str = "snapshot",
@@ -116,9 +132,10 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
                  logbus_conn_id: str = LogbusHook.default_conn_name, conf: dict[str, Any] | None = None,
                  fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, layout: str | None = None,
-                 max_reject_rate: float | str = 1.0, **kwargs: Any) -> None:
+                 max_reject_rate: float | str = 1.0, leader_wait: float | str = LOAD_LEADER_WAIT_S,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.layout, self.max_reject_rate = layout, max_reject_rate
+        self.layout, self.max_reject_rate, self.leader_wait = layout, max_reject_rate, leader_wait
         self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
         self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
@@ -138,7 +155,8 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         if self.schema:
             args += ["--schema", self.value_schema().to_ddl()]  # a bad schema fails here, before Spark
         args += ["--layout", layout or self.layout or "directory",
-                 "--max-reject-rate", str(float(self.max_reject_rate))]
+                 "--max-reject-rate", str(float(self.max_reject_rate)),
+                 "--leader-wait", str(leader_wait_seconds(self.leader_wait))]  # a bad value fails before Spark
         if log_file:
             args += ["--log-file", log_file]
         return args

@@ -9,6 +9,10 @@
 Columns: topic string, partition int, offset long, timestamp timestamp (UTC, from the
 producer's milliseconds), key binary, value binary.
 
+A partition without a reachable leader (its broker restarting, a leadership moving) is
+waited for up to `leader_wait` seconds (default `LOAD_LEADER_WAIT_S`, 60) before the read
+fails naming it; the executor's log says which partition it waits for.
+
 One Spark input partition per range; a range larger than `split_bytes` (default 256 MiB)
 is split at its partition's segment starts, which the broker names cheaply with
 OFFSETS(time) (segment starts are message boundaries; no other boundary is known without
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json
 
 if TYPE_CHECKING:
@@ -36,10 +41,11 @@ if TYPE_CHECKING:
 
 SCHEMA = "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"
 
-_worker_clusters: dict[tuple[int, str | None, str | None], "LogbusCluster"] = {}
+_worker_clusters: dict[tuple[int, str | None, str | None, float], "LogbusCluster"] = {}
 
 
-def worker_cluster(zookeeper: str | None, brokers: str | None) -> "LogbusCluster":
+def worker_cluster(zookeeper: str | None, brokers: str | None,
+                   leader_wait: float = LOAD_LEADER_WAIT_S) -> "LogbusCluster":
     """The cluster handle of this Python worker, for every partition it reads: Spark
     reuses a Python worker for the next task (`spark.python.worker.reuse`, on by
     default), so a load of many partitions opens a ZooKeeper session and broker
@@ -48,12 +54,13 @@ def worker_cluster(zookeeper: str | None, brokers: str | None) -> "LogbusCluster
     leaves its session to ZooKeeper's timeout."""
     from airflow_provider_logbus.cluster import LogbusCluster
 
-    key = (os.getpid(), zookeeper, brokers)
+    key = (os.getpid(), zookeeper, brokers, leader_wait)
     cluster = _worker_clusters.get(key)
     if cluster is None:
         if not _worker_clusters:
             atexit.register(close_worker_clusters)
-        cluster = _worker_clusters[key] = LogbusCluster(zookeeper=zookeeper, brokers=brokers)
+        cluster = _worker_clusters[key] = LogbusCluster(zookeeper=zookeeper, brokers=brokers,
+                                                        leader_wait=leader_wait)
     return cluster
 
 
@@ -74,7 +81,8 @@ class RangePartition(InputPartition):
 
 class LogbusDataSource(DataSource):
     """Options: `ranges` (JSON list of {topic, partition, start, end}), `zookeeper` or
-    `brokers`, optional `fetch_bytes`, `split_bytes`, `verify_crc` ("true")."""
+    `brokers`, optional `fetch_bytes`, `split_bytes`, `verify_crc` ("true"),
+    `leader_wait` (seconds, `LOAD_LEADER_WAIT_S`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -99,11 +107,12 @@ class LogbusReader(DataSourceReader):
         self.fetch_bytes = int(options.get("fetch_bytes", 8 << 20))
         self.split_bytes = int(options.get("split_bytes", 256 << 20))
         self.verify_crc = str(options.get("verify_crc", "true")).lower() == "true"
+        self.leader_wait = leader_wait_seconds(options.get("leader_wait", LOAD_LEADER_WAIT_S))
 
     def _cluster(self):
         from airflow_provider_logbus.cluster import LogbusCluster
 
-        return LogbusCluster(zookeeper=self.zookeeper, brokers=self.brokers)
+        return LogbusCluster(zookeeper=self.zookeeper, brokers=self.brokers, leader_wait=self.leader_wait)
 
     def partitions(self) -> list[RangePartition]:
         spans: list[Range] = []
@@ -134,7 +143,7 @@ class LogbusReader(DataSourceReader):
         r = partition.span
         if r.end <= r.start:
             return
-        cluster = worker_cluster(self.zookeeper, self.brokers)
+        cluster = worker_cluster(self.zookeeper, self.brokers, self.leader_wait)
         for base, buf in cluster.read_range(r.topic, r.partition, r.start, r.end, self.fetch_bytes):
             yield decode_record_batch(r.topic, r.partition, base, buf, self.verify_crc)
 

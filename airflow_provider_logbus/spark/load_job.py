@@ -7,7 +7,7 @@ SparkSession.
     spark-submit load_job.py --ranges @ranges.json --zookeeper h:p/chroot \
         --staging /wh/table/_staging/<batch>.<attempt> --format json \
         [--schema "a string, b long NOT NULL" | --schema /path/schema.json] \
-        [--layout directory|iceberg] [--max-reject-rate 0.01]
+        [--layout directory|iceberg] [--max-reject-rate 0.01] [--leader-wait 60]
 
 Staging layouts::
 
@@ -47,6 +47,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Sequence
 
+from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
 from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, write_json_atomic
 
@@ -80,7 +81,7 @@ class JsonSchema:
 
 
 def read_ranges(spark, ranges: Sequence[Range], zookeeper: str | None = None, brokers: str | None = None,
-                fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20):
+                fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, leader_wait: float = LOAD_LEADER_WAIT_S):
     from airflow_provider_logbus.spark.datasource import LogbusDataSource
 
     spark.dataSource.register(LogbusDataSource)
@@ -89,7 +90,8 @@ def read_ranges(spark, ranges: Sequence[Range], zookeeper: str | None = None, br
         reader = reader.option("zookeeper", zookeeper)
     if brokers:
         reader = reader.option("brokers", brokers)
-    return reader.option("fetch_bytes", str(fetch_bytes)).option("split_bytes", str(split_bytes)).load()
+    return (reader.option("fetch_bytes", str(fetch_bytes)).option("split_bytes", str(split_bytes))
+            .option("leader_wait", str(leader_wait)).load())
 
 
 def infer_json_schema(spark, df, sample: int = 1000):
@@ -340,11 +342,12 @@ def check_reject_rate(spark, counts: list[dict], rejected: list[dict], max_rejec
 def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None = None, brokers: str | None = None,
              value_format: str = "json", schema: str | None = None, fetch_bytes: int = 8 << 20,
              split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS, layout: str = "directory",
-             max_reject_rate: float = 1.0) -> dict:
+             max_reject_rate: float = 1.0, leader_wait: float = LOAD_LEADER_WAIT_S) -> dict:
     """Load `ranges` into Parquet under `staging` (which must not hold another attempt)
     in `layout`; rejected values go to `<staging>/_rejects/`. Returns and writes the
     counts file; raises `RejectRateError` (and writes no counts file) when a topic's
-    reject rate is over `max_reject_rate`."""
+    reject rate is over `max_reject_rate`. A partition without a reachable leader is
+    waited for up to `leader_wait` seconds before the read fails naming it."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -363,7 +366,7 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     rejects_path = staging_path / REJECTS_DIR
     if staging_path.exists():
         shutil.rmtree(staging_path)
-    source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes)
+    source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait)
     cached = None
     try:
         if value_format == "raw":
@@ -421,6 +424,13 @@ def reject_rate(text: str) -> float:
     return value
 
 
+def leader_wait(text: str) -> float:
+    try:
+        return leader_wait_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="load_job.py", description="Load logbus ranges into Parquet (staging).")
     parser.add_argument("--ranges", required=True, help="JSON list of {topic, partition, start, end}, or @file")
@@ -438,6 +448,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--fetch-bytes", type=int, default=8 << 20)
     parser.add_argument("--split-bytes", type=int, default=256 << 20)
     parser.add_argument("--window-ms", type=int, default=WINDOW_MS)
+    parser.add_argument("--leader-wait", type=leader_wait, default=LOAD_LEADER_WAIT_S,
+                        help="seconds to wait for a partition without a reachable leader before failing "
+                             f"(default {LOAD_LEADER_WAIT_S:g})")
     parser.add_argument("--log-file", help="also write the job's log, and the traceback of its failure, here")
     return parser
 
@@ -458,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSession.builder.appName(f"logbus-load {Path(args.staging).name}").getOrCreate()
     try:
         run_load(spark, ranges, args.staging, args.zookeeper, args.brokers, args.format, args.schema,
-                 args.fetch_bytes, args.split_bytes, args.window_ms, args.layout, args.max_reject_rate)
+                 args.fetch_bytes, args.split_bytes, args.window_ms, args.layout, args.max_reject_rate,
+                 args.leader_wait)
     except (RejectRateError, SchemaError) as exc:
         logger.error("load failed: %s", exc)
         _record_failure(args.staging, exc)

@@ -171,18 +171,37 @@ class IcebergTarget(CommitTarget):
         return table
 
     def _create(self, identifier: str, schema, partitioned: bool) -> None:
-        from pyiceberg.exceptions import TableAlreadyExistsError
+        """Create the table, or accept the one a concurrent first load created meanwhile:
+        several runs of a new table start at once (a backfill, a manual trigger beside
+        the schedule), and each found no table a moment ago. The catalog refuses all
+        creations but one — the SQL catalog with `CommitFailedException("Table already
+        exists")` (the create transaction's assert-create requirement), a lost insert
+        race with `TableAlreadyExistsError` — so a refusal with the table now there is
+        success; the caller checks that table against the declaration."""
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
         from pyiceberg.transforms import HourTransform
 
-        self.catalog.create_namespace_if_not_exists(self.namespace)
+        self._create_namespace()
         try:
             with self.catalog.create_table_transaction(identifier, schema=schema, properties=TABLE_PROPERTIES) as tx:
                 if partitioned:
                     with tx.update_spec() as spec:
                         spec.add_field("timestamp", HourTransform(), "timestamp_hour")
             logger.info("created Iceberg table %s", identifier)
-        except TableAlreadyExistsError:
-            pass  # a concurrent first load created it
+        except (TableAlreadyExistsError, CommitFailedException) as exc:
+            if self._load(identifier) is None:
+                raise
+            logger.info("Iceberg table %s was created by a concurrent load (%s); using it", identifier, exc)
+
+    def _create_namespace(self) -> None:
+        """`create_namespace_if_not_exists`, also when another load creates it between
+        the SQL catalog's existence check and its insert (which then fails on the
+        catalog's primary key rather than with `NamespaceAlreadyExistsError`)."""
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+        except Exception:
+            if not self.catalog.namespace_exists(self.namespace):
+                raise
 
     def ensure_schema(self, value_schema) -> None:
         import pyarrow as pa

@@ -13,7 +13,8 @@ partition state nodes (`broker.common.partitionstates`; METADATA version 1 from 
 list) — and `assignment(topic)` as {partition: replica broker ids, preferred leader
 first}.
 `ConnectionPool` keeps one `BrokerConnection` per broker id and runs calls at a
-partition's leader (`call_leader`), following leader changes. Nothing here sends data;
+partition's leader (`call_leader`), following leader changes and, with `leader_wait`,
+waiting a bounded time for a partition without a reachable leader. Nothing here sends data;
 producers, consumers, offsets (`broker.client.offsets`) and range reads
 (`broker.client.ranges`) build on it.
 """
@@ -51,6 +52,7 @@ Leaders = dict[int, int]  # partition -> leader broker id (-1: unavailable)
 # leader epoch is stale. Retried by every client, by class (= by wire error code).
 LEADER_MOVED = (NotLeaderForPartition, PartitionOffline, FencedLeaderEpoch)
 LEADERLESS_REFRESH_S = 0.5  # a broker-list client re-asks this often while a partition has no leader
+LEADER_WAIT_POLL_S = 0.5  # a call waiting for a leader (`leader_wait`) looks again this often
 T = TypeVar("T")
 
 
@@ -328,12 +330,21 @@ def open_metadata(zookeeper: str | None = None, brokers: list[str] | str | None 
 
 class ConnectionPool:
     """One connection per broker id, opened on first use, replaced when the broker's
-    address changes. Not thread-safe: each thread that talks to brokers owns a pool."""
+    address changes. Not thread-safe: each thread that talks to brokers owns a pool.
 
-    def __init__(self, metadata: ClusterMetadata, client_id: str, timeout: float) -> None:
+    `leader_wait` (seconds, default 0) is how long `call_leader` waits for a partition
+    that has no reachable leader — its only replica's broker restarting, or the
+    controller still electing a new leader — before it fails. 0 fails at once, which
+    suits callers that poll anyway; a batch read that would otherwise fail a whole job
+    (the provider's load) rides out a short outage with it."""
+
+    def __init__(self, metadata: ClusterMetadata, client_id: str, timeout: float, leader_wait: float = 0.0) -> None:
+        if leader_wait < 0:
+            raise ValueError(f"leader_wait must be >= 0 seconds, not {leader_wait!r}")
         self.metadata = metadata
         self.client_id = client_id
         self.timeout = timeout
+        self.leader_wait = leader_wait
         self._connections: dict[int, BrokerConnection] = {}
 
     def get(self, broker_id: int) -> BrokerConnection:
@@ -385,20 +396,50 @@ class ConnectionPool:
                     attempts: int = 3, backoff: float = 0.2) -> T:
         """`call(connection)` at the partition's leader. After a lost connection or a
         leader change (`LEADER_MOVED`) the metadata is refreshed and the call made
-        again, up to `attempts` times; a leader that is down fails at once."""
-        attempt = 1
+        again, up to `attempts` times. A partition left without a reachable leader (its
+        leader down, or the retries spent) fails at once with a `ConnectionError`
+        naming the partition, or is waited for up to `leader_wait` seconds first."""
+        attempt, deadline = 1, None
         while True:
-            conn = self.leader(topic, partition)
             try:
-                return call(conn)
+                conn = self.leader(topic, partition)
+            except ConnectionError as exc:
+                deadline = self._wait_for_leader(topic, partition, exc, deadline)
+                continue
+            try:
+                result = call(conn)
             except (ConnectionError, *LEADER_MOVED) as exc:
                 self.drop_connection(conn)
                 if attempt >= attempts:
-                    raise
+                    deadline = self._wait_for_leader(topic, partition, exc, deadline)
+                    continue
                 logger.info("%s-%d: %s; refreshing metadata and trying again", topic, partition, exc)
                 time.sleep(backoff * attempt)
                 self.metadata.refresh(topic)
                 attempt += 1
+                continue
+            if deadline is not None:
+                logger.warning("%s-%d has a reachable leader again; going on", topic, partition)
+            return result
+
+    def _wait_for_leader(self, topic: str, partition: int, cause: Exception, deadline: float | None) -> float:
+        """One step of waiting for a leader of `topic`-`partition`: re-raise `cause`
+        when there is no `leader_wait`, say once which partition is waited for and
+        why, fail naming it once the wait is over; else pause and refresh the
+        metadata. Returns the wait's deadline (monotonic)."""
+        now = time.monotonic()
+        if deadline is None:
+            if self.leader_wait <= 0:
+                raise cause
+            deadline = now + self.leader_wait
+            logger.warning("%s; waiting up to %gs for a leader of %s-%d (leader_wait)", cause, self.leader_wait,
+                           topic, partition)
+        elif now >= deadline:
+            raise ConnectionError(f"no leader of {topic}-{partition} reachable within leader_wait "
+                                  f"{self.leader_wait:g}s: {cause}") from cause
+        time.sleep(min(LEADER_WAIT_POLL_S, max(deadline - now, 0.0)))
+        self.metadata.refresh(topic)
+        return deadline
 
     def drop(self, broker_id: int) -> None:
         conn = self._connections.pop(broker_id, None)

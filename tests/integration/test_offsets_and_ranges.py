@@ -1,8 +1,12 @@
 """The client's offsets and exact byte-range reads (broker.client.offsets, .ranges)
 against real brokers: the same bytes through ZooKeeper and through static brokers,
-group offsets that only move forward, a dead leader named in the error."""
+group offsets that only move forward, a dead leader named in the error at once or after
+the pool's `leader_wait`, and a leader that returns within it waited for."""
 
 from __future__ import annotations
+
+import logging
+import threading
 
 import pytest
 
@@ -29,8 +33,8 @@ def two_brokers(cluster, zk, zk_connect):
     return cluster
 
 
-def pool_of(**where) -> ConnectionPool:
-    return ConnectionPool(open_metadata(**where), "test", 10.0)
+def pool_of(leader_wait: float = 0.0, **where) -> ConnectionPool:
+    return ConnectionPool(open_metadata(**where), "test", 10.0, leader_wait)
 
 
 def read_all(pool: ConnectionPool, fetch_bytes: int) -> dict[int, bytes]:
@@ -83,6 +87,35 @@ def test_a_dead_leader_fails_at_once_naming_partition_and_broker(two_brokers, zk
         with pytest.raises(ConnectionError, match=f"leader broker 1 of {TOPIC}-{partition} is not live"):
             offsets.latest(pool, TOPIC, partition)
         assert offsets.latest(pool, TOPIC, 1 - partition) > 0  # the other partition stays readable
+    finally:
+        pool.close()
+        pool.metadata.close()
+
+
+def test_a_leader_back_within_leader_wait_is_waited_for_and_one_that_is_not_is_named(two_brokers, zk_connect,
+                                                                                     caplog):
+    caplog.set_level(logging.WARNING, logger="broker.client.cluster")
+    pool = pool_of(leader_wait=30, zookeeper=zk_connect)
+    try:
+        partition = next(p for p, leader in offsets.assigned_leaders(pool, TOPIC).items() if leader == 1)
+        end = offsets.latest(pool, TOPIC, partition)
+        two_brokers.brokers[1].stop()
+        wait_until(lambda: 1 not in pool.metadata.brokers(), 30, "broker 1 to leave")
+        read: list = []
+        reader = threading.Thread(target=lambda: read.extend(ranges.read_range(pool, TOPIC, partition, 0, end)))
+        reader.start()
+        wait_until(lambda: any(f"waiting up to 30s for a leader of {TOPIC}-{partition}" in r.getMessage()
+                               for r in caplog.records), 30, "the read to wait for the leader")
+        two_brokers.start_broker(1)
+        reader.join(60)
+        assert not reader.is_alive() and sum(len(buf) for _, buf in read) == end  # the whole range, once back
+
+        two_brokers.brokers[1].stop()
+        wait_until(lambda: 1 not in pool.metadata.brokers(), 30, "broker 1 to leave again")
+        pool.leader_wait = 1
+        with pytest.raises(ConnectionError, match=f"no leader of {TOPIC}-{partition} reachable within leader_wait 1s: "
+                                                  f"leader broker 1 of {TOPIC}-{partition} is not live"):
+            offsets.latest(pool, TOPIC, partition)
     finally:
         pool.close()
         pool.metadata.close()

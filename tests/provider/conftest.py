@@ -34,6 +34,7 @@ os.environ.update({
 })
 
 from harness.cluster import LocalCluster  # noqa: E402
+from harness.zookeeper import with_chroot  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -60,17 +61,7 @@ def spark():
 
 
 def new_chroot(zookeeper) -> str:
-    from kazoo.client import KazooClient
-
-    chroot = f"/provider-{uuid.uuid4().hex[:10]}"
-    client = KazooClient(zookeeper.connect_string)
-    client.start(30)
-    try:
-        client.ensure_path(chroot)
-    finally:
-        client.stop()
-        client.close()
-    return zookeeper.connect_string + chroot
+    return with_chroot(zookeeper.connect_string, f"/provider-{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from broker.client.producer import Producer
 from broker.common.message import iter_messages
@@ -85,3 +87,37 @@ def fill_last_hour(cluster, topic: str, messages: int, brokers: int = 2) -> tupl
         wait_until(lambda: all(o.latest > 0 for o in c.partition_offsets(topic).values()), 30, "every partition")
     return zk, start
 
+
+
+def yesterday_start() -> datetime:
+    """00:00 UTC of yesterday: a whole day in the past, whatever the time of the run."""
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=1)
+
+
+def produce_unloaded(zookeeper: str, topic: str, timestamps: list[int]) -> None:
+    """Produce messages no load will pick up before the next audit, and wait until the
+    producers' monitoring events count them (what the audit compares with)."""
+    from harness.process import wait_until
+
+    from airflow_provider_logbus.monitoring import read_produced_counts
+
+    def counted() -> int:
+        with LogbusCluster(zookeeper) as c:
+            return sum(n for (t, _), n in read_produced_counts(c).items() if t == topic)
+
+    before = counted()
+    produce(zookeeper, topic, timestamps)
+    wait_until(lambda: counted() == before + len(timestamps), 30, "the monitoring events of the new messages")
+
+
+def run_daily_audit(env: dict[str, str], day_start: datetime) -> tuple[str, dict]:
+    """Run the example daily audit DAG (`dag.test()`) over the UTC day from `day_start`,
+    configured by `env` as the hourly load was; (the run's state, the report it kept)."""
+    from .conftest import load_dag
+
+    end = day_start + timedelta(days=1)
+    dag = load_dag("logbus_daily_audit.py", env)
+    run = dag.test(logical_date=end)
+    (report,) = Path(env["LOGBUS_WAREHOUSE"], "_audit").glob(f"*/{day_start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json")
+    return str(run.state), json.loads(report.read_text())

@@ -1,6 +1,6 @@
-"""Staged batches written with pyarrow exactly as the load job lays them out, and a child
-process that commits one — so the commit protocol can be raced and killed for real
-without starting Spark for every attempt."""
+"""Staged batches written with pyarrow exactly as the load job lays them out, and child
+processes that commit one or create a table as a load does — so the commit protocol and
+table creation can be raced and killed for real without starting Spark for every attempt."""
 
 from __future__ import annotations
 
@@ -68,8 +68,25 @@ def plan(batch_id: str, ranges: list[dict], table: str = "tbl") -> dict:
 def child_command(warehouse: str, plan_dict: dict, staging: str, result: str, *, barrier: str | None = None,
                   kill_at: str | None = None, kind: str = "directory", catalog: dict | None = None) -> list[str]:
     return [sys.executable, "-m", "tests.provider.stagingutil", json.dumps({
-        "warehouse": warehouse, "plan": plan_dict, "staging": staging, "result": result, "barrier": barrier,
-        "kill_at": kill_at, "kind": kind, "catalog": catalog})]
+        "action": "commit", "warehouse": warehouse, "plan": plan_dict, "staging": staging, "result": result,
+        "barrier": barrier, "kill_at": kill_at, "kind": kind, "catalog": catalog})]
+
+
+def create_table_command(warehouse: str, table: str, value_ddl: str, *, barrier: str,
+                         catalog: dict | None = None) -> list[str]:
+    """A child that opens the Iceberg target and creates (or checks) `table` from the
+    declared `value_ddl`, as a load does before Spark starts; once `barrier` exists."""
+    return [sys.executable, "-m", "tests.provider.stagingutil", json.dumps({
+        "action": "create-table", "warehouse": warehouse, "table": table, "value_ddl": value_ddl,
+        "barrier": barrier, "catalog": catalog})]
+
+
+def _wait_for(barrier: str | None) -> None:
+    """Several children released at the same moment: each polls for the file."""
+    import time
+
+    while barrier and not os.path.exists(barrier):
+        time.sleep(0.001)
 
 
 def _kill_around(owner, name: str, when: str) -> None:
@@ -92,8 +109,6 @@ def _child(args: dict) -> None:
     children commit at the same moment); SIGKILL itself at `kill_at`: "before-rename" /
     "after-rename" (directory: record written / published, not yet reported),
     "before-catalog-commit" / "after-catalog-commit" (Iceberg), "before-rejects"."""
-    import time
-
     from airflow_provider_logbus.plan import BatchPlan
     from airflow_provider_logbus.targets import open_target
 
@@ -108,14 +123,26 @@ def _child(args: dict) -> None:
         from airflow_provider_logbus.targets.iceberg import IcebergTarget
 
         _kill_around(IcebergTarget, "finish", "before")
-    if args["barrier"]:
-        while not os.path.exists(args["barrier"]):
-            time.sleep(0.001)
+    _wait_for(args["barrier"])
     plan_obj = BatchPlan.from_dict(args["plan"])
     target = open_target(args["kind"], plan_obj.table, warehouse=args["warehouse"], catalog=args["catalog"])
     result = target.commit(plan_obj, args["staging"], "run")
     Path(args["result"]).write_text(json.dumps({**result.record.to_dict(), "published_now": result.published_now}))
 
 
+def _create_table(args: dict) -> None:
+    from airflow_provider_logbus.schema import load_schema
+    from airflow_provider_logbus.targets import open_target
+
+    schema = load_schema(args["value_ddl"]).to_arrow()
+    _wait_for(args["barrier"])
+    target = open_target("iceberg", args["table"], warehouse=args["warehouse"], catalog=args["catalog"])
+    try:
+        target.ensure_schema(schema)
+    finally:
+        target.close()
+
+
 if __name__ == "__main__":
-    _child(json.loads(sys.argv[1]))
+    arguments = json.loads(sys.argv[1])
+    {"commit": _child, "create-table": _create_table}[arguments["action"]](arguments)

@@ -18,8 +18,8 @@ from airflow_provider_logbus.spark.load_job import run_load
 from airflow_provider_logbus.targets.directory import DirectoryTarget
 from harness.process import wait_until
 
-from .conftest import load_dag, use_logbus_connection
-from .helpers import produce, table_rows
+from .conftest import use_logbus_connection
+from .helpers import produce, run_daily_audit, table_rows
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000
@@ -48,16 +48,12 @@ def audit(hook: LogbusHook, warehouse, table: str, start: datetime, end: datetim
 
 
 def daily_audit(zk: str, warehouse, table: str, day: tuple[datetime, datetime], grace_minutes: int) -> tuple[str, dict]:
-    """Run the example daily audit DAG over `day` for `table` (topic of the same name);
-    (the run's state, the report it kept)."""
-    start, end = day
+    """Run the example daily audit DAG over `day` for the directory table `table` (topic
+    of the same name); (the run's state, the report it kept)."""
     use_logbus_connection(zk)
-    dag = load_dag("logbus_daily_audit.py", {"LOGBUS_WAREHOUSE": str(warehouse), "LOGBUS_TABLE": table,
-                                             "LOGBUS_TOPIC": table, "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": str(grace_minutes),
-                                             "LOGBUS_AUDIT_THRESHOLD": "0.99"})
-    dr = dag.test(logical_date=end)
-    path = warehouse / "_audit" / table / f"{start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json"
-    return str(dr.state), json.loads(path.read_text())
+    return run_daily_audit({"LOGBUS_WAREHOUSE": str(warehouse), "LOGBUS_TABLE": table, "LOGBUS_TOPIC": table,
+                            "LOGBUS_TARGET": "directory", "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": str(grace_minutes),
+                            "LOGBUS_AUDIT_THRESHOLD": "0.99"}, day[0])
 
 
 def wait_flushed(zk: str, topic: str, count: int) -> None:

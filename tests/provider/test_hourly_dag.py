@@ -1,9 +1,11 @@
 """The example hourly DAG end to end: real ZooKeeper and brokers, real Airflow
 (`dag.test()` on SQLite), Spark through spark-submit.
 
-One scenario for the module (Spark start-up is slow on 2 cores): interval 1 runs with
-its load task's spark-submit killed on the first try; interval 2 runs normally; then
-interval 2 is cleared and run again. Each test checks one behaviour of that scenario.
+One scenario for the module (Spark start-up is slow on 2 cores), on yesterday's hours so
+that the example daily audit can check the whole day: interval 1 runs with its load
+task's spark-submit killed on the first try; interval 2 runs normally; then interval 2 is
+cleared and run again. Each test checks one behaviour of that scenario; the last ones run
+the daily audit over that day, then again once an hour of it holds messages no load took.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from airflow_provider_logbus.cluster import LogbusCluster
 from harness.process import wait_until
 
 from .conftest import load_dag, use_logbus_connection
-from .helpers import all_offsets, produce, table_rows
+from .helpers import all_offsets, produce, produce_unloaded, run_daily_audit, table_rows, yesterday_start
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000
@@ -78,10 +80,11 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
     warehouse = tmp_path_factory.mktemp("warehouse")
     env = {"LOGBUS_TOPIC": TOPIC, "LOGBUS_TABLE": TABLE, "LOGBUS_WAREHOUSE": str(warehouse),
            "LOGBUS_GROUP": "loader", "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0",
-           "LOGBUS_RETRY_DELAY_SECONDS": "0", "LOGBUS_VALUE_SCHEMA": SCHEMA, "LOGBUS_ON_DATA_LOSS": "fail"}
+           "LOGBUS_RETRY_DELAY_SECONDS": "0", "LOGBUS_VALUE_SCHEMA": SCHEMA, "LOGBUS_ON_DATA_LOSS": "fail",
+           "LOGBUS_TARGET": "directory", "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "0"}
     dag = load_dag("logbus_hourly_load.py", env)
-    now = int(time.time() * 1000)
-    h0 = now - now % HOUR - 3 * HOUR
+    day = yesterday_start()
+    h0 = int(day.timestamp() * 1000) + 10 * HOUR
     ends = [h0 + HOUR, h0 + 2 * HOUR]
 
     def produce_interval(start: int, n: int) -> None:
@@ -89,7 +92,7 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
         # partition shows the hour is complete (the sensor's condition)
         produce(zk, TOPIC, [start + i * (HOUR // n) for i in range(n)] + [start + HOUR + 1000 * i for i in range(1, 9)])
 
-    out = {"warehouse": warehouse, "ends": ends, "dag": dag, "zk": zk}
+    out = {"warehouse": warehouse, "ends": ends, "dag": dag, "zk": zk, "env": env, "day": day}
     produce_interval(h0, 120)
     with LogbusCluster(zk) as c:
         wait_until(lambda: all(c.has_data_after(TOPIC, p, ends[0]) for p in c.partitions(TOPIC)), 30, "tail data")
@@ -118,6 +121,7 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
     out["dr2_again"] = dag.test(logical_date=datetime.fromtimestamp(ends[1] / 1000, timezone.utc))
     out["states_2_again"] = task_states(out["dr2_again"])
     out["rows_after_rerun"] = table_rows(warehouse / TABLE)
+    out["reports"] = [json.loads(p.read_text()) for p in sorted((warehouse / "_audit" / TABLE).glob("*.json"))]
     return out
 
 
@@ -172,9 +176,34 @@ def test_group_offsets_mirror_the_last_committed_batch(scenario):
 
 
 def test_audit_task_of_each_run_finds_nothing_missing(scenario):
-    reports = [json.loads(p.read_text()) for p in sorted((scenario["warehouse"] / "_audit" / TABLE).glob("*.json"))]
+    reports = scenario["reports"]
     assert len(reports) == 2
     for report in reports:
         assert report["produced"] > 0
         assert report["missing"] == 0 and report["duplicated"] == 0 and report["status"] == "ok"
     assert [r["produced"] for r in reports] == [120, 8 + 90]
+
+
+@pytest.fixture(scope="module")
+def daily_audits(scenario) -> dict:
+    """The example daily audit over the day the hourly DAG loaded, then over the same day
+    once 20 messages stamped 15:00-15:20 — an hour no load ran for — were produced."""
+    out = {"complete": run_daily_audit(scenario["env"], scenario["day"])}
+    hour = int(scenario["day"].timestamp() * 1000) + 15 * HOUR
+    produce_unloaded(scenario["zk"], TOPIC, [hour + i * 60_000 for i in range(20)])
+    out["hour_missing"] = run_daily_audit(scenario["env"], scenario["day"])
+    return out
+
+
+def test_the_daily_audit_passes_a_day_the_hourly_dag_loaded(daily_audits):
+    state, report = daily_audits["complete"]
+    assert state == "success", report
+    assert report["status"] == "ok" and report["missing"] == 0 and report["duplicated"] == 0
+    assert report["produced"] == report["loaded"] == 120 + 8 + 90 + 8
+
+
+def test_the_daily_audit_fails_a_day_with_an_hour_missing(daily_audits):
+    state, report = daily_audits["hour_missing"]
+    assert state == "failed" and report["status"] == "failed"
+    missing = {h["hour"][-6:]: h["missing"] for h in report["hours"] if h["missing"]}
+    assert missing == {"15:00Z": 20}

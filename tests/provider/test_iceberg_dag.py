@@ -1,15 +1,16 @@
 """The example hourly DAG into an Iceberg table (embedded SQLite catalog): real
 ZooKeeper and brokers, Airflow `dag.test()`, Spark through spark-submit.
 
-One scenario for the module: interval 1 with its first spark-submit killed after Spark
-started writing into the table's staging; interval 2 with a few values that do not parse;
-then interval 2 run again. Each test checks one behaviour of it.
+One scenario for the module, on yesterday's hours: interval 1 with its first spark-submit
+killed after Spark started writing into the table's staging; interval 2 with a few values
+that do not parse; then interval 2 run again. Each test checks one behaviour of it; the
+last ones run the example daily audit, configured as the hourly DAG was, over that day,
+then again once an hour of it holds messages no load took.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timezone
 
 import pytest
@@ -21,7 +22,7 @@ from airflow_provider_logbus.targets.iceberg import IcebergTarget
 from harness.process import wait_until
 
 from .conftest import load_dag, use_logbus_connection
-from .helpers import all_offsets, produce
+from .helpers import all_offsets, produce, produce_unloaded, run_daily_audit, yesterday_start
 from .test_hourly_dag import KillFirstLoad, task_states
 
 pytestmark = pytest.mark.slow
@@ -49,17 +50,17 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
     env = {"LOGBUS_TOPIC": TOPIC, "LOGBUS_TABLE": TABLE, "LOGBUS_WAREHOUSE": str(warehouse),
            "LOGBUS_GROUP": "loader", "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0",
            "LOGBUS_RETRY_DELAY_SECONDS": "0", "LOGBUS_VALUE_SCHEMA": SCHEMA, "LOGBUS_TARGET": "iceberg",
-           "LOGBUS_MAX_REJECT_RATE": "0.5"}
+           "LOGBUS_MAX_REJECT_RATE": "0.5", "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "0"}
     dag = load_dag("logbus_hourly_load.py", env)
-    now = int(time.time() * 1000)
-    h0 = now - now % HOUR - 3 * HOUR
+    day = yesterday_start()
+    h0 = int(day.timestamp() * 1000) + 10 * HOUR
     ends = [h0 + HOUR, h0 + 2 * HOUR]
 
     def tail_past(end: int) -> None:
         with LogbusCluster(zk) as c:
             wait_until(lambda: all(c.has_data_after(TOPIC, p, end) for p in c.partitions(TOPIC)), 30, "tail data")
 
-    out = {"warehouse": warehouse, "ends": ends, "zk": zk}
+    out = {"warehouse": warehouse, "ends": ends, "zk": zk, "env": env, "day": day}
     produce(zk, TOPIC, [h0 + i * (HOUR // 100) for i in range(100)] + [ends[0] + 1000 * i for i in range(1, 9)])
     tail_past(ends[0])
     out["offsets_1"] = all_offsets(zk, TOPIC)
@@ -138,3 +139,30 @@ def test_the_audit_accounts_for_rejected_values_and_announces_complete_hours(sce
     assert second["rejected"] == len(BAD_VALUES)
     assert len(first["announced_hours"]) == 1 and second["announced_hours"] == []  # announced by its first run
     assert scenario["complete_through"] == scenario["ends"][1]
+
+
+@pytest.fixture(scope="module")
+def daily_audits(scenario) -> dict:
+    """The example daily audit over the day the hourly DAG loaded into Iceberg, then over
+    the same day once 20 messages stamped 15:00-15:20 — an hour no load ran for — were
+    produced."""
+    out = {"complete": run_daily_audit(scenario["env"], scenario["day"])}
+    hour = int(scenario["day"].timestamp() * 1000) + 15 * HOUR
+    produce_unloaded(scenario["zk"], TOPIC, [hour + i * 60_000 for i in range(20)])
+    out["hour_missing"] = run_daily_audit(scenario["env"], scenario["day"])
+    return out
+
+
+def test_the_daily_audit_passes_a_day_the_hourly_dag_loaded_into_iceberg(daily_audits, scenario):
+    state, report = daily_audits["complete"]
+    assert state == "success", report
+    assert report["status"] == "ok" and report["missing"] == 0 and report["duplicated"] == 0
+    assert report["loaded"] + report["rejected"] == report["produced"] == len(scenario["offsets_2"])
+    assert report["rejected"] == len(BAD_VALUES)
+
+
+def test_the_daily_audit_fails_a_day_with_an_hour_missing_from_iceberg(daily_audits):
+    state, report = daily_audits["hour_missing"]
+    assert state == "failed" and report["status"] == "failed"
+    missing = {h["hour"][-6:]: h["missing"] for h in report["hours"] if h["missing"]}
+    assert missing == {"15:00Z": 20}

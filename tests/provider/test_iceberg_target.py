@@ -15,7 +15,7 @@ from airflow_provider_logbus.plan import BatchPlan
 from airflow_provider_logbus.schema import SchemaError
 from airflow_provider_logbus.targets.iceberg import IcebergTarget, embedded_catalog
 
-from .stagingutil import child_command, offsets, plan, wait_all, write_staging
+from .stagingutil import child_command, create_table_command, offsets, plan, wait_all, write_staging
 
 ROOT = Path(__file__).parents[2]
 VALUE = pa.schema([pa.field("n", pa.int64())])
@@ -126,6 +126,26 @@ def test_a_declared_optional_field_evolves_the_table_and_a_narrowing_is_refused(
     with pytest.raises(SchemaError, match="n"):
         target.ensure_schema(pa.schema([pa.field("n", pa.int32())]))
     assert "page" in target.table_or_fail().schema().column_names
+
+
+def test_five_loads_creating_one_new_table_at_once_all_succeed_first_time(catalog, tmp_path):
+    """Five runs' first loads on a new table, released at the same moment in five
+    processes: each creates the table (and its rejects table) or finds it created by
+    another, and checks it against the declaration; none fails."""
+    barrier = tmp_path / "go"
+    procs = [subprocess.Popen(create_table_command(str(tmp_path / "wh"), "web", "server string, n long NOT NULL",
+                                                   barrier=str(barrier), catalog=catalog),
+                              cwd=ROOT, stderr=subprocess.PIPE, text=True) for _ in range(5)]
+    barrier.touch()
+    codes = wait_all(procs, timeout=180)
+    assert codes == [0] * 5, [p.stderr.read()[-2000:] for p in procs if p.returncode]
+    target = IcebergTarget("web", catalog_properties=catalog)
+    try:
+        table = target.table_or_fail()
+        assert table.schema().column_names[-2:] == ["server", "n"] and table.schema().find_field("n").required
+        assert target._load(target.rejects_identifier) is not None
+    finally:
+        target.close()
 
 
 def test_an_iceberg_table_without_a_declared_schema_is_refused(tmp_path):

@@ -137,12 +137,23 @@ def test_the_operator_passes_layout_reject_rate_and_a_schema_file_as_ddl(tmp_pat
     schema_file = tmp_path / "event.json"
     schema_file.write_text(json.dumps({"type": "record", "name": "e", "fields": [{"name": "n", "type": "long"}]}))
     operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path), schema=str(schema_file),
-                                       max_reject_rate="0.05")
+                                       max_reject_rate="0.05", leader_wait="20")
     args = operator.application_args([], tmp_path / "staging", "iceberg")
     options = dict(zip(args[::2], args[1::2]))
     assert options["--schema"] == "`n` bigint NOT NULL"
     assert options["--layout"] == "iceberg" and options["--max-reject-rate"] == "0.05"
-    assert "max_reject_rate" in LogbusSparkLoadOperator.template_fields
+    assert options["--leader-wait"] == "20.0"
+    assert {"max_reject_rate", "leader_wait"} <= set(LogbusSparkLoadOperator.template_fields)
+    operator.leader_wait = "soon"
+    with pytest.raises(ValueError, match="leader_wait must be a number of seconds, not 'soon'"):
+        operator.application_args([], tmp_path / "staging", "iceberg")
+
+
+def test_the_load_jobs_leader_wait_is_seconds_at_least_zero():
+    assert arguments().parse_args(["--ranges", "[]", "--staging", "/tmp/x"]).leader_wait == 60.0
+    assert arguments().parse_args(["--ranges", "[]", "--staging", "/tmp/x", "--leader-wait", "0"]).leader_wait == 0
+    with pytest.raises(SystemExit):
+        arguments().parse_args(["--ranges", "[]", "--staging", "/tmp/x", "--leader-wait", "-1"])
 
 
 def test_inferred_schema_is_logged_and_recorded(spark, mixed, tmp_path, caplog):

@@ -61,6 +61,7 @@ def test_example_configuration_file_is_valid():
     example = Path(__file__).resolve().parents[2] / "config" / "broker.properties"
     config = BrokerConfig.from_settings({**read_properties(example), "broker.id": "0"})
     assert config.zookeeper_connect.endswith("/logbus")
+    assert config.default_replication_factor == 2  # the examples run two brokers: a stopped one is no outage
 
 
 def test_retention_overrides_per_topic():

@@ -1,0 +1,84 @@
+"""`make demo` as a person runs it, for one hour of events (the demo's full code path:
+ZooKeeper, two brokers, the simulator, `airflow dags test` of the example hourly DAG into
+Iceberg, the audit and the table's description): its output has no Python warnings and
+no epoch numbers, its topic is replicated on both brokers, and the load's task log
+carries neither PySpark's pandas warning nor the JVM's incubator-module notice.
+About a minute on 2 idle cores."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON_WARNING = re.compile(r"\b\w*Warning\b|warnings\.warn")
+TEN_YEARS_S = 10 * 365 * 86400
+
+
+def epoch_numbers(text: str) -> list[str]:
+    """Integers in `text` that read as a time within ten years of now, in epoch seconds
+    or milliseconds: what a person would have to convert to know the time."""
+    now = time.time()
+    found = []
+    for number in re.findall(r"(?<![\d.])\d{10}(?:\d{3})?(?![\d.])", text):
+        seconds = int(number) / (1000 if len(number) == 13 else 1)
+        if abs(seconds - now) < TEN_YEARS_S:
+            found.append(number)
+    return found
+
+
+def test_epoch_numbers_are_told_from_ids_offsets_and_iso_times():
+    assert epoch_numbers("complete through: 1795485600000; since 1795485600") == ["1795485600000", "1795485600"]
+    assert epoch_numbers("snapshot 3670337667291827106: batch 20261124T010000_20261124T020000, ranges p0[0,39862), "
+                         "complete through: 2026-11-24T02:00Z, 0.1795485600000") == []
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One run of the demo (its own ZooKeeper, brokers and Airflow home under a scratch
+    directory). On a timeout it gets SIGINT, which stops what it started."""
+    work = tmp_path_factory.mktemp("demo")
+    process = subprocess.Popen([sys.executable, "demo/run_demo.py", "--hours", "1", "--rate", "100", "--servers", "2",
+                                "--keep", str(work)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+        pytest.fail(f"the demo did not finish within 15 minutes:\n{output[-5000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, output), work
+
+
+def test_the_demo_loads_every_message_exactly_once(demo):
+    run, _ = demo
+    assert run.returncode == 0, run.stdout[-5000:]
+    assert "RESULT: every produced message is in the table exactly once" in run.stdout
+
+
+def test_the_demos_output_has_no_python_warnings_and_no_epoch_numbers(demo):
+    run, _ = demo
+    assert not [line for line in run.stdout.splitlines() if PYTHON_WARNING.search(line)], run.stdout
+    assert not epoch_numbers(run.stdout), run.stdout
+    assert re.search(r"complete through: \d{4}-\d\d-\d\dT\d\d:\d\dZ", run.stdout), run.stdout
+
+
+def test_the_demos_topic_is_replicated_on_both_brokers(demo):
+    run, _ = demo
+    assert "topic web_activity: 4 partitions, replication factor 2 on brokers 0, 1" in run.stdout, run.stdout
+
+
+def test_the_load_task_log_has_no_pyspark_or_jvm_noise(demo):
+    _, work = demo
+    log = (work / "airflow.log").read_text(errors="replace")
+    assert "SparkContext: Running Spark version" in log  # spark-submit's output is there...
+    assert "FutureWarning" not in log and "pandas >= 3.0.0" not in log  # ...without PySpark's pandas warning
+    assert "jdk.incubator.vector" not in log
