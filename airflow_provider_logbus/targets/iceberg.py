@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +121,37 @@ def local_path(location: str) -> str:
     return location[len("file://"):] if location.startswith("file://") else location
 
 
+def _load_catalog(name: str, properties: dict[str, str], attempts: int = 3):
+    """The catalog. A SQL catalog's first use creates its own tables, and loads starting
+    at once on a new database race to create them: PostgreSQL refuses all but one (a
+    duplicate row of its type catalog, or a relation that already exists). Whoever
+    lost finds the tables made when it tries again."""
+    from pyiceberg.catalog import load_catalog
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return load_catalog(name, **properties)
+        except Exception as exc:
+            if attempt == attempts or not _lost_catalog_creation_race(exc):
+                raise
+            logger.info("catalog %s: its tables were being created by another load (%s); trying again", name,
+                        type(exc).__name__)
+            time.sleep(0.2 * attempt)
+
+
+def _lost_catalog_creation_race(exc: Exception) -> bool:
+    try:
+        from sqlalchemy.exc import IntegrityError, ProgrammingError
+    except ImportError:  # not a SQL catalog's error
+        return False
+    return isinstance(exc, (IntegrityError, ProgrammingError))
+
+
 class IcebergTarget(CommitTarget):
     layout = "iceberg"
 
     def __init__(self, table: str, *, catalog_properties: dict[str, Any] | None = None,
                  warehouse: str | None = None, catalog_name: str = "logbus") -> None:
-        from pyiceberg.catalog import load_catalog
-
         namespace, _, name = table.rpartition(".")
         if not name or not all(c.isalnum() or c in "_-" for c in name):
             raise TargetError(f"invalid Iceberg table name {table!r}: use [namespace.]name of letters, digits, _ and -")
@@ -141,7 +166,7 @@ class IcebergTarget(CommitTarget):
             catalog_properties = embedded_catalog(warehouse)
         self.warehouse = warehouse
         self.catalog_properties = dict(catalog_properties)
-        self.catalog = load_catalog(catalog_name, **{k: str(v) for k, v in self.catalog_properties.items()})
+        self.catalog = _load_catalog(catalog_name, {k: str(v) for k, v in self.catalog_properties.items()})
 
     def dataset(self) -> tuple[str, str]:
         """The catalog's warehouse location (else its URI without credentials) and the

@@ -46,9 +46,13 @@ def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """One run of the demo (its own ZooKeeper, brokers and Airflow home under a scratch
     directory). On a timeout it gets SIGINT, which stops what it started."""
     work = tmp_path_factory.mktemp("demo")
+    # a person's shell, not this worker's: other provider tests set LOGBUS_* and AIRFLOW_*
+    # for their DAGs in this process (a declared schema of their own, say), and the demo
+    # reads the examples' configuration from the environment
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOGBUS_", "AIRFLOW_"))}
     process = subprocess.Popen([sys.executable, "demo/run_demo.py", "--hours", "1", "--rate", "100", "--servers", "2",
                                 "--keep", str(work)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+                               text=True, start_new_session=True, env=env)
     try:
         output, _ = process.communicate(timeout=900)
     except subprocess.TimeoutExpired:
