@@ -186,32 +186,38 @@ def history_seed() -> int:
     return int(chosen) if chosen else DEFAULT_SEED
 
 
-def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path):
-    """Three producers with acks=-1 and a consumer, three brokers, an RF=3 topic of
-    three partitions, a ZooKeeper ensemble: 30 faults (kills of leaders and followers,
-    pauses past the lag time, session expiries, one ZooKeeper server's death) while the
-    controller also hands leaderships back to preferred replicas, then healing and the
-    check of every replica."""
+def play_history(ensemble, tmp_path, topic: str, **run_options) -> None:
+    """Three brokers (leaderships also handed back to preferred replicas every 3 s,
+    faults or not) and an RF=3 topic of three partitions on `ensemble`: `run_history`
+    with `run_options` and the seed of `history_seed()`, then its verdict asserted."""
     from harness.cluster import LocalCluster
     from tests.replication.replicated import zookeeper_client
 
     seed = history_seed()
     print(f"history seed {seed} (replay with HISTORY_SEED={seed})")
-    # leaderships also move back to preferred replicas every few seconds, faults or not
     settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3,
                 "min.insync.replicas": int(os.environ.get("HISTORY_MIN_INSYNC", "1"))}
-    with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=settings) as cluster, \
-            zookeeper_client(zookeeper_ensemble.connect_string) as zk:
+    with LocalCluster(ensemble.connect_string, tmp_path, settings=settings) as cluster, \
+            zookeeper_client(ensemble.connect_string) as zk:
         cluster.start(3)
-        assignment = create_replicated_topic(cluster, zk, "history", partitions=3, replication_factor=3)
-        run = run_history(seed, cluster, zookeeper_ensemble, zk, "history", assignment, producers=3, faults=30,
-                          lag_ms=LAG_MS, session_ms=SESSION_MS)
+        assignment = create_replicated_topic(cluster, zk, topic, partitions=3, replication_factor=3)
+        run = run_history(seed, cluster, ensemble, zk, topic, assignment, producers=3, faults=30, lag_ms=LAG_MS,
+                          session_ms=SESSION_MS, **run_options)
         print(run.report())
         if not run.verdict.ok:
             for broker in cluster.brokers.values():
                 print(f"\n---- broker {broker.broker_id} log ({broker.log_path}) ----\n{broker.log_tail(80)}")
         assert run.verdict.ok, run.report()
         assert run.verdict.stats["acked"] > 0
+
+
+def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path):
+    """Three producers with acks=-1 and a consumer, three brokers, an RF=3 topic of
+    three partitions, a ZooKeeper ensemble: 30 faults (kills of leaders and followers,
+    pauses past the lag time, session expiries, one ZooKeeper server's death) while the
+    controller also hands leaderships back to preferred replicas, then healing and the
+    check of every replica."""
+    play_history(zookeeper_ensemble, tmp_path, "history")
 
 
 def test_acknowledged_writes_survive_leadership_ping_pong(zookeeper_ensemble, tmp_path):
@@ -221,22 +227,4 @@ def test_acknowledged_writes_survive_leadership_ping_pong(zookeeper_ensemble, tm
     the paused one — so an old leader truncates what it appended. Three producers one
     message at a time and two pipelining bursts of acks=-1 requests; every
     acknowledged value must be at its offset on every replica."""
-    from harness.cluster import LocalCluster
-    from tests.replication.replicated import zookeeper_client
-
-    seed = history_seed()
-    print(f"history seed {seed} (replay with HISTORY_SEED={seed})")
-    settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3,
-                "min.insync.replicas": int(os.environ.get("HISTORY_MIN_INSYNC", "1"))}
-    with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=settings) as cluster, \
-            zookeeper_client(zookeeper_ensemble.connect_string) as zk:
-        cluster.start(3)
-        assignment = create_replicated_topic(cluster, zk, "pingpong", partitions=3, replication_factor=3)
-        run = run_history(seed, cluster, zookeeper_ensemble, zk, "pingpong", assignment, producers=3, pipelined=2,
-                          faults=30, lag_ms=LAG_MS, session_ms=SESSION_MS, pingpong=True)
-        print(run.report())
-        if not run.verdict.ok:
-            for broker in cluster.brokers.values():
-                print(f"\n---- broker {broker.broker_id} log ({broker.log_path}) ----\n{broker.log_tail(80)}")
-        assert run.verdict.ok, run.report()
-        assert run.verdict.stats["acked"] > 0
+    play_history(zookeeper_ensemble, tmp_path, "pingpong", pipelined=2, pingpong=True)
