@@ -6,7 +6,7 @@ fetch, topic creation). A body of None means no response at all (acks=0).
 Handlers raise `LogbusError`s; the connection turns them into error responses — or,
 for an acks=0 request, into a log line only: such a request is never answered, not
 even with an error, or a pipelining client would take that frame for the answer to
-its next request (`server.Connection._refused`).
+its next request (`broker.server.answers.Answers.refused`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import asyncio
 import functools
 import logging
 import random
-from dataclasses import dataclass
-from typing import Callable, Coroutine
+from typing import Callable, Coroutine, NamedTuple
 
 from broker.server.config import BrokerConfig
 from broker.common.errors import (
@@ -45,11 +44,11 @@ MAX_PARTITIONS = 10_000
 MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
 
 
-@dataclass(frozen=True)
-class Appended:
+class Appended(NamedTuple):
     """One partition's append, as its acknowledgement needs it: where it ends, and for a
     replicated partition the leader epoch it was appended in (None: unreplicated). An
-    acks=-1 answer is bound to that epoch (docs/replication.md)."""
+    acks=-1 answer is bound to that epoch (docs/replication.md). A tuple: one is built
+    per append, on the produce path."""
 
     log: Log
     base_offset: int

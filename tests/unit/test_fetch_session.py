@@ -70,7 +70,7 @@ def test_a_long_poll_wakes_for_an_unnamed_partition(tmp_path):
         await asyncio.sleep(0.05)
         assert not poll.done()
         append(manager.partitions[("t", 0)].log, [b"x"])
-        manager.appended("t", 0)
+        manager.partitions[("t", 0)].appended()
         answer = await asyncio.wait_for(poll, 10)
         assert list(answer) == [0] and len(answer[0].value.messages) > 0
 

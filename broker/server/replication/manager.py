@@ -245,11 +245,6 @@ class ReplicaManager:
                 f"min.insync.replicas={self.config.min_insync_replicas}; nothing was appended"
             )
 
-    def appended(self, topic: str, partition: int) -> None:
-        part = self.partitions.get((topic, partition))
-        if part is not None:
-            part.appended()
-
     async def wait_committed(self, log: Log, offset: int, epoch: int, timeout_ms: int) -> None:
         """acks=-1 on a replicated partition: until the high watermark covers `offset`,
         appended as leader of `epoch` (`Partition.wait_committed`)."""
