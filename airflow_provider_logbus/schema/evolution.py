@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from airflow_provider_logbus.schema.types import SchemaError
 from airflow_provider_logbus.schema.ddl import ddl_type
+from airflow_provider_logbus.schema.types import SchemaError
 
 
 _WIDENINGS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}

@@ -30,10 +30,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_logbus.schema.types import SchemaError
+from airflow_provider_logbus.schema.avro import _avro_type
 from airflow_provider_logbus.schema.ddl import _DdlParser, _ddl_field, ddl_type
 from airflow_provider_logbus.schema.json_schema import _json_schema_type
-from airflow_provider_logbus.schema.avro import _avro_type
+from airflow_provider_logbus.schema.types import SchemaError
 
 
 @dataclass(frozen=True)

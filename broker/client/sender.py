@@ -24,8 +24,8 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from broker.client.audit import AuditCounter
 from broker.client.accumulator import ProducerBatch, RecordAccumulator
+from broker.client.audit import AuditCounter
 from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, ensure_topic
 from broker.client.errors import PartitionUnavailable
 from broker.client.partitioner import partition_for_key

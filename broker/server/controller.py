@@ -24,11 +24,11 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
 from broker.common.zklayout import (
     BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PartitionState, broker_path, decode_controller,
     encode_controller, partition_state_path, read_assignment, read_partition_state,
 )
+from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
 
 logger = logging.getLogger(__name__)
 

@@ -17,22 +17,22 @@ import logging
 import random
 from typing import Callable, Coroutine, NamedTuple
 
-from broker.server.config import BrokerConfig
 from broker.common.errors import (
     BrokerShuttingDown, ErrorCode, InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition,
     TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
 )
-from broker.server.log.log import Log
-from broker.server.log.manager import LogManager
-from broker.server.log.scheduler import FlushScheduler
 from broker.common.message import validate_message_set
+from broker.common.partitionstates import live_leader
 from broker.common.protocol import (
     AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, LeaderEpochEndRequest,
     MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata,
     PartitionResult, ProduceRequest, ProduceResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata,
     check_topic_name, encode_offsets, encode_results,
 )
-from broker.common.partitionstates import live_leader
+from broker.server.config import BrokerConfig
+from broker.server.log.log import Log
+from broker.server.log.manager import LogManager
+from broker.server.log.scheduler import FlushScheduler
 from broker.server.registration import BrokerRegistry
 from broker.server.replication.manager import ReplicaManager
 from broker.server.replication.partition import Partition

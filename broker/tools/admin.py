@@ -19,8 +19,8 @@ from broker.client.cluster import LEADER_MOVED, ConnectionPool, ZooKeeperMetadat
 from broker.client.errors import ConsumerTimeout
 from broker.client.offsets import PartitionOffsets, lag, offsets_before
 from broker.common.errors import LogbusError, UnknownTopic
-from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 from broker.common.partitionstates import legacy_state, live_leader
+from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 from broker.common.zklayout import (
     CONSUMERS, create_topic, read_partition_state, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
 )

@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 
-from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.batch import DataLossError, audit_inputs, commit_batch, plan_batch
+from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.completeness import build_report
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.spark.load_job import run_load

@@ -17,10 +17,10 @@ from kazoo.client import KazooClient
 
 from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
-from broker.server.controller import read_controller
 from broker.common.errors import InvalidReplicationFactor
 from broker.common.protocol import AUTO_PARTITIONS
 from broker.common.zklayout import CONTROLLER_EPOCH, PartitionState, create_topic, read_assignment, read_partition_state
+from broker.server.controller import read_controller
 from harness.cluster import LocalCluster
 from harness.process import wait_until
 from tests.integration.clientutil import read_topic

@@ -3,8 +3,8 @@
 import pytest
 
 from broker.common.errors import InvalidReplicationFactor
-from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
 from broker.common.zklayout import PartitionState, assign_round_robin
+from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
 
 
 def state(leader, epoch, isr):

@@ -7,15 +7,15 @@ import asyncio
 
 import pytest
 
-from broker.server.config import BrokerConfig
 from broker.common.errors import ErrorCode, InvalidRequest
+from broker.common.protocol import Reader, ReplicaFetchPartition, ReplicaFetchRequest, decode_replica_fetch
+from broker.common.zklayout import PartitionState
+from broker.server.config import BrokerConfig
 from broker.server.log.log import Log, LogConfig
 from broker.server.log.scheduler import FlushScheduler
 from broker.server.log.segment import FileRegion
-from broker.common.protocol import Reader, ReplicaFetchPartition, ReplicaFetchRequest, decode_replica_fetch
 from broker.server.replication.manager import ReplicaManager
 from broker.server.replication.partition import Partition
-from broker.common.zklayout import PartitionState
 from tests.unit.test_log import append
 
 EPOCH = 3

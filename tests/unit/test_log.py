@@ -5,9 +5,9 @@ import threading
 import pytest
 
 from broker.common.errors import InvalidRequest, OffsetOutOfRange, StorageError
+from broker.common.message import encode_message_set, iter_messages, scan
 from broker.server.log.log import Log, LogConfig
 from broker.server.log.manager import CLEAN_SHUTDOWN, LogManager
-from broker.common.message import encode_message_set, iter_messages, scan
 
 
 def append(log: Log, values, ts=1000):

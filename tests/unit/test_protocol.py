@@ -6,7 +6,6 @@ import struct
 import pytest
 
 from broker.common.errors import ErrorCode, InvalidRequest, OffsetOutOfRange, UnknownTopic
-from broker.server.log.segment import FileRegion
 from broker.common.protocol import (
     REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
     MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
@@ -16,6 +15,7 @@ from broker.common.protocol import (
     decode_offsets, decode_request_header, decode_response_header, encode_offsets, encode_request, encode_results,
     error_response, raise_for_error, response_frame,
 )
+from broker.server.log.segment import FileRegion
 
 REQUESTS = [
     ProduceRequest(1, 30_000, "events", 3, b"set-bytes"),

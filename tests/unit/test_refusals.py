@@ -3,8 +3,8 @@
 import logging
 
 from broker.common.protocol import ApiKey, ProduceRequest, decode_request_header, encode_request
-from broker.server.refusals import RefusalLog
 from broker.server.connection import acks_zero
+from broker.server.refusals import RefusalLog
 
 
 def test_first_refusal_of_each_reason_is_logged_and_repeats_are_summed_up(caplog):

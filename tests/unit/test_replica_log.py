@@ -4,10 +4,10 @@ truncation, the leader-epoch cache and the high-watermark checkpoint."""
 import pytest
 
 from broker.common.errors import InvalidMessage, InvalidRequest
+from broker.common.message import encode_message_set, iter_messages
 from broker.server.log.checkpoint import read_hw_checkpoint, write_hw_checkpoint
 from broker.server.log.epochs import CHECKPOINT, UNDEFINED, LeaderEpochCache
 from broker.server.log.log import Log, LogConfig
-from broker.common.message import encode_message_set, iter_messages
 from tests.unit.test_log import append, read_all
 
 

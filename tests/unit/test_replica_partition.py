@@ -7,10 +7,10 @@ import threading
 import pytest
 
 from broker.common.errors import NotEnoughReplicasAfterAppend, NotLeaderForPartition, RequestTimedOut
+from broker.common.zklayout import PartitionState
 from broker.server.log.log import Log, LogConfig
 from broker.server.log.scheduler import FlushScheduler
 from broker.server.replication.partition import Partition
-from broker.common.zklayout import PartitionState
 from tests.unit.test_log import append
 
 

@@ -4,17 +4,17 @@ writes), `frames` (request and response headers), `requests` (what clients send)
 `responses` (what they are answered) and `replication` (what brokers send each other).
 It knows nothing of sockets or logs. Everything public is importable from here."""
 
-from broker.common.protocol.primitives import (
-    API_VERSION, AUTO_PARTITIONS, Acks, ApiKey, EARLIEST, LATEST, Reader, SIZE, Writer, check_topic_name,
-)
 from broker.common.protocol.frames import (
     Body, REQUEST_HEADER, RESPONSE_HEADER, RequestHeader, decode_request_header, decode_response_header, encode_request, error_response, raise_for_error, response_frame, response_header,
 )
-from broker.common.protocol.requests import (
-    CreateTopicRequest, FetchRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES,
+from broker.common.protocol.primitives import (
+    API_VERSION, AUTO_PARTITIONS, Acks, ApiKey, EARLIEST, LATEST, Reader, SIZE, Writer, check_topic_name,
 )
 from broker.common.protocol.replication import (
     LeaderEpochEndRequest, LeaderEpochEndResponse, REPLICA_FETCH_RESPONSE_HEAD, ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, decode_replica_fetch,
+)
+from broker.common.protocol.requests import (
+    CreateTopicRequest, FetchRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES,
 )
 from broker.common.protocol.responses import (
     BrokerInfo, FETCH_RESPONSE_HEAD, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,

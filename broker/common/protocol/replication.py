@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from broker.common.errors import InvalidRequest
-from broker.common.protocol.primitives import ApiKey, Reader, Writer, _I32, _I64
 from broker.common.protocol.frames import Body
+from broker.common.protocol.primitives import ApiKey, Reader, Writer, _I32, _I64
 from broker.common.protocol.responses import PartitionResult, _decode_result
 
 

@@ -7,8 +7,8 @@ import struct
 from dataclasses import dataclass, field
 
 from broker.common.errors import ErrorCode, LogbusError, error_for
-from broker.common.protocol.primitives import Reader, Writer, _I64
 from broker.common.protocol.frames import Body
+from broker.common.protocol.primitives import Reader, Writer, _I64
 
 
 @dataclass(frozen=True)

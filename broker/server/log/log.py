@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
+from broker.common.message import ScanStop, scan
+from broker.common.protocol import EARLIEST, LATEST
 from broker.server.log.epochs import LeaderEpochCache
 from broker.server.log.files import SHARED, FileCache
 from broker.server.log.logdir import LogDir
 from broker.server.log.segment import EMPTY, SUFFIX, FileRegion, Segment
-from broker.common.message import ScanStop, scan
-from broker.common.protocol import EARLIEST, LATEST
 
 logger = logging.getLogger(__name__)
 

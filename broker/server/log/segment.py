@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.common.errors import StorageError
-from broker.server.log.files import SHARED, FileCache, SegmentFile
 from broker.common.message import HEADER, MAGICS, MIN_ENTRY_SIZE, ScanResult, ScanStop, scan
+from broker.server.log.files import SHARED, FileCache, SegmentFile
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ import struct
 import time
 from typing import Callable
 
-from broker.server.config import BrokerConfig
 from broker.common.errors import ErrorCode, FencedLeaderEpoch, LogbusError, NotLeaderForPartition
-from broker.server.log.epochs import UNDEFINED
 from broker.common.protocol import (
     BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, Reader, ReplicaFetchPartition, ReplicaFetchRequest,
     ReplicaFetchResponse, decode_replica_fetch, decode_response_header, encode_request, raise_for_error,
 )
+from broker.server.config import BrokerConfig
+from broker.server.log.epochs import UNDEFINED
 from broker.server.replication.partition import Partition
 
 logger = logging.getLogger(__name__)

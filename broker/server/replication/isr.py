@@ -15,10 +15,10 @@ from typing import Callable
 
 from kazoo.client import KazooClient
 
+from broker.common.zklayout import PartitionState, StateNode, read_partition_state, write_partition_state
 from broker.server.config import BrokerConfig
 from broker.server.registration import BrokerRegistry
 from broker.server.replication.partition import Partition
-from broker.common.zklayout import PartitionState, StateNode, read_partition_state, write_partition_state
 
 logger = logging.getLogger(__name__)
 

@@ -18,18 +18,18 @@ import threading
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.watchers import DataWatch
 
-from broker.server.config import BrokerConfig
 from broker.common.errors import NotEnoughReplicas, NotLeaderForPartition, PartitionOffline
+from broker.common.protocol import Body, BrokerInfo, LeaderEpochEndRequest, ReplicaFetchRequest
+from broker.common.zklayout import PartitionState, StateNode, partition_state_path, read_partition_state
+from broker.server.config import BrokerConfig
 from broker.server.log.log import Log
 from broker.server.log.manager import LogManager
 from broker.server.log.scheduler import FlushScheduler
-from broker.common.protocol import Body, BrokerInfo, LeaderEpochEndRequest, ReplicaFetchRequest
 from broker.server.registration import BrokerRegistry
 from broker.server.replication.fetcher import SourceFetcher
 from broker.server.replication.isr import IsrChanges
 from broker.server.replication.partition import Partition, Role
 from broker.server.replication.sessions import FetchSessions
-from broker.common.zklayout import PartitionState, StateNode, partition_state_path, read_partition_state
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 
 from broker.common.errors import LogbusError, NotEnoughReplicasAfterAppend, NotLeaderForPartition, RequestTimedOut
+from broker.common.zklayout import PartitionState
 from broker.server.log.log import Log
 from broker.server.log.scheduler import PartitionFlusher
-from broker.common.zklayout import PartitionState
 
 logger = logging.getLogger(__name__)
 

@@ -12,16 +12,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from broker.server.config import BrokerConfig
 from broker.common.errors import (
     ErrorCode, FencedLeaderEpoch, InvalidRequest, LogbusError, NotLeaderForPartition, OffsetOutOfRange,
     UnknownPartition,
 )
-from broker.server.log.segment import EMPTY
 from broker.common.protocol import (
     Body, LeaderEpochEndRequest, LeaderEpochEndResponse, PartitionResult, ReplicaFetchPartition, ReplicaFetchRequest,
     ReplicaFetchResponse, encode_results,
 )
+from broker.server.config import BrokerConfig
+from broker.server.log.segment import EMPTY
 from broker.server.replication.isr import IsrChanges
 from broker.server.replication.partition import Partition, wait_for_any_append
 
