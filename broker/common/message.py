@@ -6,9 +6,16 @@ An entry on the wire and on disk::
     int32 size | int8 magic | int8 attributes | uint32 crc | int64 timestamp
     | int32 key_length | key | value
 
-Magic 2 (what producers write) has a CRC-32C over magic, attributes and every byte
-after the crc field, so a flipped codec bit is caught like any other corruption;
-magic 1 (still read) covered only the bytes after the crc field. The broker never
+Magic 2 has a CRC-32C over magic, attributes and every byte after the crc field, so a
+flipped codec bit is caught like any other corruption; magic 1 (still read) covered
+only the bytes after the crc field. Magic 3 is an idempotent producer's *batch*: a
+wrapper (key_length -1) whose value starts with the batch's identity, then its inner
+set of magic-2 entries (compressed with the attributes' codec, or not)::
+
+    int64 producer_id | int16 producer_epoch | int32 base_sequence | int32 count | inner set
+
+The CRC covers these fields like every other byte after the crc field, and `count`
+must be the inner set's number of messages, so a broker can dedupe by sequence. The broker never
 builds Python objects per message: it validates a set with `scan`, which walks the
 buffer with `struct.unpack_from` and checks CRCs over memoryview slices, and looks
 inside compressed entries (`validate_message_set`) so that nothing it acknowledges is
@@ -25,7 +32,7 @@ import zlib
 import struct
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import crcmod.predefined
 
@@ -33,7 +40,8 @@ from broker.common.errors import InvalidMessage, MessageTooLarge
 
 MAGIC = 2  # written: the CRC covers magic and attributes too
 MAGIC_V1 = 1  # still read: the CRC covers the bytes after the crc field only
-MAGICS = (MAGIC_V1, MAGIC)
+MAGIC_BATCH = 3  # an idempotent producer's batch: a wrapper carrying (producer id, epoch, sequence, count)
+MAGICS = (MAGIC_V1, MAGIC, MAGIC_BATCH)
 HEADER = struct.Struct(">ibbIqi")
 HEADER_SIZE = HEADER.size  # 22: the per-message overhead
 SIZE_FIELD = 4
@@ -64,17 +72,56 @@ def _fastest_crc32c() -> Callable[[bytes | memoryview], int]:
 checksum = _fastest_crc32c()
 
 
-# CRC-32C of the two bytes (magic 2, attributes), by attributes & 0xFF: a magic-2 CRC
-# continues from one of these, so checking it costs one call over one slice, as magic 1 did.
+# CRC-32C of the two bytes (magic, attributes), by attributes & 0xFF: a magic-2 or -3
+# CRC continues from one of these, so checking it costs one call over one slice, as
+# magic 1 did.
 V2_SEEDS = tuple(crc32c(bytes([MAGIC, a])) for a in range(256))
+V3_SEEDS = tuple(crc32c(bytes([MAGIC_BATCH, a])) for a in range(256))
+SEEDS = {MAGIC_V1: (0,) * 256, MAGIC: V2_SEEDS, MAGIC_BATCH: V3_SEEDS}
 
 
 def entry_crc(view: memoryview, pos: int, entry_end: int, magic: int, attributes: int) -> int:
-    """The CRC an entry at `pos` should carry, per its magic: magic 2 covers magic,
-    attributes and `[pos+10, entry_end)`; magic 1 only the latter."""
-    if magic == MAGIC:
-        return checksum(view[pos + CRC_END : entry_end], V2_SEEDS[attributes & 0xFF])
-    return checksum(view[pos + CRC_END : entry_end])
+    """The CRC an entry at `pos` should carry, per its magic: magics 2 and 3 cover
+    magic, attributes and `[pos+10, entry_end)`; magic 1 only the latter."""
+    return checksum(view[pos + CRC_END : entry_end], SEEDS[magic][attributes & 0xFF])
+
+
+BATCH_FIELDS = struct.Struct(">qhii")  # producer_id, producer_epoch, base_sequence, count
+BATCH_HEADER_SIZE = HEADER_SIZE + BATCH_FIELDS.size  # 40: a magic-3 entry's bytes before its inner set
+SEQUENCE_LIMIT = 1 << 31  # sequences wrap to 0 after 2**31 - 1, as Kafka's do
+
+
+class BatchIdentity(NamedTuple):
+    """Who wrote a magic-3 batch and which of their messages it holds."""
+
+    producer_id: int
+    epoch: int
+    base_sequence: int
+    count: int
+
+    @property
+    def last_sequence(self) -> int:
+        return (self.base_sequence + self.count - 1) % SEQUENCE_LIMIT
+
+
+def batch_identity(buf: bytes | memoryview, pos: int = 0) -> BatchIdentity:
+    """The identity of the magic-3 entry at `pos` (the caller knows it is one)."""
+    return BatchIdentity._make(BATCH_FIELDS.unpack_from(buf, pos + HEADER_SIZE))
+
+
+def iter_batches(buf: bytes | memoryview) -> Iterator[tuple[int, int, BatchIdentity]]:
+    """(position, end, identity) of every magic-3 entry among the whole entries of a
+    scanned buffer: what producer state learns from bytes already validated."""
+    pos, end = 0, len(buf)
+    unpack = HEADER.unpack_from
+    while end - pos >= HEADER_SIZE:
+        size, magic = unpack(buf, pos)[:2]
+        entry_end = pos + SIZE_FIELD + size
+        if size < MIN_ENTRY_SIZE or entry_end > end:
+            return
+        if magic == MAGIC_BATCH:
+            yield pos, entry_end, batch_identity(buf, pos)
+        pos = entry_end
 
 
 class Codec(enum.IntEnum):
@@ -197,6 +244,7 @@ def append_entry(
     key: bytes | None = None,
     timestamp: int | None = None,
     attributes: int = 0,
+    magic: int = MAGIC,
 ) -> None:
     """Encode one entry at the end of `out` (the producer's inner loop: the covered
     bytes are built once and checksummed once)."""
@@ -204,8 +252,8 @@ def append_entry(
     if key:
         covered += key
     covered += value
-    crc = checksum(covered, V2_SEEDS[attributes & 0xFF])
-    out += _ENTRY_HEAD.pack(len(covered) + 6, MAGIC, attributes, crc)
+    crc = checksum(covered, SEEDS[magic][attributes & 0xFF])
+    out += _ENTRY_HEAD.pack(len(covered) + 6, magic, attributes, crc)
     out += covered
 
 
@@ -219,6 +267,16 @@ def encode_message_set(
     timestamp is the largest inner timestamp (docs/protocol.md).
     """
     codec = Codec.parse(codec)
+    out, largest = _inner_set(messages)
+    if codec is Codec.NONE or not out:
+        return bytes(out)
+    wrapper = bytearray()
+    append_entry(wrapper, compress(codec, bytes(out)), None, largest, int(codec))
+    return bytes(wrapper)
+
+
+def _inner_set(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> tuple[bytearray, int]:
+    """Magic-2 entries of (key, value, timestamp) tuples, and their largest timestamp."""
     out = bytearray()
     largest = -1
     now = None
@@ -228,11 +286,23 @@ def encode_message_set(
         if timestamp > largest:
             largest = timestamp
         append_entry(out, value, key, timestamp)
-    if codec is Codec.NONE or not out:
-        return bytes(out)
-    wrapper = bytearray()
-    append_entry(wrapper, compress(codec, bytes(out)), None, largest, int(codec))
-    return bytes(wrapper)
+    return out, largest
+
+
+def encode_batch(
+    messages: list[tuple[bytes | None, bytes, int | None]], identity: BatchIdentity,
+    codec: Codec | str | None = Codec.NONE,
+) -> bytes:
+    """An idempotent producer's batch: one magic-3 entry holding `messages`, whose
+    count `identity` must give."""
+    if identity.count != len(messages) or not messages:
+        raise ValueError(f"a batch of {len(messages)} messages cannot carry count {identity.count}")
+    codec = Codec.parse(codec)
+    inner, largest = _inner_set(messages)
+    value = BATCH_FIELDS.pack(*identity) + (compress(codec, bytes(inner)) if codec is not Codec.NONE else inner)
+    out = bytearray()
+    append_entry(out, value, None, largest, int(codec), MAGIC_BATCH)
+    return bytes(out)
 
 
 class ScanStop(enum.Enum):
@@ -258,6 +328,7 @@ class ScanResult:
     stop: ScanStop
     error: str | None = None
     compressed: int = 0  # entries in the valid prefix whose value is a compressed set
+    batches: int = 0  # magic-3 entries (producer batches) in the valid prefix
 
     @property
     def partial_tail(self) -> bool:
@@ -283,8 +354,9 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     unpack, crc_of = HEADER.unpack_from, checksum
     header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
     error, stop = None, ScanStop.END
-    compressed = 0
-    v2, seeds = MAGIC, V2_SEEDS  # attributes are checked to be 0..4 before the CRC
+    compressed = batches = 0
+    v2, v3, seeds, seeds3 = MAGIC, MAGIC_BATCH, V2_SEEDS, V3_SEEDS  # attributes are checked to be 0..4 first
+    batch_min_size = min_size + BATCH_FIELDS.size
     try:
         while pos < end:
             if end - pos < header_size:
@@ -298,10 +370,18 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             if entry_end > end:
                 error, stop = f"partial entry at byte {pos}: needs {size + 4} bytes, {end - pos} left", ScanStop.PARTIAL
                 break
-            if not 1 <= magic <= v2 or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
+            if not 1 <= magic <= v3 or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
                 error, stop = _header_error(pos, magic, attributes, key_length), ScanStop.INVALID
                 break
-            if crc_of(view[pos + 10 : entry_end], seeds[attributes] if magic == v2 else 0) != crc:
+            if magic == v3:
+                if key_length != -1 or size < batch_min_size:
+                    error, stop = f"a producer batch at byte {pos} has a key or no room for its fields", ScanStop.INVALID
+                    break
+                batches += 1
+                seed = seeds3[attributes]
+            else:
+                seed = seeds[attributes] if magic == v2 else 0
+            if crc_of(view[pos + 10 : entry_end], seed) != crc:
                 error, stop = f"CRC mismatch at byte {pos}", ScanStop.INVALID
                 break
             if max_message_bytes and size + 4 > max_message_bytes:
@@ -318,7 +398,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             pos = entry_end
     finally:
         view.release()
-    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed)
+    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches)
 
 
 def _header_error(pos: int, magic: int, attributes: int, key_length: int) -> str:
@@ -343,38 +423,55 @@ def validate_message_set(
         raise MessageTooLarge(result.error)
     if result.stop is not ScanStop.END:
         raise InvalidMessage(f"invalid message set: {result.error}")
-    if result.compressed:
-        _validate_compressed(buf, max_decompressed_bytes)
+    if result.compressed or result.batches:
+        _validate_wrappers(buf, max_decompressed_bytes)
     return result
 
 
-def _validate_compressed(buf: bytes | memoryview, max_decompressed_bytes: int) -> None:
-    """Open every compressed entry of a scanned set and check its inner set."""
+def _validate_wrappers(buf: bytes | memoryview, max_decompressed_bytes: int) -> None:
+    """Open every wrapper (compressed entry or producer batch) of a scanned set and
+    check its inner set."""
     with memoryview(buf) as view:
         pos, end = 0, len(view)
         while pos < end:
-            size, _, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
+            size, magic, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
             entry_end = pos + SIZE_FIELD + size
-            codec = attributes & CODEC_MASK
-            if codec:
-                value = view[pos + HEADER_SIZE + max(key_length, 0) : entry_end]
-                inner = decompress(Codec(codec), value, max_decompressed_bytes)
-                problem = _inner_set_error(inner)
+            if attributes or magic == MAGIC_BATCH:
+                problem = inner_set(view, pos, entry_end, max_decompressed_bytes)[1]
                 if problem:
-                    raise InvalidMessage(f"invalid message set: {Codec(codec).name.lower()} entry at byte {pos}: {problem}")
+                    what = "producer batch" if magic == MAGIC_BATCH else f"{Codec(attributes).name.lower()} entry"
+                    raise InvalidMessage(f"invalid message set: {what} at byte {pos}: {problem}")
             pos = entry_end
 
 
-def _inner_set_error(inner: bytes) -> str | None:
-    """Why a decompressed value is not a valid inner set (None if it is): it must be
-    whole, valid, uncompressed entries — no nesting, so a reader decompresses once."""
-    if not inner:
+def inner_set(view: memoryview, pos: int, entry_end: int,
+              max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[bytes | memoryview, str | None]:
+    """The inner set of the wrapper entry at `pos` (decompressed), and why it is not a
+    valid one (None if it is). Raises InvalidMessage when it cannot be decompressed."""
+    _, magic, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
+    codec = Codec(attributes & CODEC_MASK)
+    start = pos + HEADER_SIZE + max(key_length, 0)
+    count = -1
+    if magic == MAGIC_BATCH:
+        count = BATCH_FIELDS.unpack_from(view, start)[3]
+        start += BATCH_FIELDS.size
+    inner = decompress(codec, view[start:entry_end], max_decompressed_bytes) if codec else view[start:entry_end]
+    return inner, _inner_set_error(inner, count)
+
+
+def _inner_set_error(inner: bytes | memoryview, count: int = -1) -> str | None:
+    """Why a wrapper's inner set is not valid (None if it is): it must be whole,
+    valid, uncompressed, unwrapped entries — no nesting, so a reader decompresses
+    once — and, in a producer batch, exactly `count` of them."""
+    if not len(inner):
         return "it holds an empty message set"
     result = scan(inner)
     if result.stop is not ScanStop.END:
         return f"its inner set is invalid: {result.error}"
-    if result.compressed:
-        return "its inner set holds a compressed entry (nesting is not allowed)"
+    if result.compressed or result.batches:
+        return "its inner set holds a wrapper (nesting is not allowed)"
+    if count >= 0 and result.count != count:
+        return f"its count field says {count} messages, its inner set holds {result.count}"
     return None
 
 
@@ -457,25 +554,26 @@ def iter_messages(
             raise CorruptEntry(offset, size, "CRC mismatch")
         if attributes & ~CODEC_MASK or attributes > Codec.ZSTD or not -1 <= key_length <= size - MIN_ENTRY_SIZE:
             raise CorruptEntry(offset, size, f"impossible attributes {attributes:#x} or key length {key_length}")
-        body = pos + HEADER_SIZE
-        if key_length >= 0:
-            key: bytes | None = bytes(view[body : body + key_length])
-            body += key_length
-        else:
-            key = None
         next_offset = base_offset + entry_end
-        codec = Codec(attributes & CODEC_MASK)
-        if codec is Codec.NONE:
+        if attributes == 0 and magic != MAGIC_BATCH:
+            body = pos + HEADER_SIZE
+            if key_length >= 0:
+                key: bytes | None = bytes(view[body : body + key_length])
+                body += key_length
+            else:
+                key = None
             yield Message(offset, next_offset, timestamp, key, bytes(view[body:entry_end]))
         else:
+            what = "producer batch" if magic == MAGIC_BATCH else f"{Codec(attributes).name.lower()} value"
             try:
-                inner_set = decompress(codec, view[body:entry_end], max_decompressed_bytes)
-                problem = _inner_set_error(inner_set)
+                if magic == MAGIC_BATCH and size < MIN_ENTRY_SIZE + BATCH_FIELDS.size:
+                    raise InvalidMessage("no room for its fields")
+                inner_bytes, problem = inner_set(view, pos, entry_end, max_decompressed_bytes)
                 if problem is not None:
                     raise InvalidMessage(problem)
-                inner = list(iter_messages(inner_set, 0, verify_crc=False))  # `_inner_set_error` checked every CRC
+                inner = list(iter_messages(inner_bytes, 0, verify_crc=False))  # `_inner_set_error` checked every CRC
             except InvalidMessage as exc:
-                raise CorruptEntry(offset, size, f"{codec.name.lower()} value: {exc}") from None
+                raise CorruptEntry(offset, size, f"{what}: {exc}") from None
             for i, message in enumerate(inner):
                 resume = next_offset if i == len(inner) - 1 else offset
                 yield Message(offset, resume, message.timestamp, message.key, message.value)
