@@ -33,6 +33,8 @@ class ErrorCode(enum.IntEnum):
     INVALID_REPLICATION_FACTOR = 18
     PARTITION_OFFLINE = 19
     REQUEST_TIMED_OUT = 20
+    OUT_OF_ORDER_SEQUENCE = 21
+    INVALID_PRODUCER_EPOCH = 22
 
 
 class LogbusError(Exception):
@@ -146,6 +148,22 @@ class RequestTimedOut(LogbusError):
     code = ErrorCode.REQUEST_TIMED_OUT
 
 
+class OutOfOrderSequence(LogbusError):
+    """An idempotent producer's batch whose first sequence is not the one after the
+    last batch the partition holds from that producer (docs/clients.md, "Idempotence").
+    Nothing was appended. Expected while an earlier batch of the same partition is
+    being retried; otherwise the partition lost the producer's earlier batch."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+class InvalidProducerEpoch(LogbusError):
+    """An idempotent producer's batch with an epoch older than the one the partition
+    holds for that producer id: a fenced, stale sender. Nothing was appended."""
+
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
 class UnknownError(LogbusError):
     code = ErrorCode.UNKNOWN
 
@@ -157,7 +175,7 @@ _BY_CODE: dict[int, type[LogbusError]] = {
         InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
         NotLeaderForPartition, TopicAlreadyExists, StorageError, TopicCreationDisabled, NotEnoughReplicas,
         NotEnoughReplicasAfterAppend, FencedLeaderEpoch, InvalidReplicationFactor, PartitionOffline,
-        RequestTimedOut, UnknownError,
+        RequestTimedOut, OutOfOrderSequence, InvalidProducerEpoch, UnknownError,
     )
 }
 

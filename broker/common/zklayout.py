@@ -9,6 +9,7 @@
     /consumers/<group>/ids/<consumer_id>             ephemeral  {"<topic>": <streams>}
     /consumers/<group>/owners/<topic>/<partition>    ephemeral  owning stream id
     /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
+    /latest_producer_id_block                        persistent {"broker","block_start","block_end"}
 
 The one module that knows these paths and how their nodes are encoded: brokers
 (`broker.server.registration`), clients (`broker.client`), the `logbus` command and the
@@ -36,6 +37,7 @@ BROKER_TOPICS = "/brokers/topics"
 CONSUMERS = "/consumers"
 CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
+PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 
 
 # --------------------------------------------------------------------------- paths
@@ -366,3 +368,30 @@ def advance_offset(zk: KazooClient, group: str, topic: str, partition: int, offs
             logger.info("group offset %s changed while advancing it to %d; reading it again", path, offset)
     logger.warning("gave up advancing group offset %s to %d after %d concurrent updates", path, offset, attempts)
     return False
+
+
+# ------------------------------------------------------------------ producer ids
+
+
+def claim_producer_id_block(zk: KazooClient, broker_id: int, size: int, attempts: int = 50) -> tuple[int, int]:
+    """Claim the next `size` producer ids, [start, end), for `broker_id` with
+    compare-and-set on one node (Kafka's KIP-730 blocks): two brokers that race both
+    re-read and retry, so no id is ever handed out twice, across brokers and restarts."""
+    for _ in range(attempts):
+        try:
+            data, stat = zk.get(PRODUCER_ID_BLOCK)
+        except NoNodeError:
+            block = {"broker": broker_id, "block_start": 0, "block_end": size}
+            try:
+                zk.create(PRODUCER_ID_BLOCK, json.dumps(block).encode(), makepath=True)
+                return 0, size
+            except NodeExistsError:
+                continue
+        start = int(json.loads(data)["block_end"])
+        block = {"broker": broker_id, "block_start": start, "block_end": start + size}
+        try:
+            zk.set(PRODUCER_ID_BLOCK, json.dumps(block).encode(), version=stat.version)
+            return start, start + size
+        except BadVersionError:
+            continue
+    raise UnknownError(f"could not claim a block of producer ids after {attempts} concurrent claims")

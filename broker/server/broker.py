@@ -22,6 +22,7 @@ from broker.server.flowcontrol import ConnectionLimits, RequestPool
 from broker.server.handlers import RequestHandler
 from broker.server.log.manager import LogManager, log_config
 from broker.server.log.scheduler import FlushScheduler
+from broker.server.producerids import ProducerIdAllocator
 from broker.server.registration import BrokerRegistry
 from broker.server.replication.manager import ReplicaManager
 
@@ -51,7 +52,8 @@ class Broker:
             config.zookeeper_session_timeout_ms,
         )
         self.replicas = ReplicaManager(config, self.logs, self.scheduler, self.registry, self.zk)
-        self.handler = RequestHandler(config, self.logs, self.scheduler, self.registry, self.replicas)
+        self.handler = RequestHandler(config, self.logs, self.scheduler, self.registry, self.replicas,
+                                      ProducerIdAllocator(self.zk, config.broker_id))
         # every broker is a controller candidate; one is active (broker.server.controller)
         self.controller = Controller(
             self.zk, config.broker_id, config.unclean_leader_election_enable,

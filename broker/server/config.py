@@ -90,6 +90,10 @@ class BrokerConfig:
         "values must be > 0, or -1 for no limit",
     )
     log_retention_check_interval_ms: int = _setting("log.retention.check.interval.ms", 300_000, int, *_positive)
+    # an idempotent producer id that wrote nothing to a partition for this long is
+    # forgotten there (Kafka's producer.id.expiration.ms); its next batch starts afresh
+    producer_id_expiration_ms: int = _setting("producer.id.expiration.ms", DAY_MS, int,
+                                              lambda v: v > 0 or v == -1, "must be > 0, or -1 to keep ids for ever")
     message_max_bytes: int = _setting("message.max.bytes", 1 * MiB, int, lambda v: v >= 64, "must be >= 64")
     message_max_decompressed_bytes: int = _setting(
         "message.max.decompressed.bytes", 64 * MiB, int, lambda v: v >= 1024, "must be >= 1024")

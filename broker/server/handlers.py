@@ -18,21 +18,23 @@ import random
 from typing import Callable, Coroutine, NamedTuple
 
 from broker.common.errors import (
-    BrokerShuttingDown, ErrorCode, InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition,
-    TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
+    BrokerShuttingDown, ErrorCode, InvalidMessage, InvalidReplicationFactor, InvalidRequest, LogbusError,
+    NotLeaderForPartition, TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
 )
-from broker.common.message import validate_message_set
+from broker.common.message import batch_identity, validate_message_set
 from broker.common.partitionstates import live_leader
 from broker.common.protocol import (
-    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse, LeaderEpochEndRequest,
-    MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata,
-    PartitionResult, ProduceRequest, ProduceResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata,
-    check_topic_name, encode_offsets, encode_results,
+    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse,
+    InitProducerIdRequest, LeaderEpochEndRequest, MetadataRequest, MetadataResponse, MultiFetchRequest,
+    MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest, ProduceResponse,
+    ProducerIdResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata, check_topic_name, encode_offsets,
+    encode_results,
 )
 from broker.server.config import BrokerConfig
 from broker.server.log.log import Log
 from broker.server.log.manager import LogManager
 from broker.server.log.scheduler import FlushScheduler
+from broker.server.producerids import ProducerIdAllocator
 from broker.server.registration import BrokerRegistry
 from broker.server.replication.manager import ReplicaManager
 from broker.server.replication.partition import Partition
@@ -70,8 +72,9 @@ def later(answer: Coroutine) -> Reply:
 
 class RequestHandler:
     def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler, registry: BrokerRegistry,
-                 replicas: ReplicaManager) -> None:
+                 replicas: ReplicaManager, producer_ids: ProducerIdAllocator | None = None) -> None:
         self.config = config
+        self.producer_ids = producer_ids
         self.logs = logs
         self.scheduler = scheduler
         self.registry = registry
@@ -88,6 +91,7 @@ class RequestHandler:
             ApiKey.CREATE_TOPIC: self.create_topic,
             ApiKey.REPLICA_FETCH: self.replica_fetch,
             ApiKey.LEADER_EPOCH_END: self.leader_epoch_end,
+            ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
         }
 
     def handle(self, header: RequestHeader, reader: Reader) -> Reply:
@@ -157,11 +161,21 @@ class RequestHandler:
         if led is not None and acks == -1:
             self.replicas.check_insync(led)
         scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
+        batch = None
+        if scanned.batches:
+            if scanned.count > 1:
+                raise InvalidMessage(f"a producer batch must be the only entry of its message set; this one has "
+                                     f"{scanned.count} entries")
+            batch = batch_identity(messages)
         buffered = acks == 0
-        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered)
-        if buffered:
-            self._unwritten.add(log)
-        self.scheduler.flusher(log).appended()
+        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch)
+        if result.duplicate:
+            logger.debug("%s-%d: producer %d's batch at sequence %d is a retry of offset %d", topic, partition,
+                         batch.producer_id, batch.base_sequence, result.base_offset)
+        else:
+            if buffered:
+                self._unwritten.add(log)
+            self.scheduler.flusher(log).appended()
         if led is None:
             return Appended(log, result.base_offset, result.next_offset, None)
         led.appended()
@@ -323,6 +337,17 @@ class RequestHandler:
             topics.append(TopicMetadata(topic, 0, partitions))
         brokers = sorted(view.brokers.values(), key=lambda b: b.broker_id)
         return answered([MetadataResponse(brokers, topics).encode(version)])
+
+    def init_producer_id(self, reader: Reader) -> Reply:
+        """A new idempotent producer's identity: an id no producer had, epoch 0."""
+        InitProducerIdRequest.decode(reader)
+        if self.producer_ids is None:
+            raise UnsupportedApi("this broker hands out no producer ids")
+        return later(self._producer_id())
+
+    async def _producer_id(self) -> Body:
+        producer_id = await asyncio.get_running_loop().run_in_executor(None, self.producer_ids.allocate)
+        return [ProducerIdResponse(producer_id, 0).encode()]
 
     # ---------------------------------------------------------------- replication
 

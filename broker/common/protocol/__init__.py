@@ -14,10 +14,10 @@ from broker.common.protocol.replication import (
     LeaderEpochEndRequest, LeaderEpochEndResponse, REPLICA_FETCH_RESPONSE_HEAD, ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, decode_replica_fetch,
 )
 from broker.common.protocol.requests import (
-    CreateTopicRequest, FetchRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES,
+    CreateTopicRequest, FetchRequest, InitProducerIdRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES,
 )
 from broker.common.protocol.responses import (
-    BrokerInfo, FETCH_RESPONSE_HEAD, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,
+    BrokerInfo, FETCH_RESPONSE_HEAD, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, ProducerIdResponse, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,
 )
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "FETCH_RESPONSE_HEAD",
     "FetchRequest",
     "FetchResponse",
+    "InitProducerIdRequest",
     "LATEST",
     "LeaderEpochEndRequest",
     "LeaderEpochEndResponse",
@@ -46,6 +47,7 @@ __all__ = [
     "ProducePart",
     "ProduceRequest",
     "ProduceResponse",
+    "ProducerIdResponse",
     "REPLICA_FETCH_RESPONSE_HEAD",
     "REQUEST_HEADER",
     "REQUEST_TYPES",

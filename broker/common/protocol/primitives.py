@@ -30,6 +30,7 @@ class ApiKey(enum.IntEnum):
     CREATE_TOPIC = 6
     REPLICA_FETCH = 7
     LEADER_EPOCH_END = 8
+    INIT_PRODUCER_ID = 9
 
 
 class Acks(enum.IntEnum):

@@ -183,10 +183,26 @@ class CreateTopicRequest:
         return req
 
 
+@dataclass(frozen=True)
+class InitProducerIdRequest:
+    """An idempotent producer asks for its identity (docs/protocol.md, INIT_PRODUCER_ID):
+    an empty body; the answer is `ProducerIdResponse`."""
+
+    API: ClassVar[ApiKey] = ApiKey.INIT_PRODUCER_ID
+
+    def encode(self) -> bytes:
+        return b""
+
+    @classmethod
+    def decode(cls, r: Reader) -> "InitProducerIdRequest":
+        r.done()
+        return cls()
+
+
 REQUEST_TYPES: dict[int, type] = {
     cls.API: cls
     for cls in (
         ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
-        MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest,
+        MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest, InitProducerIdRequest,
     )
 }

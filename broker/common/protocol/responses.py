@@ -27,6 +27,23 @@ class ProduceResponse:
         return cls(r.int64(), r.int64())
 
 
+@dataclass(frozen=True)
+class ProducerIdResponse:
+    """A producer id no other producer has, and its first epoch (0)."""
+
+    producer_id: int
+    epoch: int
+
+    def encode(self) -> bytes:
+        return bytes(Writer().int64(self.producer_id).int16(self.epoch).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "ProducerIdResponse":
+        response = cls(r.int64(), r.int16())
+        r.done()
+        return response
+
+
 FETCH_RESPONSE_HEAD = struct.Struct(">qi")  # high_watermark, set_size
 
 

@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
-from broker.common.message import ScanStop, scan
+from broker.common.message import BatchIdentity, ScanStop, now_ms, scan, whole_entries
 from broker.common.protocol import EARLIEST, LATEST
 from broker.server.log.epochs import LeaderEpochCache
 from broker.server.log.files import SHARED, FileCache
 from broker.server.log.logdir import LogDir
-from broker.server.log.segment import EMPTY, SUFFIX, FileRegion, Segment
+from broker.server.log.producers import (
+    ProducerState, delete_snapshots_below, read_snapshot, snapshot_offsets, write_snapshot,
+)
+from broker.server.log.segment import EMPTY, SCAN_CHUNK, SUFFIX, FileRegion, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class LogConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000  # -1: keep forever
     retention_bytes: int = -1  # -1: no size limit
     max_entry_bytes: int = 100 << 20  # recovery treats a larger size field as garbage
+    producer_id_expiration_ms: int = 24 * 3600 * 1000  # idle producer ids forgotten after this; -1: never
     # broker-wide, read by the LogManager (they travel here because the manager is built from a LogConfig factory)
     open_files_max: int = 0  # segment files kept open at most; 0: half the open-files limit
     dir_probe_interval_ms: int = 1000  # how often an offline log directory is probed
@@ -53,6 +57,7 @@ class LogConfig:
 class AppendResult:
     base_offset: int
     next_offset: int
+    duplicate: bool = False  # a producer batch the log already held: nothing was appended
 
 
 class Log:
@@ -84,6 +89,8 @@ class Log:
         self.high_watermark: int | None = None
         self.epochs = LeaderEpochCache(directory)
         self.epochs.truncate_from(self.end_offset + 1)  # recovery may have cut the tail of a newer epoch
+        self.producers = ProducerState(config.producer_id_expiration_ms)
+        self._load_producers(self.end_offset)
         self._unflushed_messages = 0
         self._first_unflushed = 0.0
         self._rolled_at = time.monotonic()
@@ -128,17 +135,25 @@ class Log:
 
     def append(
         self, message_set: bytes | memoryview, count: int, min_timestamp: int, max_timestamp: int,
-        buffered: bool = False,
+        buffered: bool = False, batch: BatchIdentity | None = None,
     ) -> AppendResult:
         """Append an already validated set with one write; returns its offsets. With
         `buffered`, the write may wait for `write_unwritten` (or the next flush or roll),
         so one syscall covers many small sets.
+
+        A set that is one producer `batch` is checked against the producer state first:
+        a repeat of a batch the log holds is answered with that batch's offsets and
+        not appended; an out-of-order or fenced one raises (producers.py).
 
         Raises StorageError, with nothing appended, when the write (or the roll before
         it) fails or the log directory is offline."""
         if not self.log_dir.online:
             self.log_dir.check_writable(self.name)
         with self._lock:
+            if batch is not None:
+                held = self.producers.check(batch)
+                if held is not None:
+                    return AppendResult(held.base_offset, held.next_offset, duplicate=True)
             try:
                 active = self.segments[-1]
                 if active.size and (
@@ -151,6 +166,8 @@ class Log:
             except OSError as exc:
                 raise self.log_dir.failed(exc, self.name, f"append of {len(message_set)} bytes") from None
             active.note_timestamps(min_timestamp, max_timestamp)
+            if batch is not None:
+                self.producers.record(batch, base, active.end_offset, max_timestamp)
             if not self._unflushed_messages:
                 self._first_unflushed = time.monotonic()
             self._unflushed_messages += count
@@ -166,7 +183,11 @@ class Log:
         if not result.valid_bytes:
             return AppendResult(self.end_offset, self.end_offset)
         with memoryview(message_set) as view:
-            return self.append(view[: result.valid_bytes], result.count, result.min_timestamp, result.max_timestamp)
+            appended = self.append(view[: result.valid_bytes], result.count, result.min_timestamp, result.max_timestamp)
+            if result.batches:  # the leader's producer state, learnt from its bytes
+                with self._lock:
+                    self.producers.learn(view[: result.valid_bytes], appended.base_offset)
+            return appended
 
     def truncate_to(self, offset: int) -> int:
         """Drop everything at and after the message boundary `offset` (a follower whose
@@ -199,20 +220,65 @@ class Log:
             self._flushed = min(self._flushed, offset)
             if self.high_watermark is not None:
                 self.high_watermark = min(self.high_watermark, offset)
+            self._load_producers(offset)
         self.epochs.truncate_from(offset)
         logger.info("%s: truncated to offset %d (%d bytes removed)", self.name, offset, end - offset)
         return end - offset
 
     def _roll(self) -> Segment:
-        """Start a new segment at the end offset. Caller holds `_lock`."""
+        """Start a new segment at the end offset, with a snapshot of the producer state
+        there (recovery scans from it). Caller holds `_lock`."""
         old = self.segments[-1]
         old.write_unwritten()
         old.write_meta()
+        self._snapshot_producers(old.end_offset)
         segment = Segment.create(self.directory, old.end_offset, self._files)
         self._set_segments([*self.segments, segment])
         self._rolled_at = time.monotonic()
         logger.info("%s: rolled to segment %s", self.name, segment.path.name)
         return segment
+
+    # ------------------------------------------------------------------ producer state
+
+    def _load_producers(self, end: int) -> None:
+        """The producer state as of `end`: the newest snapshot at or below it, then the
+        batches in the bytes after it (all of the log when there is no snapshot). Caller
+        holds `_lock`, or is the constructor."""
+        state = ProducerState(self.config.producer_id_expiration_ms)
+        snapshot = read_snapshot(self.directory, end, state)
+        start = self.start_offset if snapshot is None else max(snapshot, self.start_offset)
+        for base, data in self._chunks(start, end):
+            state.learn(data, base)
+        state.expire(now_ms())
+        self.producers = state
+
+    def _chunks(self, start: int, end: int):
+        """(offset, bytes) of the whole entries in [start, end), a chunk at a time."""
+        for segment in self.segments:
+            position = max(start, segment.base_offset) - segment.base_offset
+            stop = min(end, segment.end_offset) - segment.base_offset
+            chunk = SCAN_CHUNK
+            while position < stop:
+                data = segment.region(position, min(chunk, stop - position)).read()
+                whole = whole_entries(data) if position + len(data) < stop else len(data)
+                if not whole:
+                    chunk *= 2  # one entry larger than a chunk
+                    continue
+                yield segment.base_offset + position, memoryview(data)[:whole]
+                position += whole
+
+    def _snapshot_producers(self, offset: int) -> None:
+        """Write the producer state as of `offset` (= the end offset). A failure costs
+        only a longer scan at the next start: logged, never raised into an append."""
+        self.producers.expire(now_ms())
+        try:
+            write_snapshot(self.directory, offset, self.producers)
+        except OSError as exc:
+            logger.warning("%s: cannot write a producer snapshot at %d: %s", self.name, offset, exc)
+
+    @property
+    def producer_snapshots(self) -> list[int]:
+        return snapshot_offsets(self.directory)
 
     # ------------------------------------------------------------------------- flush
 
@@ -364,6 +430,8 @@ class Log:
                 total -= oldest.size
             if removed:
                 self._set_segments(segments)
+                delete_snapshots_below(self.directory, segments[0].base_offset)
+            self.producers.expire(now_ms)
         for segment in removed:
             segment.delete()
             logger.info("%s: retention deleted %s", self.name, segment.path.name)
@@ -384,6 +452,8 @@ class Log:
             except OSError as exc:
                 logger.error("%s: cannot write the segment sidecar at close: %s", self.name, exc)
                 clean = False
+            if clean:  # the next start reads it and scans nothing
+                self._snapshot_producers(self.end_offset)
             for segment in self.segments:
                 segment.close()
         return clean

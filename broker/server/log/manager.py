@@ -37,6 +37,7 @@ def log_config(config: BrokerConfig, topic: str) -> LogConfig:
         retention_ms=dict(config.log_retention_ms_per_topic).get(topic, config.log_retention_ms),
         retention_bytes=dict(config.log_retention_bytes_per_topic).get(topic, config.log_retention_bytes),
         max_entry_bytes=config.socket_request_max_bytes,
+        producer_id_expiration_ms=config.producer_id_expiration_ms,
         open_files_max=config.log_open_files_max,
         dir_probe_interval_ms=config.log_dir_probe_interval_ms,
         dir_min_free_bytes=config.message_max_bytes,

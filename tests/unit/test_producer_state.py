@@ -1,0 +1,138 @@
+"""Producer state (docs/storage.md, "Producer state"): a retried batch is answered with
+its first append's offsets, out-of-order and fenced batches are refused with nothing
+appended, and the state survives what the log survives — clean and unclean restarts,
+snapshots, truncation, replication — and expires."""
+
+import time
+
+import pytest
+
+from broker.common.errors import InvalidProducerEpoch, OutOfOrderSequence
+from broker.common.message import BatchIdentity, encode_batch, encode_message_set, iter_messages, scan
+from broker.server.log.log import Log, LogConfig
+from broker.server.log.producers import ProducerState
+
+
+def produce(log: Log, identity: BatchIdentity, value: bytes = b"v", timestamp: int | None = None):
+    ts = int(time.time() * 1000) if timestamp is None else timestamp
+    data = encode_batch([(None, value + b"-%d" % i, ts) for i in range(identity.count)], identity)
+    result = scan(data)
+    return log.append(data, result.count, result.min_timestamp, result.max_timestamp, batch=identity)
+
+
+def values(log: Log) -> list[bytes]:
+    log.flush()
+    out, offset = [], log.start_offset
+    while offset < log.end_offset:
+        messages = list(iter_messages(log.read(offset, 1 << 30).read(), offset))
+        out += [m.value for m in messages]
+        offset = messages[-1].next_offset
+    return out
+
+
+@pytest.fixture
+def make_log(tmp_path):
+    def make(recover: bool = False, **config):
+        return Log(tmp_path / "events-0", "events", 0, LogConfig(**config), recover=recover)
+    return make
+
+
+P = 9_000_000_123
+
+
+def test_a_retried_batch_is_answered_with_its_first_offsets_and_not_appended(make_log):
+    log = make_log()
+    first = produce(log, BatchIdentity(P, 0, 0, 3))
+    second = produce(log, BatchIdentity(P, 0, 3, 2))
+    retry = produce(log, BatchIdentity(P, 0, 0, 3))
+    assert retry.duplicate and (retry.base_offset, retry.next_offset) == (first.base_offset, first.next_offset)
+    assert produce(log, BatchIdentity(P, 0, 3, 2)).base_offset == second.base_offset
+    assert len(values(log)) == 5
+
+
+def test_a_gap_or_an_old_epoch_is_refused_and_nothing_appended(make_log):
+    log = make_log()
+    produce(log, BatchIdentity(P, 1, 0, 2))
+    end = log.end_offset
+    with pytest.raises(OutOfOrderSequence, match="expected sequence 2, got 4"):
+        produce(log, BatchIdentity(P, 1, 4, 1))
+    with pytest.raises(InvalidProducerEpoch, match="fenced"):
+        produce(log, BatchIdentity(P, 0, 2, 1))
+    with pytest.raises(OutOfOrderSequence, match="must start at sequence 0"):
+        produce(log, BatchIdentity(P, 2, 5, 1))
+    assert log.end_offset == end
+    assert not produce(log, BatchIdentity(P, 2, 0, 1)).duplicate  # a new epoch starts at 0
+
+
+def test_an_unknown_or_expired_producer_starts_afresh(make_log):
+    log = make_log(producer_id_expiration_ms=60_000)
+    assert not produce(log, BatchIdentity(P, 0, 17, 1)).duplicate  # unknown: any sequence
+    old = int(time.time() * 1000) - 120_000
+    produce(log, BatchIdentity(P + 1, 0, 0, 1), timestamp=old)
+    log.delete_old_segments(int(time.time() * 1000))  # the retention pass also expires ids
+    assert P + 1 not in log.producers.entries and P in log.producers.entries
+    assert not produce(log, BatchIdentity(P + 1, 0, 9, 1)).duplicate
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_retry_after_a_restart_is_still_a_duplicate(make_log, clean):
+    log = make_log(segment_bytes=300)
+    batches = [BatchIdentity(P, 0, 2 * i, 2) for i in range(10)]  # several segments
+    first = [produce(log, b) for b in batches]
+    if clean:
+        log.close()
+    else:
+        log.flush()  # kill -9: no close, no snapshot at the end
+    again = make_log(recover=not clean, segment_bytes=300)
+    retry = produce(again, batches[-1])
+    assert retry.duplicate and retry.base_offset == first[-1].base_offset
+    assert len(values(again)) == 20
+
+
+def test_recovery_scans_only_from_the_newest_snapshot(make_log, monkeypatch):
+    log = make_log(segment_bytes=300)
+    for i in range(10):
+        produce(log, BatchIdentity(P, 0, i, 1))
+    snapshots = log.producer_snapshots
+    assert len(snapshots) >= 2 and snapshots[-1] <= log.end_offset
+    log.flush()
+    scanned = []
+    original = ProducerState.learn
+    monkeypatch.setattr(ProducerState, "learn", lambda self, data, base: (scanned.append(base), original(self, data, base)))
+    again = make_log(recover=True, segment_bytes=300)
+    assert scanned and min(scanned) >= snapshots[-1]
+    assert produce(again, BatchIdentity(P, 0, 9, 1)).duplicate
+
+
+def test_truncation_forgets_the_batches_it_removes(make_log):
+    log = make_log(segment_bytes=300)
+    for i in range(6):
+        produce(log, BatchIdentity(P, 0, i, 1))
+    cut = produce(log, BatchIdentity(P, 0, 6, 1)).base_offset
+    produce(log, BatchIdentity(P, 0, 7, 1))
+    log.truncate_to(cut)
+    assert not produce(log, BatchIdentity(P, 0, 6, 1)).duplicate  # appended again: the log lost it
+    assert produce(log, BatchIdentity(P, 0, 5, 1)).duplicate  # still held
+    assert all(o <= log.end_offset for o in log.producer_snapshots)
+
+
+def test_a_follower_learns_the_state_from_the_bytes_it_replicates(make_log, tmp_path):
+    leader = make_log()
+    first = produce(leader, BatchIdentity(P, 0, 0, 4))
+    leader.flush()
+    follower = Log(tmp_path / "replica" / "events-0", "events", 0, LogConfig())
+    follower.append_replica(leader.read(0, 1 << 20, upto=leader.end_offset).read())
+    retry = produce(follower, BatchIdentity(P, 0, 0, 4))  # the follower, now leader, gets the retry
+    assert retry.duplicate and retry.base_offset == first.base_offset
+
+
+def test_old_format_entries_recover_next_to_batches(make_log):
+    log = make_log()
+    plain = encode_message_set([(None, b"old", 1)])
+    log.append(plain, 1, 1, 1)
+    produce(log, BatchIdentity(P, 0, 0, 2))
+    log.append(plain, 1, 1, 1)
+    log.flush()
+    again = make_log(recover=True)
+    assert values(again) == [b"old", b"v-0", b"v-1", b"old"]
+    assert produce(again, BatchIdentity(P, 0, 0, 2)).duplicate
