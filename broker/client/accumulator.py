@@ -46,7 +46,7 @@ class ProducerBatch:
     producer's own monitoring events."""
 
     __slots__ = ("topic", "partition", "records", "bytes", "created", "movable", "internal", "attempts",
-                 "not_before", "finished", "result")
+                 "not_before", "finished", "result", "producer_id", "epoch", "sequence")
 
     def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
         self.topic = topic
@@ -60,6 +60,9 @@ class ProducerBatch:
         self.not_before = 0.0
         self.finished = False
         self.result = BatchResult(topic, exact)
+        self.producer_id: int | None = None  # idempotence: the identity it was first sent with
+        self.epoch = 0
+        self.sequence: int | None = None
 
     def __repr__(self) -> str:
         return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
@@ -76,7 +79,7 @@ class RecordAccumulator:
 
     def __init__(self, metadata: ClusterMetadata, *, batch_size: int, batch_bytes: int, linger: float,
                  queue_size: int, queue_full: str = "block", max_block: float = 60.0, exact_offsets: bool = True,
-                 retry_backoff: float = 0.1) -> None:
+                 retry_backoff: float = 0.1, max_in_flight_per_partition: int = 0) -> None:
         self.metadata = metadata
         self.batch_size = max(1, batch_size)
         self.batch_bytes = batch_bytes
@@ -86,6 +89,7 @@ class RecordAccumulator:
         self.max_block = max_block
         self.exact_offsets = exact_offsets
         self.retry_backoff = retry_backoff
+        self.max_in_flight_per_partition = max_in_flight_per_partition  # 0: no limit
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._space = threading.Condition(self._lock)
@@ -238,6 +242,8 @@ class RecordAccumulator:
             keep: deque[ProducerBatch] = deque()
             out: list[tuple[ProducerBatch, int]] = []
             taken = 0
+            per_partition: dict[tuple[str, int], int] = {}
+            limit = self.max_in_flight_per_partition
             for batch in self._ready:
                 if taken >= DRAIN_BYTES:
                     keep.append(batch)
@@ -257,6 +263,12 @@ class RecordAccumulator:
                     if not batch.movable:
                         blocked.add(key)  # a later batch of the partition must not overtake it
                     continue
+                if limit:
+                    sent = per_partition[key] = per_partition.get(key, 0) + 1
+                    if sent > limit:  # idempotence: the broker remembers only the last `limit` batches
+                        keep.append(batch)
+                        blocked.add(key)
+                        continue
                 out.append((batch, leader))
                 taken += batch.bytes
             self._ready = keep

@@ -15,9 +15,9 @@ from collections import deque
 
 from broker.common.errors import InvalidRequest, LogbusError
 from broker.common.protocol import (
-    METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
-    MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
-    Reader, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
+    METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
+    MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult,
+    ProduceRequest, ProduceResponse, ProducerIdResponse, Reader, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
     raise_for_error,
 )
 
@@ -161,6 +161,9 @@ class BrokerConnection:
         """Version 1 (the default) adds each partition's leader epoch and ISR."""
         reader = self.call(ApiKey.METADATA, MetadataRequest(list(topics or [])).encode(), version)
         return MetadataResponse.decode(reader, version)
+
+    def init_producer_id(self) -> ProducerIdResponse:
+        return ProducerIdResponse.decode(self.call(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest().encode()))
 
     def create_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> None:
         self.call(ApiKey.CREATE_TOPIC, CreateTopicRequest(topic, partitions, replication_factor).encode())

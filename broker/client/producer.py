@@ -27,6 +27,12 @@ ones (each with its error) since the previous report, and how many were still
 its report accounts for every message. Neither waits longer than its timeout, even
 with every broker down.
 
+With ``enable_idempotence=True`` (the default) retries never duplicate nor reorder a
+partition's messages within the producer's lifetime: the producer gets an id from the
+cluster and numbers its batches per partition, and a broker answers a batch it already
+holds with that batch's offsets instead of appending it again (docs/clients.md,
+"Idempotence"). A message's offset is then its batch's, as with compression.
+
 With ``audit=True`` (the default) the producer counts what it delivered per topic and
 window of message timestamps and publishes monitoring events (`broker.client.audit`).
 
@@ -53,6 +59,7 @@ from broker.client.accumulator import RecordAccumulator
 from broker.client.audit import AUDIT_TOPIC, DEFAULT_WINDOW_MS, AuditCounter
 from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
 from broker.client.errors import ProducerClosed
+from broker.client.idempotence import MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Pipeline
 from broker.client.results import (
@@ -116,6 +123,7 @@ class Producer:
     (["host:port", ...], metadata by METADATA requests). Settings:
 
     - `acks`: 0 (no answer), 1 (appended), -1 (flushed to disk);
+    - `enable_idempotence`: retries neither duplicate nor reorder (needs acks 1 or -1);
     - `compression`: None, "gzip" (or snappy/lz4/zstd with their packages);
     - `mode`: "sync" (`send` waits for its outcome) or "async" (`send` returns a future);
     - `batch_size`, `batch_bytes`, `linger_ms`: when an async batch is ready;
@@ -134,6 +142,7 @@ class Producer:
         brokers: list[str] | str | None = None,
         *,
         acks: int = Acks.APPENDED,
+        enable_idempotence: bool = True,
         compression: str | None = None,
         mode: str = "sync",
         batch_size: int = 200,
@@ -162,6 +171,9 @@ class Producer:
             raise ValueError(f"queue_full must be 'block' or 'raise', not {queue_full!r}")
         if int(acks) not in (0, 1, -1):
             raise ValueError(f"acks must be 0, 1 or -1, not {acks!r}")
+        if enable_idempotence and int(acks) == Acks.NONE:
+            raise ValueError("enable_idempotence=True needs acks=1 or acks=-1: with acks=0 no answer says whether a "
+                             "batch arrived, so there is nothing to retry or dedupe; set enable_idempotence=False")
         _check_settings(self._settings)
         self.mode = mode
         self.acks = int(acks)
@@ -177,7 +189,9 @@ class Producer:
         self.accumulator = RecordAccumulator(
             self.metadata, batch_size=batch_size, batch_bytes=batch_bytes,
             linger=linger_ms / 1000 if mode == "async" else 0.0, queue_size=queue_size, queue_full=queue_full,
-            max_block=self.max_block, exact_offsets=self.codec is Codec.NONE, retry_backoff=retry_backoff_ms / 1000,
+            max_block=self.max_block, exact_offsets=self.codec is Codec.NONE and not enable_idempotence,
+            retry_backoff=retry_backoff_ms / 1000,
+            max_in_flight_per_partition=MAX_IN_FLIGHT_PER_PARTITION if enable_idempotence else 0,
         )
         self._report = ReportBook()
         durable = frozenset([self.audit.audit_topic]) if self.audit else frozenset()
@@ -186,7 +200,7 @@ class Producer:
                                                                  durable_topics=durable),
             self.codec, self._report, retries=retries, retry_backoff=retry_backoff_ms / 1000,
             delivery_timeout=self.delivery_timeout, audit=self.audit, on_delivery=on_delivery, on_error=on_error,
-            name=f"{self.client_id}-sender",
+            name=f"{self.client_id}-sender", idempotence=ProducerIdentity() if enable_idempotence else None,
         )
         # Partition counts of topics met (a key's partition needs only the count, which
         # does not change); also the cache of names that passed check_topic_name.

@@ -15,6 +15,13 @@ writes them through the `Pipeline` and settles each outcome:
   the last attempt: failed, its future resolved with the error.
 
 A batch that waited longer than `delivery_timeout` (no live leader) fails too.
+
+With idempotence (`ProducerIdentity`, idempotence.py) the sender first asks a broker for
+a producer id, sends each batch as one producer batch (magic 3) with its sequence, at
+most five batches of a partition per round, and treats OutOfOrderSequence as retriable
+while an earlier batch of the partition in the same round did not succeed (it is being
+retried first); with nothing earlier outstanding, the partition lost the producer's
+earlier batches, so its epoch is bumped and the batch retried.
 """
 
 from __future__ import annotations
@@ -28,22 +35,23 @@ from broker.client.accumulator import ProducerBatch, RecordAccumulator
 from broker.client.audit import AuditCounter
 from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, ensure_topic
 from broker.client.errors import PartitionUnavailable
+from broker.client.idempotence import ProducerIdentity
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Outgoing, Pipeline
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook
 from broker.common.errors import (
-    BrokerShuttingDown, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, RequestTimedOut, StorageError,
-    TopicCreationDisabled, UnknownPartition, UnknownTopic,
+    BrokerShuttingDown, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
+    RequestTimedOut, StorageError, TopicCreationDisabled, UnknownPartition, UnknownTopic,
 )
-from broker.common.message import HEADER_SIZE, Codec, encode_message_set, now_ms
+from broker.common.message import HEADER_SIZE, Codec, encode_batch, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
 
 # Errors that may go away: the leader moved or restarted (or is being elected), the
 # disk got space back, a just-created topic is not yet known to the broker that leads
 # it, the ISR is too small for acks=-1 right now or did not replicate in time. The last
-# two (NotEnoughReplicasAfterAppend, RequestTimedOut) were appended on the leader: a
-# retry may duplicate them (at-least-once, as after a lost connection).
+# two (NotEnoughReplicasAfterAppend, RequestTimedOut) were appended on the leader: without
+# idempotence a retry may duplicate them (at-least-once, as after a lost connection).
 RETRIABLE = (ConnectionError, OSError, BrokerShuttingDown, StorageError, UnknownTopic, PartitionUnavailable,
              NotEnoughReplicas, NotEnoughReplicasAfterAppend, RequestTimedOut, *LEADER_MOVED)
 
@@ -80,8 +88,11 @@ class Sender:
                  pipeline: Pipeline, codec: Codec, report: ReportBook, *, retries: int, retry_backoff: float,
                  delivery_timeout: float, audit: AuditCounter | None = None,
                  on_delivery: Callable[[DeliveredBatch], None] | None = None,
-                 on_error: Callable[[list[FailedSend]], None] | None = None, name: str = "logbus-sender") -> None:
+                 on_error: Callable[[list[FailedSend]], None] | None = None, name: str = "logbus-sender",
+                 idempotence: ProducerIdentity | None = None) -> None:
         self.accumulator = accumulator
+        self.idempotence = idempotence
+        self._producer_id_retry_at = 0.0
         self.metadata = metadata
         self.pool = pool
         self.pipeline = pipeline
@@ -156,7 +167,11 @@ class Sender:
                 self._find_topics(now)
             if self.publish_requested or (self.audit is not None and self.audit.due()):
                 self._publish_audit()
-            drained = accumulator.drain(now, self.metadata.partitions)
+            if self.idempotence is not None and self.idempotence.producer_id is None:
+                ready = self._init_producer_id(now)
+            else:
+                ready = True
+            drained = accumulator.drain(now, self.metadata.partitions) if ready else []
             for batch in accumulator.expire(now, self.delivery_timeout):
                 self.fail(batch, PartitionUnavailable(
                     f"not delivered within {self.delivery_timeout:g}s: no live leader for the partition, "
@@ -196,6 +211,25 @@ class Sender:
                     self._topic_errors[topic] = error
                 self._topics.notify_all()
 
+    def _init_producer_id(self, now: float) -> bool:
+        """Ask a live broker for a producer id (INIT_PRODUCER_ID); False while none
+        answers, so nothing is sent without one (batches wait, then expire)."""
+        if now < self._producer_id_retry_at:
+            return False
+        conn = None
+        try:
+            conn = self.pool.any()
+            producer_id = conn.init_producer_id().producer_id
+        except (ConnectionError, OSError, LogbusError) as exc:
+            if conn is not None and not isinstance(exc, LogbusError):
+                self.pool.drop_connection(conn)
+            logger.info("no producer id yet: %s", exc)
+            self._producer_id_retry_at = now + max(self.retry_backoff, 0.05)
+            return False
+        self.idempotence.start(producer_id)
+        logger.info("idempotent producer id %d", producer_id)
+        return True
+
     def _publish_audit(self) -> None:
         """Queue monitoring events for the windows whose counts changed."""
         events = self.audit.events() if self.audit is not None else []
@@ -211,22 +245,33 @@ class Sender:
                     topic, [(partition_for_key(key, count), (key, value, ts)) for key, value in events])
         self.accumulator.notify_idle_waiters(lambda: setattr(self, "publish_requested", False))
 
+    def _encode(self, batch: ProducerBatch) -> bytes:
+        if self.idempotence is None:
+            return encode_message_set(batch.records, self.codec)
+        return encode_batch(batch.records, self.idempotence.assign(batch), self.codec)
+
     def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:
-        codec = self.codec
         outcomes = self.pipeline.send([
-            Outgoing(batch, batch.topic, batch.partition, leader, encode_message_set(batch.records, codec))
-            for batch, leader in drained
+            Outgoing(batch, batch.topic, batch.partition, leader, self._encode(batch)) for batch, leader in drained
         ])
         now = time.monotonic()
         delivered: list[tuple[ProducerBatch, int]] = []
         again: list[ProducerBatch] = []
         refreshed: set[str] = set()
+        unsettled: set[tuple[str, int]] = set()  # partitions with a batch that did not succeed this round
         for batch, base_offset, error in outcomes:
             if error is None:
                 delivered.append((batch, base_offset))
                 continue
-            retry = (retriable(error, batch) and batch.attempts < self.retries
-                     and now - batch.created < self.delivery_timeout)
+            key = (batch.topic, batch.partition)
+            if isinstance(error, OutOfOrderSequence) and self.idempotence is not None:
+                if key not in unsettled:  # nothing earlier is being retried: the partition lost our batches
+                    self.idempotence.reset(*key)
+                retry = batch.attempts < self.retries and now - batch.created < self.delivery_timeout
+            else:
+                retry = (retriable(error, batch) and batch.attempts < self.retries
+                         and now - batch.created < self.delivery_timeout)
+            unsettled.add(key)
             logger.info("produce to %s-%d failed (%s: %s)%s", batch.topic, batch.partition, type(error).__name__,
                         error, "; retrying" if retry else "")
             if not retry:
@@ -269,9 +314,13 @@ class Sender:
             self.accumulator.release(mine)
 
     def fail(self, batch: ProducerBatch, error: BaseException) -> None:
-        """Give up on a batch (thread-safe: close() fails what the sender still holds)."""
+        """Give up on a batch (thread-safe: close() fails what the sender still holds).
+        A failed batch that was sent leaves a gap in its partition's sequences, so with
+        idempotence the partition starts a new epoch."""
         if not self.accumulator.claim([batch]):
             return
+        if self.idempotence is not None and batch.sequence is not None:
+            self.idempotence.reset(batch.topic, batch.partition)
         failures = []
         if batch.internal:
             logger.warning("could not publish %d monitoring events: %s", len(batch.records), error)

@@ -57,7 +57,7 @@ def test_monitoring_events_are_flushed_even_from_an_acks_zero_producer(cluster, 
     # monitoring events go with acks=-1, so they are readable as soon as close() returns
     cluster.start_broker(0, {"log.flush.interval.ms": 3_600_000, "log.flush.interval.messages": 1_000_000})
     create_topic(zk, "clicks", 1)
-    with Producer(zookeeper=zk_connect, acks=0, audit_window_ms=WINDOW) as producer:
+    with Producer(zookeeper=zk_connect, acks=0, enable_idempotence=False, audit_window_ms=WINDOW) as producer:
         for i in range(50):
             producer.send("clicks", b"x", timestamp=BASE + i)
     counts = read_producer_counts(zk_connect)

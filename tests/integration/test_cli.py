@@ -85,7 +85,7 @@ def test_consume_of_an_unknown_topic_fails(broker, zk_connect):
 
 
 def test_offsets_of_a_topic_at_earliest_and_latest(broker, zk_connect):
-    logbus(zk_connect, "produce", "measured", "--partition", "1", stdin="abc\n")
+    logbus(zk_connect, "produce", "measured", "--partition", "1", "--no-idempotence", stdin="abc\n")
     latest = wait_until(lambda: (r := logbus(zk_connect, "offsets", "measured")) and "25" in r.stdout and r, 30,
                         "the message to be flushed")
     assert latest.stdout.splitlines() == ["0\t0", "1\t25"]  # one entry: 22 header bytes + 3
@@ -93,7 +93,7 @@ def test_offsets_of_a_topic_at_earliest_and_latest(broker, zk_connect):
 
 
 def test_groups_describe_shows_committed_offsets_lag_and_owners(broker, zk_connect):
-    logbus(zk_connect, "produce", "tracked", "--partition", "0", stdin="a\nb\nc\n")
+    logbus(zk_connect, "produce", "tracked", "--partition", "0", "--no-idempotence", stdin="a\nb\nc\n")
     wait_until(lambda: "0\t69" in logbus(zk_connect, "offsets", "tracked").stdout, 30, "the messages to be flushed")
     read = logbus(zk_connect, "consume", "tracked", "--group", "readers", "--from-beginning", "--count", "2")
     assert read.stdout.splitlines() == ["a", "b"]
@@ -106,11 +106,11 @@ def test_groups_describe_counts_lag_from_the_earliest_offset_once_retention_dele
         cluster, zk_connect):
     cluster.start_broker(0, {"log.segment.bytes": 1024, "log.retention.bytes": 1024,
                              "log.retention.check.interval.ms": 100})
-    logbus(zk_connect, "produce", "expiring", "--partition", "0", stdin="a\nb\nc\n")
+    logbus(zk_connect, "produce", "expiring", "--partition", "0", "--no-idempotence", stdin="a\nb\nc\n")
     read = logbus(zk_connect, "consume", "expiring", "--group", "readers", "--from-beginning", "--count", "1")
     assert read.stdout.splitlines() == ["a"]  # the group committed 23, the end of "a"
     lines = "".join(f"{i:0100d}\n" for i in range(100))  # entries of 122 bytes, 5 a request: 8 per segment
-    assert logbus(zk_connect, "produce", "expiring", "--partition", "0", "--batch-size", "5",
+    assert logbus(zk_connect, "produce", "expiring", "--partition", "0", "--batch-size", "5", "--no-idempotence",
                   stdin=lines).returncode == 0
 
     def offset(time: str) -> int:
