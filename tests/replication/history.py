@@ -14,7 +14,10 @@ every replica against that record.
   JSON `{"producer", "seq", "attempt"}` and the `SendLog` knows which attempt was
   acknowledged at which offset and which attempts failed. `PipelinedProducerWorker`s
   do the same with bursts of pipelined requests (one message each), which is what
-  leaves acks=-1 answers waiting while leadership moves.
+  leaves acks=-1 answers waiting while leadership moves. `IdempotentProducerWorker`s
+  leave retrying to an idempotent producer (docs/clients.md, "Idempotence"): each
+  message is sent once, as attempt 0, in batches of several, so any copy of it beyond
+  the first is a duplicate the broker should have dropped.
 - A `ConsumerWorker` reads every partition continuously and records
   (partition, offset, value) of everything it was given.
 - `read_replica` reads a partition straight from a broker's segment files;
@@ -26,9 +29,11 @@ appended — a timeout, NotEnoughReplicasAfterAppend or a lost connection says n
 
 1. every replica of a partition holds the same bytes;
 2. every acknowledged attempt is in the log at the offset it was acknowledged with;
-3. no attempt (producer, seq, attempt) appears more than once: the broker never
-   writes one request twice — hence an acknowledged message whose first attempt
-   succeeded appears exactly once, and any message at most once per attempt;
+3. no value — an attempt (producer, seq, attempt) — appears more than once anywhere:
+   the broker never writes one request twice, nor, for an idempotent producer, one
+   batch twice however often the producer retries it — hence an acknowledged message
+   whose first attempt succeeded appears exactly once, and any message at most once
+   per attempt;
 4. nothing appears that no producer sent;
 5. the acknowledged messages of one producer in one partition are in seq order
    (not checked for pipelined producers: without idempotence a retry may land after
@@ -225,6 +230,41 @@ class ProducerWorker(threading.Thread):
                 seq += 1
 
 
+class IdempotentProducerWorker(threading.Thread):
+    """Sends seq 0, 1, 2, ... to one partition with acks=-1 through an idempotent async
+    producer that does the retrying (batches of up to `batch` messages, several in
+    flight), so each message is one attempt: a message the producer gives up on is
+    recorded as failed, never sent again."""
+
+    def __init__(self, index: int, zookeeper: str, topic: str, partition: int, log: SendLog,
+                 stop: threading.Event, batch: int = 5, window: int = 50) -> None:
+        super().__init__(name=f"history-idempotent-{index}", daemon=True)
+        self.index, self.zookeeper, self.topic, self.partition = index, zookeeper, topic, partition
+        self.log, self.stop_event, self.batch, self.window = log, stop, batch, window
+
+    def run(self) -> None:
+        from broker.client.producer import Producer
+
+        with Producer(zookeeper=self.zookeeper, acks=-1, retries=1000, retry_backoff_ms=100, mode="async",
+                      batch_size=self.batch, linger_ms=2, audit=False, delivery_timeout_ms=120_000,
+                      request_timeout_ms=4000) as producer:
+            seq = 0
+            while not self.stop_event.is_set():
+                futures = []
+                for _ in range(self.window):
+                    self.log.attempt(self.index, seq, 0, self.partition)
+                    futures.append((seq, producer.send(self.topic, encode_value(self.index, seq, 0),
+                                                       partition=self.partition)))
+                    seq += 1
+                for item_seq, future in futures:
+                    try:
+                        metadata = future.result(150)
+                    except Exception as exc:
+                        self.log.fail(exc)
+                    else:
+                        self.log.ack(self.index, item_seq, 0, metadata.partition, metadata.offset)
+
+
 class PipelinedProducerWorker(threading.Thread):
     """Sends bursts of `burst` numbered messages to one partition at a time with
     acks=-1, each message its own request, all in flight at once (an async producer
@@ -363,7 +403,7 @@ def check_history(
     """Check the rules of the module docstring. `replicas[partition][broker]` is
     (start offset, bytes) from `read_replica`."""
     problems: list[str] = []
-    at: dict[tuple[int, int], bytes] = {}  # (partition, offset) -> value
+    at: dict[tuple[int, int], list[bytes]] = defaultdict(list)  # (partition, offset) -> values (a batch's share one)
     where: dict[tuple[int, int, int], list[tuple[int, int]]] = defaultdict(list)  # attempt -> [(partition, offset)]
     for partition, copies in sorted(replicas.items()):
         reference_broker = max(sorted(copies), key=lambda b: len(copies[b][1]))  # the most complete copy
@@ -375,7 +415,7 @@ def check_history(
                                 f"{len(data)} bytes) from byte {_first_difference(copy, (start, data))}")
         try:
             for message in iter_messages(data, start):
-                at[(partition, message.offset)] = message.value
+                at[(partition, message.offset)].append(message.value)
                 item = decode_value(message.value)
                 if item is None:
                     problems.append(f"partition {partition} offset {message.offset}: not a history message "
@@ -386,12 +426,12 @@ def check_history(
             problems.append(f"partition {partition} (broker {reference_broker}): undecodable: {exc}")
 
     for (producer, seq), (attempt, partition, offset) in sorted(log.acked.items()):
-        value = at.get((partition, offset))
-        if value is None or decode_value(value) != (producer, seq, attempt):
+        values = at.get((partition, offset), [])
+        if (producer, seq, attempt) not in map(decode_value, values):
             found = where.get((producer, seq, attempt))
             problems.append(f"LOST acknowledged producer {producer} seq {seq} attempt {attempt} "
                             f"(acked at {partition}@{offset}); at that offset: "
-                            f"{None if value is None else decode_value(value)}; found at {found}")
+                            f"{[decode_value(v) for v in values][:3]}; found at {found}")
     sent = {(p, s, a) for (p, s), n in log.attempts.items() for a in range(n)}
     for item, places in sorted(where.items()):
         if len(places) > 1:
@@ -408,9 +448,9 @@ def check_history(
         if offsets != sorted(offsets):
             problems.append(f"REORDERED producer {producer} partition {partition}: acked offsets not in seq order")
     for item in seen:
-        if at.get((item.partition, item.offset)) != item.value:
+        if item.value not in at.get((item.partition, item.offset), []):
             problems.append(f"TAKEN BACK consumer read {decode_value(item.value)} at {item.partition}@{item.offset}; "
-                            f"now there: {at.get((item.partition, item.offset))!r}")
+                            f"now there: {at.get((item.partition, item.offset), [])[:3]!r}")
     duplicates = sum(1 for n in Counter((p, s) for p, s, _ in where).values() if n > 1)
     stats = {
         "sent": len(log.attempts), "acked": len(log.acked), "failed attempts": sum(log.failures.values()),

@@ -1,0 +1,198 @@
+"""The idempotent producer under the conditions that made producers store messages
+twice (issue 23; docs/clients.md, "Idempotence"): a broker paused past the producer's
+timeout, leaders killed under acks=-1, brokers restarted between a batch and its retry,
+a follower taking the lead — and the broker's refusals of batches that do not follow.
+Real ZooKeeper ensemble and broker processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from broker.client.connection import BrokerConnection
+from broker.client.producer import Producer
+from broker.common.errors import InvalidProducerEpoch, OutOfOrderSequence
+from broker.common.message import BatchIdentity, checksum, encode_batch, encode_message_set, iter_messages, now_ms
+from harness.process import wait_until
+from tests.integration.brokerutil import connect, read_partition, wait_flushed
+from tests.replication.history import (
+    IdempotentProducerWorker, SendLog, check_history, read_replica, wait_healed,
+)
+from tests.replication.replicated import (
+    BROKER_SETTINGS, create_replicated_topic, state, wait_for_state, wait_identical, wait_leading,
+)
+
+PID = 4_242_424_242
+
+
+def produce_batch(conn: BrokerConnection, topic: str, values: list[bytes], identity: BatchIdentity,
+                  acks: int = -1, partition: int = 0):
+    batch = encode_batch([(None, v, now_ms()) for v in values], identity)
+    return conn.produce(topic, partition, batch, acks=acks)
+
+
+def stored(conn: BrokerConnection, topic: str, partition: int = 0) -> Counter:
+    return Counter(m.value for m in read_partition(conn, topic, partition))
+
+
+def test_a_broker_paused_past_the_producers_timeout_stores_each_value_once(cluster, zk_connect):
+    """Issue 23's finding, each round: the broker SIGSTOPped for 8 s while a send_many
+    of 20 is in flight; the producer times out (its socket after 1 + 5 s) and retries;
+    on SIGCONT the broker reads the stale request and the retry. Without idempotence 2
+    of 3 rounds stored all 20 twice."""
+    broker = cluster.start_broker(0)
+    with Producer(zookeeper=zk_connect, acks=1, request_timeout_ms=1000, mode="async", audit=False, retries=50,
+                  retry_backoff_ms=200, delivery_timeout_ms=90_000) as producer:
+        for round_ in range(3):
+            values = [b"round %d value %02d" % (round_, i) for i in range(20)]
+            producer.send_many("paused", values[:1], partition=0).result(30)  # the topic exists, the id is known
+            broker.pause()
+            try:
+                future = producer.send_many("paused", values[1:], partition=0)
+                time.sleep(8)
+            finally:
+                broker.resume()
+            assert future.result(90) == 19
+        report = producer.flush(60)
+    assert report.ok and report.delivered == 60 and not report.failed
+    with connect(broker) as conn:
+        wait_flushed(conn, "paused", 0, conn.offsets("paused", 0, -1)[0])
+        counts = stored(conn, "paused")
+    assert sum(counts.values()) == 60 and set(counts.values()) == {1}, counts.most_common(3)
+
+
+def test_leaders_killed_ten_times_under_acks_all_leave_every_value_once(cluster, zk):
+    """An RF 3 partition, two idempotent producers with acks=-1 retrying on their own,
+    and its leader killed with SIGKILL ten times (restarted each time): the history
+    checker finds every acknowledged value at its offset and no value twice."""
+    for broker_id in range(3):
+        cluster.start_broker(broker_id, BROKER_SETTINGS)
+    topic = "killed"
+    assignment = create_replicated_topic(cluster, zk, topic, partitions=1, replication_factor=3)
+    log, stop = SendLog(), threading.Event()
+    workers = [IdempotentProducerWorker(i, cluster.zookeeper, topic, 0, log, stop) for i in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+        for kill in range(10):
+            wait_until(lambda: len(log.acked) > 200 * (kill + 1), 60, f"acknowledgements before kill {kill}")
+            leader = state(zk, topic).leader
+            cluster.brokers[leader].kill()
+            wait_for_state(zk, topic, 0, lambda s, gone=leader: s.leader not in (-1, gone), "a new leader", 60)
+            cluster.start_broker(leader, BROKER_SETTINGS, wait=False)
+            wait_for_state(zk, topic, 0, lambda s: len(s.isr) == 3, "the killed broker back in the ISR", 60)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(180)
+    unhealed = wait_healed(zk, cluster, topic, assignment, None, 60)
+    assert not unhealed
+    replicas = {0: {b: read_replica(cluster.brokers[b].log_dir, topic, 0) for b in assignment[0]}}
+    verdict = check_history(replicas, log, [])
+    assert verdict.ok, verdict.problems[:20]
+    assert verdict.stats["acked"] == verdict.stats["sent"] and not log.failures, verdict.stats
+
+
+@pytest.mark.parametrize("stop", ["kill", "clean"])
+def test_a_retry_after_a_broker_restart_is_still_a_duplicate(cluster, stop):
+    """A batch appended, the broker stopped (SIGKILL: recovery rebuilds the producer
+    state from snapshot and log; clean: from the snapshot written at shutdown), then the
+    retry: answered with the first append's offsets, stored once."""
+    broker = cluster.start_broker(0, {"log.segment.bytes": 4096})
+    identity = BatchIdentity(PID, 0, 0, 3)
+    with connect(broker) as conn:
+        for i in range(40):  # several segments, so recovery starts from a snapshot
+            produce_batch(conn, "restarted", [b"filler %02d" % i], BatchIdentity(PID + 1, 0, i, 1))
+        first = produce_batch(conn, "restarted", [b"a", b"b", b"c"], identity)
+    if stop == "kill":
+        broker.kill()
+    else:
+        broker.stop()
+    broker.start()
+    with connect(broker) as conn:
+        retry = produce_batch(conn, "restarted", [b"a", b"b", b"c"], identity)
+        assert (retry.base_offset, retry.next_offset) == (first.base_offset, first.next_offset)
+        counts = stored(conn, "restarted")
+        assert [counts[v] for v in (b"a", b"b", b"c")] == [1, 1, 1]
+        assert produce_batch(conn, "restarted", [b"d"], BatchIdentity(PID, 0, 3, 1)).base_offset == first.next_offset
+
+
+def test_a_follower_that_takes_the_lead_dedupes_a_retry_of_the_old_leaders_batch(cluster, zk):
+    """Acknowledged with acks=-1 by broker A, A killed, B leads: the producer's retry of
+    that batch (its answer was lost with A) is answered with the same offsets by B,
+    which learnt the producer state from the bytes it replicated."""
+    for broker_id in range(2):
+        cluster.start_broker(broker_id, BROKER_SETTINGS)
+    replicas = create_replicated_topic(cluster, zk, "handover", replication_factor=2)[0]
+    old, new = replicas
+    identity = BatchIdentity(PID, 0, 0, 2)
+    with connect(cluster.brokers[old]) as conn:
+        first = produce_batch(conn, "handover", [b"once", b"only"], identity)
+    cluster.brokers[old].kill()
+    wait_for_state(zk, "handover", 0, lambda s: s.leader == new, f"broker {new} to lead", 60)
+    wait_leading(cluster, new, "handover")
+    with connect(cluster.brokers[new]) as conn:
+        retry = produce_batch(conn, "handover", [b"once", b"only"], identity)
+        assert (retry.base_offset, retry.next_offset) == (first.base_offset, first.next_offset)
+        counts = stored(conn, "handover")
+    assert counts == Counter({b"once": 1, b"only": 1})
+
+
+def test_out_of_order_and_fenced_batches_are_refused_and_an_expired_id_starts_afresh(cluster):
+    broker = cluster.start_broker(0, {"producer.id.expiration.ms": 5000, "log.retention.check.interval.ms": 200})
+    with connect(broker) as conn:
+        produce_batch(conn, "checked", [b"first"], BatchIdentity(PID, 2, 0, 1))
+        end = conn.offsets("checked", 0, -1)[0]
+        with pytest.raises(OutOfOrderSequence, match="expected sequence 1, got 5"):
+            produce_batch(conn, "checked", [b"gap"], BatchIdentity(PID, 2, 5, 1))
+        with pytest.raises(InvalidProducerEpoch, match="fenced"):
+            produce_batch(conn, "checked", [b"stale"], BatchIdentity(PID, 1, 1, 1))
+        assert conn.offsets("checked", 0, -1)[0] == end  # nothing appended
+        assert list(stored(conn, "checked")) == [b"first"]
+        # idle past producer.id.expiration.ms (by its messages' timestamps): forgotten at
+        # a retention pass, so a batch at any sequence starts afresh
+        wait_until(lambda: _accepted(conn, BatchIdentity(PID, 2, 9, 1)), 30, "the expired id to start afresh")
+        assert stored(conn, "checked") == Counter({b"first": 1, b"afresh": 1})
+
+
+def _accepted(conn: BrokerConnection, identity: BatchIdentity) -> bool:
+    try:
+        produce_batch(conn, "checked", [b"afresh"], identity)
+        return True
+    except OutOfOrderSequence:
+        return False
+
+
+def test_old_formats_read_recover_and_replicate_next_to_batches(cluster, zk):
+    """Magic 1 and 2 entries beside magic-3 batches on an RF 2 partition: replicated
+    byte for byte, read back in order, and read back again after the leader is killed
+    and recovers."""
+    for broker_id in range(2):
+        cluster.start_broker(broker_id, BROKER_SETTINGS)
+    replicas = create_replicated_topic(cluster, zk, "mixed", replication_factor=2)[0]
+    v2 = encode_message_set([(None, b"magic 2", 1)])
+    v1 = bytearray(encode_message_set([(None, b"magic 1", 1)]))
+    v1[4] = 1
+    v1[6:10] = checksum(bytes(v1[10:])).to_bytes(4, "big")
+    expected = [b"magic 1", b"batch a", b"batch b", b"magic 2", b"gzip batch"]
+    with connect(cluster.brokers[replicas[0]]) as conn:
+        conn.produce("mixed", 0, bytes(v1), acks=-1)
+        produce_batch(conn, "mixed", [b"batch a", b"batch b"], BatchIdentity(PID, 0, 0, 2))
+        conn.produce("mixed", 0, v2, acks=-1)
+        gz = encode_batch([(None, b"gzip batch", 5)], BatchIdentity(PID, 0, 2, 1), "gzip")
+        conn.produce("mixed", 0, gz, acks=-1)
+        assert [m.value for m in read_partition(conn, "mixed", 0)] == expected
+    data = wait_identical(cluster, "mixed", 0, replicas)
+    assert [m.value for m in iter_messages(data, 0)] == expected
+    cluster.brokers[replicas[0]].kill()
+    cluster.brokers[replicas[0]].start()
+    wait_for_state(zk, "mixed", 0, lambda s: len(s.isr) == 2, "both replicas in the ISR", 60)
+    leader = state(zk, "mixed").leader
+    wait_leading(cluster, leader, "mixed")
+    with connect(cluster.brokers[leader]) as conn:
+        assert [m.value for m in read_partition(conn, "mixed", 0)] == expected
+        retry = produce_batch(conn, "mixed", [b"gzip batch"], BatchIdentity(PID, 0, 2, 1))
+        assert retry.base_offset == len(data) - len(gz)  # still known as a duplicate after recovery
