@@ -40,7 +40,7 @@ from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Outgoing, Pipeline
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook
 from broker.common.errors import (
-    BrokerShuttingDown, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
+    BrokerShuttingDown, DuplicateSequence, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
     RequestTimedOut, StorageError, TopicCreationDisabled, UnknownPartition, UnknownTopic,
 )
 from broker.common.message import HEADER_SIZE, Codec, encode_batch, encode_message_set, now_ms
@@ -260,7 +260,7 @@ class Sender:
         refreshed: set[str] = set()
         unsettled: set[tuple[str, int]] = set()  # partitions with a batch that did not succeed this round
         for batch, base_offset, error in outcomes:
-            if error is None:
+            if error is None or isinstance(error, DuplicateSequence):  # the latter: appended before, offset unknown
                 delivered.append((batch, base_offset))
                 continue
             key = (batch.topic, batch.partition)

@@ -35,6 +35,7 @@ class ErrorCode(enum.IntEnum):
     REQUEST_TIMED_OUT = 20
     OUT_OF_ORDER_SEQUENCE = 21
     INVALID_PRODUCER_EPOCH = 22
+    DUPLICATE_SEQUENCE = 23
 
 
 class LogbusError(Exception):
@@ -164,6 +165,15 @@ class InvalidProducerEpoch(LogbusError):
     code = ErrorCode.INVALID_PRODUCER_EPOCH
 
 
+class DuplicateSequence(LogbusError):
+    """An idempotent producer's batch that ends at or before the last sequence the
+    partition holds from that producer, but is older than the batches it remembers
+    with their offsets: already appended, so nothing was appended again. A producer
+    counts it delivered (its offset is unknown)."""
+
+    code = ErrorCode.DUPLICATE_SEQUENCE
+
+
 class UnknownError(LogbusError):
     code = ErrorCode.UNKNOWN
 
@@ -175,7 +185,7 @@ _BY_CODE: dict[int, type[LogbusError]] = {
         InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
         NotLeaderForPartition, TopicAlreadyExists, StorageError, TopicCreationDisabled, NotEnoughReplicas,
         NotEnoughReplicasAfterAppend, FencedLeaderEpoch, InvalidReplicationFactor, PartitionOffline,
-        RequestTimedOut, OutOfOrderSequence, InvalidProducerEpoch, UnknownError,
+        RequestTimedOut, OutOfOrderSequence, InvalidProducerEpoch, DuplicateSequence, UnknownError,
     )
 }
 

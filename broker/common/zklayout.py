@@ -10,6 +10,7 @@
     /consumers/<group>/owners/<topic>/<partition>    ephemeral  owning stream id
     /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
     /latest_producer_id_block                        persistent {"broker","block_start","block_end"}
+    /logbus_mirror/<name>/<source>/<topic>/<p>       persistent a mirror's checkpoint (broker.client.mirror)
 
 The one module that knows these paths and how their nodes are encoded: brokers
 (`broker.server.registration`), clients (`broker.client`), the `logbus` command and the
@@ -38,6 +39,7 @@ CONSUMERS = "/consumers"
 CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+MIRRORS = "/logbus_mirror"
 
 
 # --------------------------------------------------------------------------- paths
@@ -89,6 +91,10 @@ def owner_path(group: str, topic: str, partition: int) -> str:
 
 def offsets_path(group: str) -> str:
     return f"{CONSUMERS}/{group}/offsets"
+
+
+def mirror_checkpoint_path(mirror: str, source: str, topic: str, partition: int) -> str:
+    return f"{MIRRORS}/{mirror}/{source}/{topic}/{partition}"
 
 
 def offset_path(group: str, topic: str, partition: int) -> str:

@@ -1,4 +1,5 @@
-"""The `logbus` command's subcommands: topics, produce, consume, offsets, groups, perf.
+"""The `logbus` command's subcommands: topics, produce, consume, offsets, groups, perf,
+mirror (`broker.tools.mirror`).
 
 Every command finds the cluster through `--zookeeper` or `LOGBUS_ZOOKEEPER`. A failure
 of the broker or ZooKeeper is one line on stderr and exit status 1 (2 for usage
@@ -24,6 +25,7 @@ from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 from broker.common.zklayout import (
     CONSUMERS, create_topic, read_partition_state, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
 )
+from broker.tools import mirror as mirror_command
 
 logger = logging.getLogger(__name__)
 
@@ -325,6 +327,7 @@ def arguments() -> argparse.ArgumentParser:
     common = _common(False)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    mirror_command.add_parser(sub, common)
     p = sub.add_parser("topics", parents=[common], help="list, create or describe topics",
                        usage="logbus topics {list,create,describe} [NAME] | --list | --create NAME | --describe [NAME]")
     p.add_argument("words", nargs="*", metavar="ACTION [NAME]", help="list, create NAME, or describe [NAME]")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from broker.common.errors import InvalidProducerEpoch, OutOfOrderSequence
+from broker.common.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
 from broker.common.message import BatchIdentity, encode_batch, encode_message_set, iter_messages, scan
 from broker.server.log.log import Log, LogConfig
 from broker.server.log.producers import ProducerState
@@ -48,6 +48,18 @@ def test_a_retried_batch_is_answered_with_its_first_offsets_and_not_appended(mak
     assert retry.duplicate and (retry.base_offset, retry.next_offset) == (first.base_offset, first.next_offset)
     assert produce(log, BatchIdentity(P, 0, 3, 2)).base_offset == second.base_offset
     assert len(values(log)) == 5
+
+
+def test_a_batch_older_than_the_last_five_is_a_duplicate_without_offsets(make_log):
+    log = make_log()
+    for i in range(8):
+        produce(log, BatchIdentity(P, 0, 2 * i, 2))
+    end = log.end_offset
+    with pytest.raises(DuplicateSequence, match="sequences 2..3 were appended"):
+        produce(log, BatchIdentity(P, 0, 2, 2))
+    with pytest.raises(OutOfOrderSequence):  # overlaps the newest batch and goes past it: not a repeat
+        produce(log, BatchIdentity(P, 0, 15, 3))
+    assert log.end_offset == end
 
 
 def test_a_gap_or_an_old_epoch_is_refused_and_nothing_appended(make_log):

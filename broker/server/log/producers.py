@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.common.errors import InvalidProducerEpoch, OutOfOrderSequence
+from broker.common.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
 from broker.common.message import HEADER, SEQUENCE_LIMIT, BatchIdentity, iter_batches
 
 logger = logging.getLogger(__name__)
@@ -65,8 +65,11 @@ class ProducerState:
     def check(self, batch: BatchIdentity) -> AppendedBatch | None:
         """The batch already appended that `batch` repeats (answer with its offsets,
         append nothing), or None to append it. Raises InvalidProducerEpoch for an older
-        epoch, OutOfOrderSequence for a sequence that does not follow the last batch.
-        An unknown producer id (new, or expired) may start at any sequence."""
+        epoch; DuplicateSequence for a batch that ends at or before the newest one but
+        is older than those kept with their offsets (appended, offsets forgotten — a
+        mirror resending from its checkpoint meets this); OutOfOrderSequence for any
+        other sequence that does not follow the newest batch. An unknown producer id
+        (new, or expired) may start at any sequence."""
         entry = self.entries.get(batch.producer_id)
         if entry is None:
             return None
@@ -84,7 +87,12 @@ class ProducerState:
                 return appended
         if not entry.batches:
             return None
-        expected = (entry.batches[-1].last_sequence + 1) % SEQUENCE_LIMIT
+        newest = entry.batches[-1].last_sequence
+        if (newest - last) % SEQUENCE_LIMIT < SEQUENCE_LIMIT // 2:  # ends at or before the newest: appended
+            raise DuplicateSequence(f"producer {batch.producer_id} epoch {batch.epoch}: sequences "
+                                    f"{batch.base_sequence}..{last} were appended before its last "
+                                    f"{BATCHES_KEPT} batches")
+        expected = (newest + 1) % SEQUENCE_LIMIT
         if batch.base_sequence != expected:
             raise OutOfOrderSequence(f"producer {batch.producer_id} epoch {batch.epoch}: expected sequence "
                                      f"{expected}, got {batch.base_sequence}")
