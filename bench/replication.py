@@ -64,7 +64,7 @@ class Bench:
     def throughput(self, partitions: int, replication_factor: int, acks: int, size: int, count: int) -> float:
         topic = self.topic(partitions, replication_factor)
         value = b"x" * size
-        with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, audit=False, enable_idempotence=acks != 0, enable_idempotence=acks != 0) as producer:
+        with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, audit=False, enable_idempotence=acks != 0) as producer:
             start = time.perf_counter()
             for _ in range(count):
                 producer.send(topic, value)

@@ -189,7 +189,7 @@ def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verif
     pos, end, i, compressed = 0, len(buf), 0, False
     while pos < end:
         size, magic, attributes, crc, timestamp, key_length = unpack(buf, pos)
-        if attributes & 0x07:
+        if attributes & 0x07 or magic == 3:  # a compressed set or a producer batch: a wrapper
             compressed = True
             break
         entry_end = pos + 4 + size
@@ -200,7 +200,7 @@ def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verif
         i += 1
         pos = entry_end
     view.release()
-    if compressed:  # rare in practice: decode message by message
+    if compressed:  # wrappers: decode message by message
         messages, corrupt = decode_messages(buf, base, verify_crc)
         if corrupt is not None:
             raise InvalidMessage(f"{topic}-{partition}: {corrupt}; the batch cannot be loaded past it "

@@ -14,10 +14,13 @@ from airflow_provider_logbus.cluster import LogbusCluster
 
 
 def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3, value_bytes: int | None = None,
-            keyed: bool = True) -> int:
+            keyed: bool = True, one_entry_each: bool = False) -> int:
     """Send one JSON event per timestamp, round-robin over `servers` producers (each with
-    monitoring events on). With `value_bytes`, every value has exactly that size."""
-    producers = [Producer(zookeeper=zookeeper, acks=1, audit=True) for _ in range(servers)]
+    monitoring events on). With `value_bytes`, every value has exactly that size; with
+    `one_entry_each`, every message is an entry of its own (idempotence off), for tests
+    that compute offsets from sizes."""
+    producers = [Producer(zookeeper=zookeeper, acks=1, audit=True, enable_idempotence=not one_entry_each)
+                 for _ in range(servers)]
     try:
         for i, ts in enumerate(timestamps):
             body = {"server": f"web-{i % servers}", "n": i, "ts_ms": ts}

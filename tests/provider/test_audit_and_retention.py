@@ -67,7 +67,8 @@ def produced_yesterday(cluster, yesterday, topic: str, count: int, spacing_ms: i
     cluster.start_broker(0, {"num.partitions": 2})
     zk = cluster.zookeeper
     t0 = int(yesterday[0].timestamp() * 1000) + 10 * HOUR
-    n = produce(zk, topic, [t0 + i * spacing_ms for i in range(count)], value_bytes=VALUE_BYTES, keyed=False)
+    n = produce(zk, topic, [t0 + i * spacing_ms for i in range(count)], value_bytes=VALUE_BYTES, keyed=False,
+                one_entry_each=True)
     wait_flushed(zk, topic, n)
     return zk, n
 
@@ -169,7 +170,8 @@ def _topic_with_deleted_segments(cluster) -> tuple[str, int]:
     zk = cluster.zookeeper
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     t0 = int(today.timestamp() * 1000) - 14 * HOUR
-    produce(zk, "old", [t0 + i * 60_000 for i in range(40)], value_bytes=VALUE_BYTES, keyed=False)
+    produce(zk, "old", [t0 + i * 60_000 for i in range(40)], value_bytes=VALUE_BYTES, keyed=False,
+                one_entry_each=True)
     with LogbusCluster(zk) as c:
         # every message is past retention, so retention ends with only the active segment
         # left; wait for that, or a snapshot may see an earlier `earliest` than the load
