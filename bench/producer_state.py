@@ -3,11 +3,12 @@ idempotent batches takes to open — recovery included — with the producer-sta
 snapshots (docs/storage.md, "Producer state") and without them (a scan of the whole
 log for batch headers).
 
-    .venv/bin/python -m bench.producer_state --gib 1
+    .venv/bin/python -m bench.producer_state --gib 1 --batch 50
+    .venv/bin/python -m bench.producer_state --gib 1 --batch 1
 
-Builds one partition of `--gib` GiB in 256 MiB segments, written by 20 producer ids in
-batches of 50 messages of 200 bytes, in a scratch directory (removed afterwards), then
-opens it, alternating, `--rounds` times each way:
+Builds one partition of `--gib` GiB in 256 MiB segments, the newest half full, written by
+20 producer ids in batches of `--batch` messages of 200 bytes, in a scratch directory
+(removed afterwards), then opens it, alternating, `--rounds` times each way:
 
 - clean: after a clean close (a snapshot at the log's end: no scan);
 - kill -9: recovery of the newest segment, then the scan from the newest roll snapshot;
@@ -28,19 +29,18 @@ from broker.server.log.log import Log, LogConfig
 
 SEGMENT = 256 << 20
 PRODUCERS = 20
-BATCH = 50
 
 
-def build(directory: Path, size: int) -> None:
+def build(directory: Path, size: int, batch: int) -> None:
     log = Log(directory, "bench", 0, LogConfig(segment_bytes=SEGMENT))
     value = b"x" * 200
     sequences = [0] * PRODUCERS
     i = 0
     while log.end_offset < size:
         producer = i % PRODUCERS
-        identity = BatchIdentity(1000 + producer, 0, sequences[producer], BATCH)
-        sequences[producer] += BATCH
-        data = encode_batch([(None, value, now_ms())] * BATCH, identity)
+        identity = BatchIdentity(1000 + producer, 0, sequences[producer], batch)
+        sequences[producer] += batch
+        data = encode_batch([(None, value, now_ms())] * batch, identity)
         result = scan(data)
         log.append(data, result.count, result.min_timestamp, result.max_timestamp, batch=identity)
         i += 1
@@ -61,12 +61,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=50, help="messages per producer batch (default 50)")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="logbus-bench-producer-state-"))
     try:
         directory = scratch / "bench-0"
         built = time.perf_counter()
-        build(directory, int(args.gib * (1 << 30)))
+        build(directory, int(args.gib * (1 << 30)) + SEGMENT // 2, args.batch)
         print(f"built {sum(p.stat().st_size for p in directory.glob('*.kafka')) / (1 << 30):.2f} GiB in "
               f"{len(list(directory.glob('*.kafka')))} segments in {time.perf_counter() - built:.0f} s")
         snapshots = {p.name: p.read_bytes() for p in directory.glob("*.producers")}

@@ -32,7 +32,7 @@ with DAG(
         """Count the hour's rows in the table: the hour is complete, so the count is final."""
         from datetime import datetime, timezone
 
-        from airflow_provider_logbus.hooks.target import resolve_target
+        from airflow_provider_logbus.operators.target import resolve_target
 
         hour = dag_run.partition_key
         details = {}

@@ -10,7 +10,7 @@ from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOpe
 from airflow_provider_logbus.batch import audit_inputs
 from airflow_provider_logbus.completeness import announce_complete_hours, build_report, format_report, judge
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.plan import batch_id_for
 
 

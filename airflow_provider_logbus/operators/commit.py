@@ -9,7 +9,7 @@ from airflow.providers.common.compat.sdk import Asset, BaseOperator
 
 from airflow_provider_logbus.batch import commit_batch
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan
 

@@ -9,7 +9,7 @@ from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
 
 from airflow_provider_logbus.batch import DataLossError, PlanError, plan_batch
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 
 
 class LogbusDataLossError(AirflowException):

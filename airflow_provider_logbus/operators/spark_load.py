@@ -15,7 +15,7 @@ from airflow.sdk import Connection
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.hooks.target import DEFAULT_CATALOG_CONN_ID, resolve_target
+from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure

@@ -20,13 +20,32 @@ from broker.server.connection import Connection
 from broker.server.controller import Controller
 from broker.server.flowcontrol import ConnectionLimits, RequestPool
 from broker.server.handlers import RequestHandler
-from broker.server.log.manager import LogManager, log_config
+from broker.server.log.log import LogConfig
+from broker.server.log.manager import LogManager
 from broker.server.log.scheduler import FlushScheduler
 from broker.server.producerids import ProducerIdAllocator
 from broker.server.registration import BrokerRegistry
 from broker.server.replication.manager import ReplicaManager
 
 logger = logging.getLogger(__name__)
+
+
+def log_config(config: BrokerConfig, topic: str) -> LogConfig:
+    """A partition's settings: the broker's, with the topic's retention overrides (so
+    that, say, the monitoring topic can outlive size-based retention of busy topics)."""
+    return LogConfig(
+        segment_bytes=config.log_segment_bytes,
+        roll_ms=config.log_roll_ms,
+        flush_interval_messages=config.log_flush_interval_messages,
+        flush_interval_ms=config.log_flush_interval_ms,
+        retention_ms=dict(config.log_retention_ms_per_topic).get(topic, config.log_retention_ms),
+        retention_bytes=dict(config.log_retention_bytes_per_topic).get(topic, config.log_retention_bytes),
+        max_entry_bytes=config.socket_request_max_bytes,
+        producer_id_expiration_ms=config.producer_id_expiration_ms,
+        open_files_max=config.log_open_files_max,
+        dir_probe_interval_ms=config.log_dir_probe_interval_ms,
+        dir_min_free_bytes=config.message_max_bytes,
+    )
 
 
 class Broker:

@@ -36,7 +36,8 @@ def test_a_load_and_audit_with_one_of_three_zookeeper_servers_stopped(zookeeper_
     with LocalCluster(zk, tmp_path / "brokers", {"log.flush.interval.ms": 20, "num.partitions": 2}) as brokers:
         brokers.start_broker(0)
         t0 = int(start.timestamp() * 1000) + 10 * HOUR
-        n = produce(zk, TOPIC, [t0 + i * 30_000 for i in range(120)], value_bytes=VALUE_BYTES, keyed=False)
+        n = produce(zk, TOPIC, [t0 + i * 30_000 for i in range(120)], value_bytes=VALUE_BYTES, keyed=False,
+                    one_entry_each=True)
         wait_flushed(zk, TOPIC, n)
 
         leader = ensemble.leader

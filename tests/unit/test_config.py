@@ -65,7 +65,7 @@ def test_example_configuration_file_is_valid():
 
 
 def test_retention_overrides_per_topic():
-    from broker.server.log.manager import log_config
+    from broker.server.broker import log_config
 
     config = BrokerConfig.from_settings(base(**{
         "log.retention.bytes": "1000000", "log.retention.bytes.per.topic": "_logbus_audit:-1, clicks:5000",

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from broker.server.config import BrokerConfig
 from broker.server.log.checkpoint import HW_CHECKPOINT, read_hw_checkpoint, write_hw_checkpoint
 from broker.server.log.files import FileCache
 from broker.server.log.log import Log, LogConfig
@@ -24,24 +23,6 @@ from broker.server.log.logdir import LogDir
 logger = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN = ".clean_shutdown"
-
-
-def log_config(config: BrokerConfig, topic: str) -> LogConfig:
-    """A partition's settings: the broker's, with the topic's retention overrides (so
-    that, say, the monitoring topic can outlive size-based retention of busy topics)."""
-    return LogConfig(
-        segment_bytes=config.log_segment_bytes,
-        roll_ms=config.log_roll_ms,
-        flush_interval_messages=config.log_flush_interval_messages,
-        flush_interval_ms=config.log_flush_interval_ms,
-        retention_ms=dict(config.log_retention_ms_per_topic).get(topic, config.log_retention_ms),
-        retention_bytes=dict(config.log_retention_bytes_per_topic).get(topic, config.log_retention_bytes),
-        max_entry_bytes=config.socket_request_max_bytes,
-        producer_id_expiration_ms=config.producer_id_expiration_ms,
-        open_files_max=config.log_open_files_max,
-        dir_probe_interval_ms=config.log_dir_probe_interval_ms,
-        dir_min_free_bytes=config.message_max_bytes,
-    )
 
 
 def parse_partition_dir(name: str) -> tuple[str, int] | None:
