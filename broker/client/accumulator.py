@@ -46,7 +46,7 @@ class ProducerBatch:
     producer's own monitoring events."""
 
     __slots__ = ("topic", "partition", "records", "bytes", "created", "movable", "internal", "attempts",
-                 "not_before", "finished", "result", "producer_id", "epoch", "sequence")
+                 "not_before", "finished", "result", "riders", "producer_id", "epoch", "sequence")
 
     def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
         self.topic = topic
@@ -60,12 +60,33 @@ class ProducerBatch:
         self.not_before = 0.0
         self.finished = False
         self.result = BatchResult(topic, exact)
+        self.riders: list[BatchResult] = []  # results of batches merged into this one (`absorb`)
         self.producer_id: int | None = None  # idempotence: the identity it was first sent with
         self.epoch = 0
         self.sequence: int | None = None
 
     def __repr__(self) -> str:
         return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
+
+    @property
+    def results(self) -> list[BatchResult]:
+        """Every result this batch settles: its own and those of the batches it absorbed."""
+        return [self.result, *self.riders]
+
+    def can_absorb(self, other: "ProducerBatch", max_bytes: int) -> bool:
+        """`other` may join this batch: same partition and kind, neither sent yet (no
+        sequence), and the sum within `max_bytes`."""
+        return (other.topic == self.topic and other.partition == self.partition and other.internal == self.internal
+                and self.sequence is None and other.sequence is None and not other.attempts
+                and self.bytes + other.bytes <= max_bytes)
+
+    def absorb(self, other: "ProducerBatch") -> None:
+        """Take `other`'s messages (after this batch's) and the duty to settle its result."""
+        self.records.extend(other.records)
+        self.bytes += other.bytes
+        self.riders.append(other.result)
+        self.riders.extend(other.riders)
+        self.movable = self.movable and other.movable
 
 
 def record_size(key: bytes | None, value: bytes) -> int:
@@ -243,6 +264,7 @@ class RecordAccumulator:
             out: list[tuple[ProducerBatch, int]] = []
             taken = 0
             per_partition: dict[tuple[str, int], int] = {}
+            out_of_slots: dict[tuple[str, int], ProducerBatch] = {}  # a partition's last batch this round
             limit = self.max_in_flight_per_partition
             for batch in self._ready:
                 if taken >= DRAIN_BYTES:
@@ -266,9 +288,15 @@ class RecordAccumulator:
                 if limit:
                     sent = per_partition[key] = per_partition.get(key, 0) + 1
                     if sent > limit:  # idempotence: the broker remembers only the last `limit` batches
+                        if out_of_slots.get(key) is not None and out_of_slots[key].can_absorb(batch, self.batch_bytes):
+                            out_of_slots[key].absorb(batch)  # waiting, it joins the last batch sent (Kafka's batches grow)
+                            taken += batch.bytes
+                            continue
                         keep.append(batch)
                         blocked.add(key)
                         continue
+                    if sent == limit:
+                        out_of_slots[key] = batch
                 out.append((batch, leader))
                 taken += batch.bytes
             self._ready = keep

@@ -16,6 +16,9 @@ from broker.client.accumulator import ProducerBatch
 from broker.common.message import SEQUENCE_LIMIT, BatchIdentity
 
 MAX_IN_FLIGHT_PER_PARTITION = 5  # the batches a partition's producer state remembers
+# A producer batch is one entry, and the broker refuses entries over message.max.bytes
+# (1 MiB by default): batches close (and merge) below half of that.
+IDEMPOTENT_BATCH_BYTES = 512 << 10
 MAX_EPOCH = (1 << 15) - 1
 
 

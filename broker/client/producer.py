@@ -59,7 +59,7 @@ from broker.client.accumulator import RecordAccumulator
 from broker.client.audit import AUDIT_TOPIC, DEFAULT_WINDOW_MS, AuditCounter
 from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
 from broker.client.errors import ProducerClosed
-from broker.client.idempotence import MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
+from broker.client.idempotence import IDEMPOTENT_BATCH_BYTES, MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Pipeline
 from broker.client.results import (
@@ -187,7 +187,8 @@ class Producer:
         self.pool = ConnectionPool(self.metadata, self.client_id, request_timeout_ms / 1000 + 5)
         self.audit = AuditCounter(self.producer_id, audit_window_ms, audit_topic) if audit else None
         self.accumulator = RecordAccumulator(
-            self.metadata, batch_size=batch_size, batch_bytes=batch_bytes,
+            self.metadata, batch_size=batch_size,
+            batch_bytes=min(batch_bytes, IDEMPOTENT_BATCH_BYTES) if enable_idempotence else batch_bytes,
             linger=linger_ms / 1000 if mode == "async" else 0.0, queue_size=queue_size, queue_full=queue_full,
             max_block=self.max_block, exact_offsets=self.codec is Codec.NONE and not enable_idempotence,
             retry_backoff=retry_backoff_ms / 1000,

@@ -304,7 +304,8 @@ class Sender:
         self.report.delivered(sum(len(b.records) for b, _ in user))
         try:
             for batch, base_offset in delivered:
-                batch.result.succeed(batch.partition, base_offset)
+                for result in batch.results:
+                    result.succeed(batch.partition, base_offset)
             if self.on_delivery is not None:
                 for batch, base_offset in user:
                     count = len(batch.records)
@@ -329,7 +330,8 @@ class Sender:
                         for key, value, ts in batch.records]
             self.report.failed(failures)
         try:
-            batch.result.fail(batch.partition, error)
+            for result in batch.results:
+                result.fail(batch.partition, error)
             if failures and self.on_error is not None:
                 _call_back(self.on_error, failures)
         finally:

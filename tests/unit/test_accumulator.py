@@ -267,3 +267,23 @@ def test_send_many_with_a_partition_or_a_key_fills_that_partitions_batches():
     for b in batches:
         b.result.succeed(1, 0)
     assert single.result(0).partition == 1 and future.result(0) == 5
+
+
+def test_with_idempotence_a_partition_has_five_batches_out_and_the_waiting_ones_join_the_fifth():
+    """Five batches of a partition per round (what the broker remembers); ready batches
+    behind them merge into the fifth, as Kafka's batches grow while in-flight slots are
+    taken — up to batch_bytes, never a batch already sent (it has a sequence)."""
+    acc = accumulator(batch_size=1, max_in_flight_per_partition=5, batch_bytes=4 * (HEADER_SIZE + 2))
+    futures = [acc.append("t", None, b"%02d" % i, 1, 0) for i in range(12)]
+    round_ = [batch for batch, _ in drain(acc, 0.0)]
+    assert [[r[1] for r in b.records] for b in round_] == [[b"00"], [b"01"], [b"02"], [b"03"],
+                                                          [b"04", b"05", b"06", b"07"]]
+    assert len(round_[4].results) == 4
+    for batch in round_:
+        batch.sequence = 0  # sent
+    next_round = [batch for batch, _ in drain(acc, 0.0)]
+    assert [len(b.records) for b in next_round] == [1, 1, 1, 1]  # 08..11: fewer than five, none merged
+    for result in round_[4].results:
+        result.succeed(0, 4096)
+    assert [futures[i].result(0).offset for i in (4, 7)] == [4096, 4096]
+    assert not futures[8].done()
