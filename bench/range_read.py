@@ -69,7 +69,7 @@ def produce(zookeeper: str, count: int) -> int:
 
     value = b"x" * SIZE
     with Producer(zookeeper=zookeeper, mode="async", acks=1, batch_size=500, linger_ms=5,
-                  audit=False) as producer:  # closed also on failure: its ZooKeeper watches
+                  monitoring=False) as producer:  # closed also on failure: its ZooKeeper watches
         for _ in range(count):
             producer.send(TOPIC, value, partition=0)
         report = producer.close(300)

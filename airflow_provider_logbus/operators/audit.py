@@ -45,7 +45,7 @@ class LogbusAuditOperator(BaseOperator):
 
     def __init__(self, *, table: str, topic: str, warehouse: str | None = None, threshold: float = 0.999,
                  grace: timedelta = timedelta(hours=1), fail_under_threshold: bool = True,
-                 monitoring_topic: str = "_logbus_audit", target: str = "directory",
+                 monitoring_topic: str = "_logbus_monitoring", target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID,
                  logbus_conn_id: str = LogbusHook.default_conn_name, **kwargs: Any) -> None:
         kwargs.setdefault("outlets", [complete_hours_asset(table)])

@@ -17,7 +17,7 @@ def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3,
             keyed: bool = True) -> int:
     """Send one JSON event per timestamp, round-robin over `servers` producers (each with
     monitoring events on). With `value_bytes`, every value has exactly that size."""
-    producers = [Producer(zookeeper=zookeeper, acks=1, audit=True) for _ in range(servers)]
+    producers = [Producer(zookeeper=zookeeper, acks=1, monitoring=True) for _ in range(servers)]
     try:
         for i, ts in enumerate(timestamps):
             body = {"server": f"web-{i % servers}", "n": i, "ts_ms": ts}
