@@ -100,11 +100,11 @@ def produce_unloaded(zookeeper: str, topic: str, timestamps: list[int]) -> None:
     producers' monitoring events count them (what the audit compares with)."""
     from harness.process import wait_until
 
-    from airflow_provider_logbus.monitoring import read_produced_counts
+    from broker.client.monitoring import sum_counts
 
     def counted() -> int:
         with LogbusCluster(zookeeper) as c:
-            return sum(n for (t, _), n in read_produced_counts(c).items() if t == topic)
+            return sum(w.count for (t, _), w in sum_counts(c.monitoring_events()).items() if t == topic)
 
     before = counted()
     produce(zookeeper, topic, timestamps)
