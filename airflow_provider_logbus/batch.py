@@ -11,12 +11,14 @@ for lag monitoring.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
+
+from broker.client.monitoring import MIRROR_TIER, MONITORING_TOPIC, PRODUCER_TIER, sum_by_source, sum_counts
 
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.plan import BatchPlan, Range, batch_id_for
-from airflow_provider_logbus.targets import BatchRecord, CommitResult, CommitTarget
+from airflow_provider_logbus.targets import BatchRecord, CommitResult, CommitTarget, TableFile
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +104,32 @@ def commit_batch(target: CommitTarget, plan: BatchPlan, staging: str | None, run
     return result
 
 
-def audit_inputs(cluster: LogbusCluster, target: CommitTarget,
-                 monitoring_topic: str | None = None) -> tuple[dict[tuple[str, int], int], list[BatchRecord]]:
-    """(messages produced per (topic, window) from the producers' monitoring events, the
-    table's committed batches): what `completeness.build_report` compares."""
-    from airflow_provider_logbus.monitoring import MONITORING_TOPIC, read_produced_counts
+@dataclass(frozen=True)
+class AuditInputs:
+    """What `completeness.build_report` compares, per tier: messages producers sent and a
+    mirror copied (per source) per (topic, window) from the monitoring events, the
+    table's batch records and the data files it holds (`CommitTarget.contents`)."""
 
-    return read_produced_counts(cluster, monitoring_topic or MONITORING_TOPIC), target.batches()
+    produced: dict[tuple[str, int], int]
+    mirrored: dict[str | None, dict[tuple[str, int], int]]
+    batches: list[BatchRecord]
+    files: list[TableFile]
+
+    def report(self, table: str, topic: str, start_ms: int, end_ms: int, threshold: float) -> dict:
+        """`completeness.build_report` over every tier, for [start_ms, end_ms)."""
+        from airflow_provider_logbus.completeness import build_report
+
+        return build_report(table, topic, start_ms, end_ms, self.produced, self.batches, threshold,
+                            mirrored=self.mirrored, files=self.files)
+
+
+def audit_inputs(cluster: LogbusCluster, target: CommitTarget, monitoring_topic: str | None = None,
+                 since_ms: int | None = None) -> AuditInputs:
+    """Read every tier: the monitoring events, then the table's contents (files of hours
+    before `since_ms` may be left out)."""
+    events = cluster.monitoring_events(monitoring_topic or MONITORING_TOPIC)
+    counts = {source: {key: w.count for key, w in windows.items()}
+              for source, windows in sum_by_source(events, MIRROR_TIER).items()}
+    contents = target.contents(since_ms)
+    return AuditInputs({key: w.count for key, w in sum_counts(events, PRODUCER_TIER).items()}, counts,
+                       contents.batches, contents.files)

@@ -2,8 +2,8 @@
 
 `LogbusCluster` is a thin facade over the client library: one watched metadata view
 and one connection pool (`broker.client.cluster`), offsets (`broker.client.offsets`),
-exact byte-range reads (`broker.client.ranges`) and group offsets in ZooKeeper
-(`broker.common.zklayout`). The hook wraps it for Airflow; the Spark data source uses it on
+exact byte-range reads (`broker.client.ranges`), group offsets in ZooKeeper
+(`broker.common.zklayout`) and monitoring events (`broker.client.monitoring`). The hook wraps it for Airflow; the Spark data source uses it on
 executors, where Airflow is not importable.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from broker.client import offsets, ranges
+from broker.client import monitoring, offsets, ranges
 from broker.client.cluster import ClusterMetadata, ConnectionPool, ZooKeeperMetadata, open_metadata, parse_broker_list
 from broker.client.errors import ZooKeeperUnavailable
 from broker.client.offsets import PartitionOffsets
@@ -102,6 +102,12 @@ class LogbusCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ monitoring
+
+    def monitoring_events(self, monitoring_topic: str = monitoring.MONITORING_TOPIC) -> list[dict]:
+        """Every monitoring event in the cluster, of every tier, read on this handle's metadata."""
+        return monitoring.read_events(monitoring_topic=monitoring_topic, metadata=self.metadata)
 
     # ------------------------------------------------------------------ metadata
 

@@ -1,19 +1,30 @@
-"""The completeness audit (docs/provider.md, "The audit"), pure computation: produced
-(producer monitoring events) against loaded (committed batch records), per topic and
-hour.
+"""The completeness audit (docs/provider.md, "The audit"), pure computation: what each
+tier a message passes counted, per topic and hour, and the tier where messages went
+missing or were duplicated.
 
-A window belongs to the hour of its start; producers count per window of the message
-timestamp, the load job counts per 10-minute window of the same timestamp, so both
-sides bucket a message into the same hour.
+The tiers, in order: `producer` (the producers' monitoring events), `mirror` (a mirror's
+events, per source cluster; only for a topic some mirror reported on), `table` (the rows
+the table holds, from its metadata, plus the rejected values its batch records count).
+Each tier is compared with the one before it. The table tier is also compared with its
+own batch records: rows the table holds that no batch record claims (a file added by
+hand), or rows a record claims that the table lacks, fail the hour at once, naming the
+files that are not a logbus batch's.
+
+A window belongs to the hour of its start; producers and mirrors count per window of the
+message timestamp, the load job per 10-minute window of the same timestamp, and the
+table is partitioned by the hour of that timestamp, so every tier buckets a message into
+the same hour.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from airflow_provider_logbus.targets.base import BatchRecord
+from airflow_provider_logbus.targets.base import BatchRecord, TableFile
 
 HOUR_MS = 3_600_000
+PRODUCER, MIRROR, TABLE = "producer", "mirror", "table"
+TOTALS = ("produced", "loaded", "recorded", "rejected", "missing", "duplicated")
 
 
 def utc_minute(ms: int) -> str:
@@ -31,10 +42,26 @@ def _by_window(records: list[BatchRecord], field: str) -> dict[tuple[str, int], 
     return out
 
 
+def _held(files: list[TableFile], batches: list[BatchRecord], topic: str) -> dict[tuple[str | None, int], int]:
+    """Rows the table holds per (batch id, hour) for `topic`: a batch's files hold its
+    topic; a file outside every batch (batch id None) is counted for the audited topic,
+    as a table holds one topic."""
+    topics = {r.batch_id: {x.topic for x in r.ranges} | {c["topic"] for c in r.counts} for r in batches}
+    out: dict[tuple[str | None, int], int] = {}
+    for f in files:
+        if f.batch_id is None or topic in topics.get(f.batch_id, ()):
+            out[(f.batch_id, f.hour_ms)] = out.get((f.batch_id, f.hour_ms), 0) + f.rows
+    return out
+
+
 def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: dict[tuple[str, int], int],
-                 batches: list[BatchRecord], threshold: float) -> dict:
-    """The report of `topic` loaded into `table` for [start_ms, end_ms):
-    per hour, produced = loaded + rejected + missing (or − duplicated)."""
+                 batches: list[BatchRecord], threshold: float, *,
+                 mirrored: dict[str | None, dict[tuple[str, int], int]] | None = None,
+                 files: list[TableFile] | None = None) -> dict:
+    """The report of `topic` loaded into `table` for [start_ms, end_ms): per hour, each
+    tier's count, and missing / duplicated rows per tier. `mirrored` holds a mirror's
+    counts per source; `files` the table's data files (`CommitTarget.contents`) — without
+    them the table tier is what the batch records claim."""
 
     def hourly(counts: dict[tuple[str, int], int]) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -44,24 +71,53 @@ def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: d
                 out[hour] = out.get(hour, 0) + n
         return out
 
-    produced_h = hourly(produced)
-    loaded_h, rejected_h = hourly(_by_window(batches, "counts")), hourly(_by_window(batches, "rejected"))
+    sources = sorted((s for s, counts in (mirrored or {}).items() if any(t == topic for t, _ in counts)),
+                     key=str)
+    mirrored_h = {s: hourly(mirrored[s]) for s in sources}
+    produced_h, rejected_h = hourly(produced), hourly(_by_window(batches, "rejected"))
+    recorded_per_batch = {(r.batch_id, hour): n for r in batches
+                          for hour, n in hourly(_by_window([r], "counts")).items()}
+    held_per_batch = _held(files, batches, topic) if files is not None else recorded_per_batch
+    recorded_h: dict[int, int] = {}
+    held_h: dict[int, int] = {}
+    for (_, hour), n in recorded_per_batch.items():
+        recorded_h[hour] = recorded_h.get(hour, 0) + n
+    for (_, hour), n in held_per_batch.items():
+        held_h[hour] = held_h.get(hour, 0) + n
     hours = []
-    for hour in sorted(set(produced_h) | set(loaded_h) | set(rejected_h)
+    for hour in sorted(set(produced_h) | set(recorded_h) | set(held_h) | set(rejected_h)
+                       | {h for counts in mirrored_h.values() for h in counts}
                        | set(range(start_ms - start_ms % HOUR_MS, end_ms, HOUR_MS))):
         if hour + HOUR_MS <= start_ms or hour >= end_ms:
             continue
-        p, l, rj = produced_h.get(hour, 0), loaded_h.get(hour, 0), rejected_h.get(hour, 0)
+        p, rj = produced_h.get(hour, 0), rejected_h.get(hour, 0)
+        held, recorded = held_h.get(hour, 0), recorded_h.get(hour, 0)
+        tiers = [{"tier": PRODUCER, "count": p}]
+        if sources:
+            by_source = {str(s): mirrored_h[s].get(hour, 0) for s in sources}
+            tiers.append({"tier": MIRROR, "count": sum(by_source.values()), "sources": by_source})
+        tiers.append({"tier": TABLE, "count": held + rj, "loaded": held, "recorded": recorded, "rejected": rj})
+        for before, tier in zip(tiers, tiers[1:]):
+            tier["missing"], tier["duplicated"] = max(before["count"] - tier["count"], 0), max(
+                tier["count"] - before["count"], 0)
+        missing, duplicated = sum(t.get("missing", 0) for t in tiers), sum(t.get("duplicated", 0) for t in tiers)
         hours.append({
-            "hour": utc_minute(hour), "hour_ms": hour, "produced": p, "loaded": l, "rejected": rj,
-            "missing": max(p - l - rj, 0), "duplicated": max(l + rj - p, 0),
-            "completeness": (min(p, l + rj) / p) if p else 1.0,
+            "hour": utc_minute(hour), "hour_ms": hour, "produced": p,
+            "mirrored": tiers[1]["count"] if sources else None, "loaded": held, "recorded": recorded, "rejected": rj,
+            "missing": missing, "duplicated": duplicated, "unrecorded": held - recorded,
+            "missing_at": [t["tier"] for t in tiers if t.get("missing")],
+            "duplicated_at": [t["tier"] for t in tiers if t.get("duplicated")],
+            "completeness": max(p - missing, 0) / p if p else 1.0, "tiers": tiers,
+            **(_unrecorded(hour, files, held_per_batch, recorded_per_batch) if held != recorded else {}),
         })
-    total = {k: sum(h[k] for h in hours) for k in ("produced", "loaded", "rejected", "missing", "duplicated")}
+    total = {k: sum(h[k] for h in hours) for k in TOTALS}
     gaps = offset_gaps(batches, topic)
     return {
         "table": table, "topic": topic, "start": utc_minute(start_ms), "end": utc_minute(end_ms),
         "start_ms": start_ms, "end_ms": end_ms, "threshold": threshold, **total,
+        "unrecorded": sum(abs(h["unrecorded"]) for h in hours),  # rows where table and records differ
+        "tiers": [PRODUCER, *([MIRROR] if sources else []), TABLE], "sources": [str(s) for s in sources],
+        "mirrored": sum(h["mirrored"] for h in hours) if sources else None,
         "completeness": (total["produced"] - total["missing"]) / total["produced"] if total["produced"] else 1.0,
         "hours": hours, "data_loss": data_losses(batches, topic), "offset_gaps": gaps,
         "overlaps": [g for g in gaps if g["kind"] == "overlap"],
@@ -69,34 +125,72 @@ def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: d
     }
 
 
+def _unrecorded(hour: int, files: list[TableFile] | None, held: dict, recorded: dict) -> dict:
+    """Why an hour's table holds other rows than its batch records claim: the files of
+    that hour no logbus batch published, and the batches whose files hold other counts
+    than their records."""
+    outside = [{"path": f.path, "rows": f.rows} for f in files or () if f.hour_ms == hour and f.batch_id is None]
+    batches = sorted({b for b, h in (*held, *recorded) if h == hour and b is not None})
+    off = [{"batch_id": b, "recorded": recorded.get((b, hour), 0), "held": held.get((b, hour), 0)}
+           for b in batches if recorded.get((b, hour), 0) != held.get((b, hour), 0)]
+    return {"outside_batches": outside, "batches_off": off}
+
+
 def judge(report: dict, now_ms: int, grace_ms: int) -> dict:
-    """Set the report's and each hour's `status`: "failed" on any duplicate (duplicated
-    rows, or batches whose ranges overlap — duplicates never heal, so no grace applies),
-    or under the threshold once `grace_ms` has passed since the end; "pending" under the
-    threshold before that (late data may still come); else "ok". An hour is "complete"
-    when it is at or above the threshold, has no duplicate, and its grace has passed."""
+    """Set the report's and each hour's `status`: "failed" on any duplicate at any tier
+    (duplicated rows, or batches whose ranges overlap) and on a table whose rows differ
+    from its batch records — neither heals, so no grace applies — or under the threshold
+    once `grace_ms` has passed since the end; "pending" under the threshold before that
+    (late data may still come); else "ok". An hour is "complete" when it is at or above
+    the threshold, has neither, and its grace has passed."""
     threshold = float(report["threshold"])
     for h in report["hours"]:
         past_grace = now_ms >= h["hour_ms"] + HOUR_MS + grace_ms
         if h["duplicated"]:
             h["status"] = "duplicated"
+        elif h["unrecorded"]:
+            h["status"] = "unrecorded"
         elif h["completeness"] >= threshold:
             h["status"] = "complete" if past_grace else "pending"
         else:
             h["status"] = "incomplete" if past_grace else "pending"
     reasons = []
     if report["duplicated"] or report["overlaps"]:
-        reasons.append(f"{report['duplicated']} duplicated row(s)" + "".join(
+        reasons.append(f"{report['duplicated']} duplicated row(s)" + _where(report, "duplicated") + "".join(
             f"; partition {o['partition']} bytes [{o['start']}, {o['end']}) loaded by both batch {o['after']} "
             f"and batch {o['before']}" for o in report["overlaps"]))
+    reasons.extend(_table_reason(h) for h in report["hours"] if h["unrecorded"])
     below = report["completeness"] < threshold
     past_grace = now_ms >= report["end_ms"] + grace_ms
     if below and past_grace:
         reasons.append(f"completeness {report['completeness']:.4%} under the threshold {threshold:.4%} "
-                       f"({report['missing']} missing)")
+                       f"({report['missing']} missing{_where(report, 'missing')})")
     report["status"] = "failed" if reasons else ("pending" if below else "ok")
     report["reasons"] = reasons
     return report
+
+
+def _where(report: dict, kind: str) -> str:
+    """` at the mirror tier (10), at the table tier (5)`: the tiers where rows went `kind`."""
+    per_tier: dict[str, int] = {}
+    for h in report["hours"]:
+        for tier in h["tiers"]:
+            if tier.get(kind):
+                per_tier[tier["tier"]] = per_tier.get(tier["tier"], 0) + tier[kind]
+    return "".join(f"{',' if i else ''} at the {t} tier ({n})" for i, (t, n) in enumerate(per_tier.items()))
+
+
+def _table_reason(h: dict) -> str:
+    """The table tier's own failure: an hour whose rows differ from its batch records."""
+    text = (f"hour {h['hour']}: the table holds {h['loaded']} row(s) where its batch records claim "
+            f"{h['recorded']} (table tier)")
+    if h.get("outside_batches"):
+        text += "; not from a logbus batch: " + ", ".join(f"{f['path']} ({f['rows']} rows)"
+                                                          for f in h["outside_batches"])
+    if h.get("batches_off"):
+        text += "; batches whose files differ from their records: " + ", ".join(
+            f"{b['batch_id']} ({b['held']} rows held, {b['recorded']} recorded)" for b in h["batches_off"])
+    return text
 
 
 def newly_complete_hours(report: dict, complete_through_ms: int | None) -> list[dict]:
@@ -118,7 +212,9 @@ def newly_complete_hours(report: dict, complete_through_ms: int | None) -> list[
 
 def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], int],
                             batches: list[BatchRecord], threshold: float, now_ms: int, grace_ms: int,
-                            until_ms: int, run_id: str, attempts: int = 20) -> list[dict]:
+                            until_ms: int, run_id: str, attempts: int = 20, *,
+                            mirrored: dict[str | None, dict[tuple[str, int], int]] | None = None,
+                            files: list[TableFile] | None = None) -> list[dict]:
     """Claim the hours that became complete, up to `until_ms`, from the table's watermark
     (or from the first hour the table holds). The audit of any interval looks at every
     hour since the watermark, so runs that finish out of order (a backfill) still
@@ -131,8 +227,8 @@ def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], 
         if start is None or start >= until_ms:
             return []
         start -= start % HOUR_MS
-        report = judge(build_report(target.table, topic, start, until_ms, produced, batches, threshold),
-                       now_ms, grace_ms)
+        report = judge(build_report(target.table, topic, start, until_ms, produced, batches, threshold,
+                                    mirrored=mirrored, files=files), now_ms, grace_ms)
         hours = newly_complete_hours(report, start)
         if not hours:
             return []
@@ -180,18 +276,30 @@ def offset_gaps(batches: list[BatchRecord], topic: str) -> list[dict]:
 
 
 def format_report(report: dict) -> str:
-    """A readable table for the task log and the demo."""
+    """A readable table for the task log and the demo: every tier's count, and the tiers
+    where rows went missing or were duplicated."""
+    mirror = report.get("mirrored") is not None
     lines = [
-        f"logbus audit: topic {report['topic']} -> table {report['table']}, {report['start']} .. {report['end']}",
-        f"{'hour (UTC)':<18} {'produced':>10} {'loaded':>10} {'rejected':>9} {'missing':>9} {'duplicated':>10} "
-        f"{'complete':>9}  status",
+        f"logbus audit: topic {report['topic']} -> table {report['table']}, {report['start']} .. {report['end']}"
+        f" (tiers: {' -> '.join(report.get('tiers', [PRODUCER, TABLE]))})",
+        f"{'hour (UTC)':<18} {'produced':>10}" + (f" {'mirrored':>10}" if mirror else "")
+        + f" {'loaded':>10} {'rejected':>9} {'missing':>9} {'duplicated':>10} {'complete':>9}  status",
     ]
+
+    def row(label: str, r: dict, where: str) -> str:
+        return (f"{label:<18} {r['produced']:>10}" + (f" {r['mirrored']:>10}" if mirror else "")
+                + f" {r['loaded']:>10} {r.get('rejected', 0):>9} {r['missing']:>9} {r['duplicated']:>10} "
+                f"{r['completeness'] * 100:>8.2f}%  {r.get('status', '')}{where}")
+
     for h in report["hours"]:
-        lines.append(f"{h['hour']:<18} {h['produced']:>10} {h['loaded']:>10} {h.get('rejected', 0):>9} "
-                     f"{h['missing']:>9} {h['duplicated']:>10} {h['completeness'] * 100:>8.2f}%  {h.get('status', '')}")
-    lines.append(f"{'total':<18} {report['produced']:>10} {report['loaded']:>10} {report.get('rejected', 0):>9} "
-                 f"{report['missing']:>9} {report['duplicated']:>10} {report['completeness'] * 100:>8.2f}%  "
-                 f"{report.get('status', '')}")
+        at = [f"missing at {t}" for t in h.get("missing_at", ())] + [f"duplicated at {t}"
+                                                                     for t in h.get("duplicated_at", ())]
+        lines.append(row(h["hour"], h, f" ({', '.join(at)})" if at and h.get("status") != "complete" else ""))
+    lines.append(row("total", report, ""))
+    if report.get("sources"):
+        lines.append("mirrored per source: " + ", ".join(
+            f"{s} {sum(t['sources'][s] for h in report['hours'] for t in h['tiers'] if t['tier'] == MIRROR)}"
+            for s in report["sources"]))
     for loss in report["data_loss"]:
         lines.append(f"data loss: partition {loss['partition']} bytes [{loss['lost_start']}, {loss['lost_end']}) "
                      f"deleted by retention before batch {loss['batch_id']}")

@@ -85,6 +85,12 @@ class StagedBatch:
     def reject_files(self) -> list[Path]:
         return reject_files(self.root)
 
+    def file_rows(self) -> dict[str, int]:
+        """Rows per data file (path inside the staging directory), from the footers."""
+        import pyarrow.parquet as pq
+
+        return {p.relative_to(self.root).as_posix(): pq.read_metadata(p).num_rows for p in self.data_files()}
+
     def write_counts(self) -> None:
         info = json.loads((self.root / COUNTS_FILE).read_text())
         info.update(counts=self.counts, row_count=self.row_count, rejected=self.rejected,

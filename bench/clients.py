@@ -35,7 +35,7 @@ MANY_CHUNK = 1000
 
 def produce(zk: str, topic: str, count: int, batch: int, acks: int, many: bool = False) -> float:
     value = b"x" * SIZE
-    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, audit=False, enable_idempotence=acks != 0,
+    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False, enable_idempotence=acks != 0,
                   queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches
         start = time.perf_counter()
         if many:

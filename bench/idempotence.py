@@ -26,7 +26,7 @@ SIZE = 200
 
 def produce(zk: str, topic: str, count: int, batch: int, acks: int, idempotent: bool) -> float:
     value = b"x" * SIZE
-    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, audit=False,
+    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False,
                   enable_idempotence=idempotent, queue_size=50_000) as producer:
         producer.send(topic, value, partition=0).result(30)  # the id and the topic are known before the clock
         start = time.perf_counter()

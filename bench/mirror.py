@@ -38,7 +38,7 @@ SIZE = 200
 def fill(source: str, topic: str, partitions: int, count: int) -> None:
     with client(source) as zk:
         create_topic(zk, topic, partitions)
-    with Producer(zookeeper=source, mode="async", batch_size=50, audit=False) as producer:
+    with Producer(zookeeper=source, mode="async", batch_size=50, monitoring=False) as producer:
         chunk = [b"m" * SIZE] * 1000
         for i in range(count // 1000):
             producer.send_many(topic, chunk, partition=i % partitions)
@@ -95,7 +95,7 @@ def run_loop(source: str, target: str, topic: str, partitions: int, count: int, 
     metadata = open_metadata(source)
     sent = 0
     try:
-        with Producer(zookeeper=target, mode="async", batch_size=50, audit=False, acks=-1) as producer:
+        with Producer(zookeeper=target, mode="async", batch_size=50, monitoring=False, acks=-1) as producer:
             for p in range(partitions):
                 with SimpleConsumer(topic, p, metadata=metadata, offset="smallest", max_wait_ms=0) as consumer:
                     end = consumer.latest()
@@ -132,7 +132,7 @@ def lag_samples(source: str, target: str, seconds: float = 10.0, rate: int = 100
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        with Producer(zookeeper=source, mode="async", linger_ms=0, audit=False) as producer:
+        with Producer(zookeeper=source, mode="async", linger_ms=0, monitoring=False) as producer:
             for _ in range(int(seconds * rate)):
                 producer.send(topic, b"l" * SIZE, partition=0)
                 time.sleep(1 / rate)

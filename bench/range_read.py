@@ -68,7 +68,7 @@ def produce(zookeeper: str, count: int) -> int:
     from broker.client.producer import Producer
 
     value = b"x" * SIZE
-    with Producer(zookeeper=zookeeper, mode="async", acks=1, batch_size=500, linger_ms=5, audit=False,
+    with Producer(zookeeper=zookeeper, mode="async", acks=1, batch_size=500, linger_ms=5, monitoring=False,
                   enable_idempotence=False) as producer:  # one entry a message: ENTRY bytes each
         for _ in range(count):
             producer.send(TOPIC, value, partition=0)

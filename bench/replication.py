@@ -56,7 +56,7 @@ class Bench:
         name = f"bench-{self.topics}-p{partitions}-rf{replication_factor}"
         with BrokerConnection(*self.cluster.brokers[0].address) as connection:
             connection.create_topic(name, partitions, replication_factor)
-        with Producer(zookeeper=self.cluster.zookeeper, acks=-1, audit=False, retries=50) as producer:
+        with Producer(zookeeper=self.cluster.zookeeper, acks=-1, monitoring=False, retries=50) as producer:
             for partition in range(partitions):  # leaders elected and followers caught up
                 producer.send(name, b"warm-up", partition=partition)
         return name
@@ -64,7 +64,7 @@ class Bench:
     def throughput(self, partitions: int, replication_factor: int, acks: int, size: int, count: int) -> float:
         topic = self.topic(partitions, replication_factor)
         value = b"x" * size
-        with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, audit=False, enable_idempotence=acks != 0) as producer:
+        with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, monitoring=False, enable_idempotence=acks != 0) as producer:
             start = time.perf_counter()
             for _ in range(count):
                 producer.send(topic, value)
@@ -94,7 +94,7 @@ class Bench:
         count = int(rate * seconds)
         try:  # the reader stops also on failure, closing its consumer (and its ZooKeeper watches)
             ready.wait(30)
-            with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, audit=False, enable_idempotence=acks != 0,
+            with Producer(zookeeper=self.cluster.zookeeper, mode="async", acks=acks, monitoring=False, enable_idempotence=acks != 0,
                           linger_ms=0) as producer:
                 start = time.perf_counter()
                 for i in range(count):

@@ -34,7 +34,7 @@ FRACTIONS = (0.01, 0.1, 0.5, 0.9, 1.0)
 
 def maximum_rate(zk: str, topic: str, count: int, acks: int) -> float:
     value = b"x" * SIZE
-    with Producer(zookeeper=zk, mode="async", acks=acks, audit=False, enable_idempotence=acks != 0) as producer:
+    with Producer(zookeeper=zk, mode="async", acks=acks, monitoring=False, enable_idempotence=acks != 0) as producer:
         start = time.perf_counter()
         for _ in range(count):
             producer.send(topic, value)
@@ -51,7 +51,7 @@ def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> 
     count = max(1, int(rate * seconds))
     durations = [0] * count
     clock = time.perf_counter_ns
-    with Producer(zookeeper=zk, mode="async", acks=acks, audit=False, enable_idempotence=acks != 0) as producer:
+    with Producer(zookeeper=zk, mode="async", acks=acks, monitoring=False, enable_idempotence=acks != 0) as producer:
         send = producer.send
         send(topic, value)
         producer.flush(60)  # topic metadata and connection in place before the clock

@@ -61,7 +61,7 @@ def simulate(zookeeper: str, topic: str, servers: int, start_ms: int, end_ms: in
     sent = {}
     for s in range(servers):
         name = f"web-{s + 1:02d}"
-        producer = Producer(zookeeper=zookeeper, acks=1, mode="async", audit=True, linger_ms=20, batch_size=500)
+        producer = Producer(zookeeper=zookeeper, acks=1, mode="async", monitoring=True, linger_ms=20, batch_size=500)
         try:
             for ts, key, value in server_events(s, start_ms, end_ms, per_server, seed):
                 producer.send(topic, value, key=key, timestamp=ts)

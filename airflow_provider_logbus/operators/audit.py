@@ -1,4 +1,5 @@
-"""LogbusAuditOperator: produced (monitoring events) against loaded (committed batches)."""
+"""LogbusAuditOperator: every tier's count — produced and mirrored (monitoring events),
+held by the table (its metadata) — per hour, and where rows went missing or doubled."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any, Sequence
 
 from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOperator
 
+from broker.client.monitoring import MONITORING_TOPIC
+
 from airflow_provider_logbus.batch import audit_inputs
-from airflow_provider_logbus.completeness import announce_complete_hours, build_report, format_report, judge
+from airflow_provider_logbus.completeness import announce_complete_hours, format_report, judge
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.plan import batch_id_for
@@ -25,19 +28,23 @@ def complete_hours_asset(table: str) -> Asset:
 
 
 class LogbusAuditOperator(BaseOperator):
-    """Reports produced / loaded / rejected / missing / duplicated / completeness per hour
-    of the run's data interval, with data losses and offset holes or overlaps; keeps the
+    """Reports per hour of the run's data interval what each tier counted — produced,
+    mirrored (per source, when a mirror reports on the topic), loaded (the rows the table
+    holds, from its metadata) and rejected — with missing / duplicated rows and the tier
+    where they went, completeness, data losses and offset holes or overlaps; keeps the
     report in XCom and beside the table (`<warehouse>/_audit/<table>/<interval>.json` for
     the directory target) and prints it as a table.
 
-    Fails at once on any duplicate (duplicated rows or overlapping batch ranges: they
-    never heal), and when completeness < `threshold` once `grace` has passed since the
-    interval end (before that it only warns: late data may still come).
+    Fails at once on any duplicate (duplicated rows at any tier or overlapping batch
+    ranges: they never heal) and on a table whose rows differ from its batch records
+    (naming the files no logbus batch published), and when completeness < `threshold`
+    once `grace` has passed since the interval end (before that it only warns: late data
+    may still come).
 
     Every hour found complete (at or above the threshold, no duplicate, past its grace),
     contiguous from the table's `logbus.complete-through` watermark up to the interval's
     end, is announced once: an event of `complete_hours_asset(table)` with the hour as
-    partition key (extra: hour, rows, rejected, completeness), and the watermark advances
+    partition key (extra: hour, rows, rejected, completeness, tiers), and the watermark advances
     past it (a compare-and-swap: two audits never announce the same hour).
     """
 
@@ -45,7 +52,7 @@ class LogbusAuditOperator(BaseOperator):
 
     def __init__(self, *, table: str, topic: str, warehouse: str | None = None, threshold: float = 0.999,
                  grace: timedelta = timedelta(hours=1), fail_under_threshold: bool = True,
-                 monitoring_topic: str = "_logbus_audit", target: str = "directory",
+                 monitoring_topic: str = MONITORING_TOPIC, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID,
                  logbus_conn_id: str = LogbusHook.default_conn_name, **kwargs: Any) -> None:
         kwargs.setdefault("outlets", [complete_hours_asset(table)])
@@ -63,23 +70,25 @@ class LogbusAuditOperator(BaseOperator):
         target = resolve_target(self.target, self.table, warehouse=self.warehouse,
                                 catalog_conn_id=self.catalog_conn_id)
         try:
-            produced, batches = audit_inputs(hook.get_conn(), target, self.monitoring_topic)
+            watermark = target.complete_through()
+            inputs = audit_inputs(hook.get_conn(), target, self.monitoring_topic,
+                                  since_ms=None if watermark is None else min(start_ms, watermark))
             now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
-            report = judge(build_report(self.table, self.topic, start_ms, end_ms, produced, batches, threshold),
-                           now_ms, grace_ms)
+            report = judge(inputs.report(self.table, self.topic, start_ms, end_ms, threshold), now_ms, grace_ms)
             report["run_id"] = context["run_id"]
             path = target.write_audit(batch_id_for(start, end), report)
             self.log.info("audit report (%s) in %s\n%s", report["status"], path, format_report(report))
-            duplicated = report["duplicated"] or report["overlaps"]
-            if report["status"] == "failed" and (duplicated or self.fail_under_threshold):
+            never_heals = report["duplicated"] or report["overlaps"] or report["unrecorded"]
+            if report["status"] == "failed" and (never_heals or self.fail_under_threshold):
                 raise LogbusCompletenessError(
                     f"audit of table {self.table!r} against topic {self.topic!r} for {report['start']}.."
                     f"{report['end']} failed: {'; '.join(report['reasons'])}; report: {path}")
             if report["status"] != "ok":
                 self.log.warning("completeness %.4f%% (%s)", report["completeness"] * 100, report["status"])
             # the last step: an announcement is claimed only by an audit that succeeds
-            hours = announce_complete_hours(target, self.topic, produced, batches, threshold, now_ms, grace_ms,
-                                            end_ms, context["run_id"])
+            hours = announce_complete_hours(target, self.topic, inputs.produced, inputs.batches, threshold, now_ms,
+                                            grace_ms, end_ms, context["run_id"], mirrored=inputs.mirrored,
+                                            files=inputs.files)
             report["announced_hours"] = [h["hour"] for h in hours]
             target.write_audit(batch_id_for(start, end), report)
         finally:
@@ -101,6 +110,6 @@ class LogbusAuditOperator(BaseOperator):
                 accessor = outlet_events[asset]
                 accessor.extra = {"table": self.table, "topic": self.topic, "hours": {
                     h["hour"]: {"hour": h["hour"], "rows": h["loaded"], "rejected": h["rejected"],
-                                "completeness": h["completeness"]} for h in hours}}
+                                "completeness": h["completeness"], "tiers": h["tiers"]} for h in hours}}
                 if hasattr(accessor, "add_partitions"):  # Airflow >= 3.2: one event per hour
                     accessor.add_partitions([h["hour"] for h in hours])

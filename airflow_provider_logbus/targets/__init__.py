@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_logbus.targets.base import (BatchRecord, CommitConflictError, CommitResult, CommitTarget,
-                                                  TableState, TargetError)
+                                                  TableContents, TableFile, TableState, TargetError)
 
 KINDS = ("directory", "iceberg")
 
@@ -34,5 +34,5 @@ def open_target(kind: str, table: str, *, warehouse: str | None = None,
     raise TargetError(f"unknown target {kind!r}: use one of {', '.join(KINDS)}")
 
 
-__all__ = ["BatchRecord", "CommitConflictError", "CommitResult", "CommitTarget", "KINDS", "TableState",
-           "TargetError", "open_target"]
+__all__ = ["BatchRecord", "CommitConflictError", "CommitResult", "CommitTarget", "KINDS", "TableContents",
+           "TableFile", "TableState", "TargetError", "open_target"]

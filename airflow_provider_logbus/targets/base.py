@@ -65,6 +65,11 @@ class BatchRecord:
     schema_source: str | None = None
     planned_ranges: list[Range] | None = None
     extra: dict = field(default_factory=dict)
+    # The data files the batch published (path inside the batch, rows): the directory
+    # target's audit tells a batch's own files from ones copied in beside them. Empty
+    # for Iceberg, whose manifests say which snapshot added each file, and for batches
+    # committed before the list existed.
+    files: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> "BatchRecord":
@@ -81,10 +86,34 @@ class BatchRecord:
         d["ranges"] = [r.to_dict() for r in self.ranges]
         if self.planned_ranges is not None:
             d["planned_ranges"] = [r.to_dict() for r in self.planned_ranges]
+        if not self.files:
+            del d["files"]  # records without a file list keep their earlier form
         return copy.deepcopy(d)
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {r.partition: r.end for r in self.ranges if r.topic == topic}
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """The rows of one hour in one data file, as the table's metadata says (manifests,
+    Parquet footers: no data read), and the logbus batch that published the file — None
+    for a file that came into the table outside the commit protocol."""
+
+    path: str
+    hour_ms: int
+    rows: int
+    batch_id: str | None
+
+
+@dataclass(frozen=True)
+class TableContents:
+    """What the audit's table tier compares, read together so that a commit in between
+    cannot show files without their batch record: the batch records (what the batches
+    claim) and the data files (what the table holds)."""
+
+    batches: list[BatchRecord]
+    files: list[TableFile]
 
 
 @dataclass(frozen=True)
@@ -243,6 +272,12 @@ class CommitTarget(ABC):
             planned_ranges=None if final == planned else planned, extra={"staging": str(staged.root)})
 
     # ----------------------------------------------------------------- audit
+
+    @abstractmethod
+    def contents(self, since_ms: int | None = None) -> TableContents:
+        """The committed batches and the rows the table holds per data file and hour,
+        from metadata only. Files of hours before `since_ms` may be left out (the audit
+        does not look at them), so that a long-lived table's old files are not opened."""
 
     @abstractmethod
     def write_audit(self, audit_id: str, report: dict) -> str:

@@ -7,7 +7,7 @@
         _rejects/part-*.parquet                             values that did not parse
         _logbus_counts.json                                 rows per (topic, 10-minute window)
     <warehouse>/<table>/batch_id=<batch_id>/                the same directory, after one rename
-        _logbus_batch.json                                  ranges, counts, run id, row count
+        _logbus_batch.json                                  ranges, counts, run id, row count, its files
     <warehouse>/<table>/_logbus_commit.lock                 serializes check-and-rename
     <warehouse>/<table>/_logbus_complete_through.json       the audit's complete-through watermark
     <warehouse>/<table>/_logbus_ends.json                   a cache of committed ends (by batch ids)
@@ -20,7 +20,12 @@ of a batch or none of it. The compare-and-swap of the commit holds a POSIX recor
 renames: the kernel (or the NFS lock manager) releases it when the holder dies, even by
 SIGKILL, so a killed commit never blocks the table.
 
-Pure Python (pathlib, os, fcntl); usable without Airflow.
+The audit's table tier (`contents`) counts what readers see: every file under the table
+that no `_`/`.` directory or name hides, rows from its Parquet footer, the hour from its
+`event_date=`/`event_hour=` directories (else from the footer's `timestamp` statistics).
+A file belongs to a batch when it lies in the batch's directory and its record lists it.
+
+Pure Python (pathlib, os, fcntl; pyarrow for the footers); usable without Airflow.
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ import logging
 import os
 import shutil
 from contextlib import contextmanager
-from pathlib import Path
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from airflow_provider_logbus.plan import BatchPlan, Range
 from airflow_provider_logbus.staged import StagedBatch, write_json_atomic
-from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget, TableState, TargetError, committed_ends
+from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableFile, TableState,
+                                                  TargetError, committed_ends)
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +55,7 @@ LOCK_FILE = "_logbus_commit.lock"
 COMPLETE_THROUGH = "_logbus_complete_through.json"
 ENDS_CACHE = "_logbus_ends.json"
 BATCH_PREFIX = "batch_id="
+HOUR_MS = 3_600_000
 
 
 def fsync_dir(path: Path) -> None:
@@ -142,6 +152,26 @@ class DirectoryTarget(CommitTarget):
             logger.info("cannot update %s (%s); the next reader folds the records again", path, exc)
         return ends
 
+    def contents(self, since_ms: int | None = None) -> TableContents:
+        records = self.batches()
+        known = {r.batch_id: r for r in records}
+        files = []
+        for path in sorted(p for p in self.table_dir.rglob("*") if p.is_file()):
+            inside = PurePosixPath(path.relative_to(self.table_dir).as_posix())
+            if any(part.startswith(("_", ".")) for part in inside.parts):
+                continue  # hidden from readers: staging, rejects, records, locks
+            hour = _hour_of(inside)
+            if hour is not None and since_ms is not None and hour + HOUR_MS <= since_ms:
+                continue
+            batch_id = inside.parts[0][len(BATCH_PREFIX):] if inside.parts[0].startswith(BATCH_PREFIX) else None
+            if batch_id is not None and batch_id not in known and (self.batch_dir(batch_id) / BATCH_RECORD).exists():
+                continue  # a batch committed after the records were read: not in this view
+            record = known.get(batch_id)
+            if record is None or (record.files and str(inside.relative_to(inside.parts[0])) not in record.files):
+                batch_id = None
+            files += _footer_hours(path, hour, batch_id)
+        return TableContents(records, files)
+
     # ----------------------------------------------------------------- writing
 
     def prepare_staging(self, batch_id: str, attempt: int | str) -> str:
@@ -168,6 +198,9 @@ class DirectoryTarget(CommitTarget):
             yield
         finally:
             os.close(fd)  # closing releases the lock
+
+    def _record(self, plan: BatchPlan, ranges: list[Range], staged: StagedBatch, run_id: str) -> BatchRecord:
+        return replace(super()._record(plan, ranges, staged, run_id), files=staged.file_rows())
 
     def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
         staging = staged.root
@@ -204,3 +237,49 @@ class DirectoryTarget(CommitTarget):
                 return False
             write_json_atomic(self.table_dir / COMPLETE_THROUGH, new)
             return True
+
+
+def _hour_of(inside: PurePosixPath) -> int | None:
+    """The hour (ms) named by a path's `event_date=`/`event_hour=` directories, or None."""
+    values = dict(part.split("=", 1) for part in inside.parts[:-1] if "=" in part)
+    try:
+        day = datetime.strptime(values["event_date"], "%Y-%m-%d").replace(tzinfo=timezone.utc)
+        return int(day.timestamp() * 1000) + int(values["event_hour"]) * HOUR_MS
+    except (KeyError, ValueError):
+        return None
+
+
+def _footer_hours(path: Path, hour: int | None, batch_id: str | None) -> list[TableFile]:
+    """The file's rows per hour from its footer: all in `hour` when its directory names
+    one, else per row group from the group's `timestamp` statistics (a file put anywhere
+    by hand may span hours). A file whose row groups have no such statistics (Spark's
+    INT96 timestamps have none) or span hours is the one case that reads data: its
+    `timestamp` column alone."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(path)
+    except (OSError, ValueError) as exc:
+        raise TargetError(f"{path} is in the table but is not a readable Parquet file ({exc}): readers of the "
+                          "table fail on it too; move it out of the table") from None
+    if hour is not None:
+        return [TableFile(str(path), hour, meta.num_rows, batch_id)]
+    if "timestamp" not in meta.schema.names:
+        raise TargetError(f"{path} is in the table outside an hour directory and has no timestamp column: its "
+                          "rows belong to no hour; move it out of the table")
+    column = meta.schema.names.index("timestamp")
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    stats = [g.column(column).statistics for g in groups]
+    if all(st is not None and st.has_min_max and _ms(st.min) // HOUR_MS == _ms(st.max) // HOUR_MS for st in stats):
+        starts = [(_ms(st.min), g.num_rows) for st, g in zip(stats, groups)]
+    else:
+        starts = [(_ms(t), 1) for t in pq.read_table(path, columns=["timestamp"])["timestamp"].to_pylist()]
+    per_hour: dict[int, int] = {}
+    for ms, rows in starts:
+        per_hour[ms - ms % HOUR_MS] = per_hour.get(ms - ms % HOUR_MS, 0) + rows
+    return [TableFile(str(path), h, n, batch_id) for h, n in sorted(per_hour.items())]
+
+
+def _ms(value: datetime) -> int:
+    """Epoch ms of a Parquet timestamp as pyarrow gives it (naive ones are UTC)."""
+    return int((value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp() * 1000)

@@ -19,6 +19,12 @@ onto the newer snapshot, which would let two attempts of one batch both land; ta
 are created with `commit.retry.num-retries=0`, and a refused commit goes back to the
 protocol's loop, which reads the table again (`CommitTarget.commit`).
 
+The audit's table tier (`contents`) counts the rows the current snapshot holds per hour
+from its manifests — each data file's `record_count` and `hour(timestamp)` partition
+value, minus position deletes — and ties each file to the batch of the snapshot that
+added it: a file added by a snapshot without `logbus.batch-id` came in outside the
+commit protocol.
+
 Rejected values go to `<table>_rejects` (topic, partition, offset, timestamp, value,
 error), one snapshot per batch with the same `logbus.batch-id`, after the main commit
 and idempotently (a retry that finds the batch committed finishes its rejects).
@@ -37,11 +43,13 @@ from typing import Any
 
 from airflow_provider_logbus.plan import ranges_from_json, ranges_to_json
 from airflow_provider_logbus.staged import StagedBatch, reject_files, write_json_atomic
-from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget, TableState, TargetError, committed_ends
+from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableFile, TableState,
+                                                  TargetError, committed_ends)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "logbus"
+HOUR_MS = 3_600_000
 STAGING = "_logbus_staging"
 PREFIX = "logbus."
 COMMITTED_OFFSETS = "logbus.committed-offsets"
@@ -119,6 +127,27 @@ def nested_optional(schema):
 
 def local_path(location: str) -> str:
     return location[len("file://"):] if location.startswith("file://") else location
+
+
+def _hour_reader(table, spec_id: int):
+    """A data file's hour (ms): its `hour(timestamp)` partition value under spec
+    `spec_id`, else (a file of an unpartitioned spec) its lower bound of `timestamp`."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.transforms import HourTransform
+
+    field_id = table.schema().find_field("timestamp").field_id
+    spec = table.specs()[spec_id]
+    position = next((i for i, f in enumerate(spec.fields)
+                     if f.source_id == field_id and isinstance(f.transform, HourTransform)), None)
+    kind = table.schema().find_type(field_id)
+
+    def hour_of(data) -> int:
+        if position is not None and data.partition[position] is not None:
+            return int(data.partition[position]) * HOUR_MS
+        micros = from_bytes(kind, data.lower_bounds[field_id])
+        return micros // 1000 - micros // 1000 % HOUR_MS
+
+    return hour_of
 
 
 def _load_catalog(name: str, properties: dict[str, str], attempts: int = 3):
@@ -325,6 +354,28 @@ class IcebergTarget(CommitTarget):
     def batches(self) -> list[BatchRecord]:
         records = [self._record_of(s) for s in self._batch_snapshots(self._load())]
         return sorted(records, key=lambda r: (r.interval_end, r.batch_id))
+
+    def contents(self, since_ms: int | None = None) -> TableContents:
+        """Batch records and data files of one snapshot: both come from the table read once."""
+        from pyiceberg.manifest import DataFileContent
+
+        table = self._load()
+        snapshots = self._batch_snapshots(table)
+        records = sorted((self._record_of(s) for s in snapshots), key=lambda r: (r.interval_end, r.batch_id))
+        batch_of = {s.snapshot_id: self._summary(s)[PREFIX + "batch-id"] for s in snapshots}
+        current = table.current_snapshot() if table is not None else None
+        files = []
+        for manifest in current.manifests(table.io) if current is not None else ():
+            hour_of = _hour_reader(table, manifest.partition_spec_id)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                data = entry.data_file
+                if data.content == DataFileContent.EQUALITY_DELETES:
+                    raise TargetError(f"{self.identifier} has equality deletes ({data.file_path}): the audit cannot "
+                                      "count the rows they remove without reading the data; compact the table")
+                sign = -1 if data.content == DataFileContent.POSITION_DELETES else 1
+                files.append(TableFile(data.file_path, hour_of(data), sign * data.record_count,
+                                       batch_of.get(entry.snapshot_id)))
+        return TableContents(records, files)
 
     # ----------------------------------------------------------------- writing
 

@@ -75,7 +75,7 @@ def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampl
     # queue.size 10,000: Kafka 0.7's async producer default (ours is 100,000); with it a
     # sender round delivers at most 2 MB, so samples every 10 MB are not bunched up.
     producer = Producer(zookeeper=setup.zookeeper, acks=acks, mode="async", batch_size=batch, linger_ms=linger_ms,
-                        queue_size=queue_size, audit=False, client_id="paper-bench-producer", enable_idempotence=acks != 0,
+                        queue_size=queue_size, monitoring=False, client_id="paper-bench-producer", enable_idempotence=acks != 0,
                         on_delivery=on_delivery)
     try:
         send = producer.send
@@ -159,7 +159,7 @@ def latency(setup: LogbusSetup, topic: str, rate: int, seconds: float, payload_b
             raise RuntimeError("latency consumer did not start")
         pad = b"p" * (payload_bytes - _STAMP.size)
         producer = Producer(zookeeper=setup.zookeeper, acks=acks, mode="async", batch_size=batch,
-                            linger_ms=linger_ms, audit=False, client_id="paper-latency-producer",
+                            linger_ms=linger_ms, monitoring=False, client_id="paper-latency-producer",
                             enable_idempotence=acks != 0)
         try:
             start = time.perf_counter()

@@ -33,8 +33,8 @@ cluster and numbers its batches per partition, and a broker answers a batch it a
 holds with that batch's offsets instead of appending it again (docs/clients.md,
 "Idempotence"). A message's offset is then its batch's, as with compression.
 
-With ``audit=True`` (the default) the producer counts what it delivered per topic and
-window of message timestamps and publishes monitoring events (`broker.client.audit`).
+With ``monitoring=True`` (the default) the producer counts what it delivered per topic and
+window of message timestamps and publishes monitoring events (`broker.client.monitoring`).
 
 Web servers fork: gunicorn's ``--preload`` or uWSGI create the app, and with it a
 producer, in a master process that then forks its workers. A child inherits the
@@ -56,10 +56,10 @@ import weakref
 from typing import Callable, Sequence
 
 from broker.client.accumulator import RecordAccumulator
-from broker.client.audit import AUDIT_TOPIC, DEFAULT_WINDOW_MS, AuditCounter
 from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
 from broker.client.errors import ProducerClosed
 from broker.client.idempotence import IDEMPOTENT_BATCH_BYTES, MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
+from broker.client.monitoring import DEFAULT_WINDOW_MS, MONITORING_TOPIC, MonitoringCounter
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Pipeline
 from broker.client.results import (
@@ -105,7 +105,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # The floor of each numeric setting: below it the producer would fail every message, or
 # later than where the setting was made.
 _LOWEST = {"batch_size": 1, "batch_bytes": 1, "linger_ms": 0, "queue_size": 1, "max_block_ms": 0, "retries": 0,
-           "retry_backoff_ms": 0, "delivery_timeout_ms": 1, "request_timeout_ms": 1, "audit_window_ms": 1}
+           "retry_backoff_ms": 0, "delivery_timeout_ms": 1, "request_timeout_ms": 1, "monitoring_window_ms": 1}
 
 
 def _check_settings(settings: dict) -> None:
@@ -131,7 +131,7 @@ class Producer:
     - `retries`, `retry_backoff_ms`: retriable errors (leader moved, broker down);
     - `delivery_timeout_ms`: a message not delivered within this time fails
       (it is how long a sync `send` may block while no leader is available);
-    - `audit`, `audit_window_ms`, `audit_topic`: monitoring events (`broker.client.audit`);
+    - `monitoring`, `monitoring_window_ms`, `monitoring_topic`: monitoring events (`broker.client.monitoring`);
     - `on_delivery(DeliveredBatch)` / `on_error(list[FailedSend])`: optional callbacks,
       run in the sender thread; keep them short.
     """
@@ -155,9 +155,9 @@ class Producer:
         retry_backoff_ms: int = 100,
         delivery_timeout_ms: int = 30_000,
         request_timeout_ms: int = 30_000,
-        audit: bool = True,
-        audit_window_ms: int = DEFAULT_WINDOW_MS,
-        audit_topic: str = AUDIT_TOPIC,
+        monitoring: bool = True,
+        monitoring_window_ms: int = DEFAULT_WINDOW_MS,
+        monitoring_topic: str = MONITORING_TOPIC,
         client_id: str | None = None,
         on_delivery: Callable[[DeliveredBatch], None] | None = None,
         on_error: Callable[[list[FailedSend]], None] | None = None,
@@ -185,7 +185,8 @@ class Producer:
         self._owns_metadata = metadata is None
         self.metadata = metadata or open_metadata(zookeeper, brokers, self.client_id, zookeeper_timeout)
         self.pool = ConnectionPool(self.metadata, self.client_id, request_timeout_ms / 1000 + 5)
-        self.audit = AuditCounter(self.producer_id, audit_window_ms, audit_topic) if audit else None
+        self.monitoring = (MonitoringCounter(self.producer_id, monitoring_window_ms, monitoring_topic)
+                           if monitoring else None)
         self.accumulator = RecordAccumulator(
             self.metadata, batch_size=batch_size,
             batch_bytes=min(batch_bytes, IDEMPOTENT_BATCH_BYTES) if enable_idempotence else batch_bytes,
@@ -195,13 +196,14 @@ class Producer:
             max_in_flight_per_partition=MAX_IN_FLIGHT_PER_PARTITION if enable_idempotence else 0,
         )
         self._report = ReportBook()
-        durable = frozenset([self.audit.audit_topic]) if self.audit else frozenset()
+        durable = frozenset([self.monitoring.monitoring_topic]) if self.monitoring else frozenset()
         self.sender = Sender(
             self.accumulator, self.metadata, self.pool, Pipeline(self.pool, self.acks, request_timeout_ms,
                                                                  durable_topics=durable),
             self.codec, self._report, retries=retries, retry_backoff=retry_backoff_ms / 1000,
-            delivery_timeout=self.delivery_timeout, audit=self.audit, on_delivery=on_delivery, on_error=on_error,
-            name=f"{self.client_id}-sender", idempotence=ProducerIdentity() if enable_idempotence else None,
+            delivery_timeout=self.delivery_timeout, monitoring=self.monitoring, on_delivery=on_delivery,
+            on_error=on_error, name=f"{self.client_id}-sender",
+            idempotence=ProducerIdentity() if enable_idempotence else None,
         )
         # Partition counts of topics met (a key's partition needs only the count, which
         # does not change); also the cache of names that passed check_topic_name.
@@ -339,12 +341,12 @@ class Producer:
 
     def _wait_idle(self, deadline: float) -> None:
         accumulator, sender = self.accumulator, self.sender
-        with_audit = self.audit is not None
+        with_monitoring = self.monitoring is not None
         accumulator.begin_flush()
         try:
             sender.request_publish()
             while accumulator.wait_until_idle(deadline, lambda: sender.publish_requested and sender.alive()):
-                if not with_audit or not self.audit.pending() or not sender.alive():
+                if not with_monitoring or not self.monitoring.pending() or not sender.alive():
                     break
                 sender.request_publish()  # counts of messages delivered after that publish
         finally:

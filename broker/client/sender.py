@@ -32,10 +32,10 @@ import time
 from typing import Callable, NamedTuple
 
 from broker.client.accumulator import ProducerBatch, RecordAccumulator
-from broker.client.audit import AuditCounter
 from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, ensure_topic
 from broker.client.errors import PartitionUnavailable
 from broker.client.idempotence import ProducerIdentity
+from broker.client.monitoring import MonitoringCounter
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Outgoing, Pipeline
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook
@@ -73,7 +73,7 @@ def _call_back(callback: Callable, argument: object) -> None:
 
 
 class _Message(NamedTuple):
-    """A delivered message as `AuditCounter.record` reads it."""
+    """A delivered message as `MonitoringCounter.record` reads it."""
 
     key: bytes | None
     value: bytes
@@ -86,7 +86,7 @@ class Sender:
 
     def __init__(self, accumulator: RecordAccumulator, metadata: ClusterMetadata, pool: ConnectionPool,
                  pipeline: Pipeline, codec: Codec, report: ReportBook, *, retries: int, retry_backoff: float,
-                 delivery_timeout: float, audit: AuditCounter | None = None,
+                 delivery_timeout: float, monitoring: MonitoringCounter | None = None,
                  on_delivery: Callable[[DeliveredBatch], None] | None = None,
                  on_error: Callable[[list[FailedSend]], None] | None = None, name: str = "logbus-sender",
                  idempotence: ProducerIdentity | None = None) -> None:
@@ -101,7 +101,7 @@ class Sender:
         self.retries = retries
         self.retry_backoff = retry_backoff
         self.delivery_timeout = delivery_timeout
-        self.audit = audit
+        self.monitoring = monitoring
         self.on_delivery = on_delivery
         self.on_error = on_error
         self.publish_requested = False  # set by flush/close; cleared once events are queued
@@ -165,8 +165,8 @@ class Sender:
                 return  # close() fails what is left
             if self._wanted:
                 self._find_topics(now)
-            if self.publish_requested or (self.audit is not None and self.audit.due()):
-                self._publish_audit()
+            if self.publish_requested or (self.monitoring is not None and self.monitoring.due()):
+                self._publish_monitoring()
             if self.idempotence is not None and self.idempotence.producer_id is None:
                 ready = self._init_producer_id(now)
             else:
@@ -185,7 +185,7 @@ class Sender:
                         self.fail(batch, exc)
                 continue
             if self._closing and not accumulator.outstanding and not self.publish_requested:
-                if self.audit is None or not self.audit.pending():
+                if self.monitoring is None or not self.monitoring.pending():
                     return
                 self.publish_requested = True  # messages delivered after the last publish
                 continue
@@ -230,11 +230,11 @@ class Sender:
         logger.info("idempotent producer id %d", producer_id)
         return True
 
-    def _publish_audit(self) -> None:
+    def _publish_monitoring(self) -> None:
         """Queue monitoring events for the windows whose counts changed."""
-        events = self.audit.events() if self.audit is not None else []
+        events = self.monitoring.events() if self.monitoring is not None else []
         if events:
-            topic = self.audit.audit_topic
+            topic = self.monitoring.monitoring_topic
             try:
                 count = len(ensure_topic(self.metadata, self.pool, topic))
             except (ConnectionError, OSError, LogbusError) as exc:
@@ -298,9 +298,9 @@ class Sender:
             settled = set(mine)
             delivered = [(b, offset) for b, offset in delivered if b in settled]
         user = [(b, offset) for b, offset in delivered if not b.internal]
-        if self.audit is not None:
+        if self.monitoring is not None:
             for batch, _ in user:
-                self.audit.record(batch.topic, map(_Message._make, batch.records))
+                self.monitoring.record(batch.topic, map(_Message._make, batch.records))
         self.report.delivered(sum(len(b.records) for b, _ in user))
         try:
             for batch, base_offset in delivered:

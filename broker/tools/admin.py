@@ -146,7 +146,7 @@ def cmd_produce(args: argparse.Namespace, cluster: Cluster) -> int:
     check_topic_name(args.topic)
     separator = args.key_separator.encode() if args.key_separator else None
     producer = Producer(metadata=cluster.metadata, acks=args.acks, compression=args.compression, mode="async",
-                        batch_size=args.batch_size, linger_ms=args.linger_ms, audit=not args.no_audit,
+                        batch_size=args.batch_size, linger_ms=args.linger_ms, monitoring=not args.no_monitoring,
                         enable_idempotence=args.acks != 0 and not args.no_idempotence)
     sent = 0
     try:
@@ -348,7 +348,7 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=200)
     p.add_argument("--linger-ms", type=int, default=5)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to deliver what is left at the end")
-    p.add_argument("--no-audit", action="store_true", help="do not publish monitoring events")
+    p.add_argument("--no-monitoring", action="store_true", help="do not publish monitoring events")
     p.add_argument("--no-idempotence", action="store_true",
                    help="plain message sets, one entry per message (retries may duplicate); implied by --acks 0")
     p.set_defaults(run=cmd_produce)

@@ -64,7 +64,7 @@ def perf_produce(args: argparse.Namespace, cluster) -> int:
         stats.add(batch.count, batch.bytes, [(time.monotonic() - batch.created) * 1000] * batch.count)
 
     producer = Producer(metadata=cluster.metadata, acks=args.acks, compression=args.compression, mode=args.mode,
-                        batch_size=args.batch_size, linger_ms=args.linger_ms, on_delivery=delivered, audit=False,
+                        batch_size=args.batch_size, linger_ms=args.linger_ms, on_delivery=delivered, monitoring=False,
                         enable_idempotence=args.acks != 0)
     value = os.urandom(args.size // 2 + 1).hex()[: args.size].encode()
     try:

@@ -17,7 +17,7 @@ from tests.integration.clientutil import wait_visible
 
 
 def produce(zk_connect: str, topic: str, values: list[bytes], partition: int = 0) -> None:
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         for value in values:
             producer.send(topic, value, partition=partition)
 

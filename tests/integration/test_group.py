@@ -20,7 +20,7 @@ def start_topic(cluster, zk, zk_connect, count: int = 400, settings: dict | None
     cluster.start_broker(1, settings)
     create_topic(zk, "logs", 8)
     values = [b"%d:%d" % (i % 8, i) for i in range(count)]
-    producer = Producer(zookeeper=zk_connect, mode="async", audit=False)
+    producer = Producer(zookeeper=zk_connect, mode="async", monitoring=False)
     for i, value in enumerate(values):
         producer.send("logs", value, partition=i % 8)
     assert producer.close(30).ok
@@ -146,7 +146,7 @@ sys.stdin.read()
 def test_a_successor_resumes_from_the_last_committed_offset_after_a_crash(cluster, zk, zk_connect):
     cluster.start_broker(0)
     create_topic(zk, "logs", 1)
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         for i in range(200):
             producer.send("logs", b"%d" % i)
     wait_visible(zk_connect, "logs", 200)

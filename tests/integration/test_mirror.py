@@ -70,7 +70,7 @@ class SourceProducer(threading.Thread):
         self.sent: dict[int, int] = defaultdict(int)
 
     def run(self) -> None:
-        with Producer(zookeeper=self.connect, mode="async", acks=-1, audit=False, batch_size=20, linger_ms=5) as producer:
+        with Producer(zookeeper=self.connect, mode="async", acks=-1, monitoring=False, batch_size=20, linger_ms=5) as producer:
             while not self.stop_event.is_set():
                 for partition in range(PARTITIONS):
                     futures = []
@@ -143,7 +143,7 @@ def test_a_missing_target_topic_is_created_with_the_sources_partition_count_and_
     east, target = clusters["east"][0], clusters["offline"][0]
     with client(east) as zk:
         create_topic(zk, "clicks", 3)
-    with Producer(zookeeper=east, audit=False) as producer:
+    with Producer(zookeeper=east, monitoring=False) as producer:
         for i in range(30):
             producer.send("clicks", b"click %d" % i, key=b"user %d" % i)
     mirror = Mirror("lagging", [MirrorSource("east", zookeeper=east)], target, pattern="cl.*")

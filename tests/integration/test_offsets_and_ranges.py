@@ -26,7 +26,7 @@ def two_brokers(cluster, zk, zk_connect):
     cluster.start_broker(0)
     cluster.start_broker(1)
     create_topic(zk, TOPIC, 2)
-    with Producer(zookeeper=zk_connect, audit=False, enable_idempotence=False) as producer:  # one entry a message
+    with Producer(zookeeper=zk_connect, monitoring=False, enable_idempotence=False) as producer:  # one entry a message
         for i in range(300):
             producer.send(TOPIC, b"v%03d" % i, partition=i % 2)
     wait_visible(zk_connect, TOPIC, 300)

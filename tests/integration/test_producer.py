@@ -23,7 +23,7 @@ KEYS = [f"user-{i}" for i in range(40)]
 SECOND_PRODUCER = """
 import json, sys
 from broker.client.producer import Producer
-with Producer(zookeeper=sys.argv[1], audit=False) as p:
+with Producer(zookeeper=sys.argv[1], monitoring=False) as p:
     print(json.dumps({k: p.send(sys.argv[2], b"v", key=k).partition for k in sys.argv[3:]}))
 """
 
@@ -32,7 +32,7 @@ def test_keyed_sends_land_on_the_same_partition_from_every_process(cluster, zk, 
     cluster.start_broker(0)
     cluster.start_broker(1)
     create_topic(zk, "keyed", 6)
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         here = {k: producer.send("keyed", b"v", key=k).partition for k in KEYS}
     child = subprocess.run([sys.executable, "-c", SECOND_PRODUCER, zk_connect, "keyed", *KEYS],
                            capture_output=True, text=True, timeout=120)
@@ -45,7 +45,7 @@ def test_unkeyed_sends_spread_over_all_partitions(cluster, zk, zk_connect):
     cluster.start_broker(0)
     cluster.start_broker(1)
     create_topic(zk, "spread", 4)
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         partitions = {producer.send("spread", b"v%d" % i).partition for i in range(80)}
     assert partitions == {0, 1, 2, 3}
 
@@ -55,7 +55,7 @@ def test_unkeyed_sends_skip_the_partitions_of_a_broker_that_is_down(cluster, zk,
     down = cluster.start_broker(1)
     assignment = create_topic(zk, "skip", 4)
     alive = {p for p, replicas in assignment.items() if replicas[0] == 0}
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         down.stop()
         wait_until(lambda: 1 not in producer.metadata.brokers(), 30, "broker 1 to leave the registry")
         partitions = {producer.send("skip", b"v%d" % i).partition for i in range(40)}
@@ -64,7 +64,7 @@ def test_unkeyed_sends_skip_the_partitions_of_a_broker_that_is_down(cluster, zk,
 
 def test_sending_to_an_unknown_topic_creates_it_with_the_broker_default(cluster, zk_connect):
     cluster.start_broker(0, {"num.partitions": 3})
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         result = producer.send("fresh", b"hello")
     metadata = open_metadata(zk_connect)
     try:
@@ -77,7 +77,7 @@ def test_sending_to_an_unknown_topic_creates_it_with_the_broker_default(cluster,
 def test_sync_send_returns_the_offset_of_each_message(cluster, zk, zk_connect):
     cluster.start_broker(0)
     create_topic(zk, "offsets", 1)
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         results = [producer.send("offsets", b"x" * n, partition=0) for n in (1, 10, 100)]
     messages = wait_visible(zk_connect, "offsets", 3)[0]
     assert [r.offset for r in results] == [m.offset for m in messages]
@@ -86,7 +86,7 @@ def test_sync_send_returns_the_offset_of_each_message(cluster, zk, zk_connect):
 def test_send_to_a_missing_explicit_partition_fails(cluster, zk, zk_connect):
     cluster.start_broker(0)
     create_topic(zk, "two", 2)
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         with pytest.raises(ProduceError, match="no partition 5"):
             producer.send("two", b"v", partition=5)
 
@@ -95,7 +95,7 @@ def test_producer_with_a_static_broker_list_finds_the_leaders(cluster, zk, zk_co
     first = cluster.start_broker(0)
     cluster.start_broker(1)
     create_topic(zk, "static", 4)
-    with Producer(brokers=[f"127.0.0.1:{first.port}"], audit=False) as producer:
+    with Producer(brokers=[f"127.0.0.1:{first.port}"], monitoring=False) as producer:
         partitions = {producer.send("static", b"v", partition=p).partition for p in range(4)}
     assert partitions == {0, 1, 2, 3}
     assert sum(map(len, wait_visible(zk_connect, "static", 4).values())) == 4
@@ -105,7 +105,7 @@ def test_async_producer_delivers_every_message_in_batches(cluster, zk, zk_connec
     cluster.start_broker(0)
     cluster.start_broker(1)
     create_topic(zk, "bulk", 4)
-    producer = Producer(zookeeper=zk_connect, mode="async", batch_size=50, audit=False)
+    producer = Producer(zookeeper=zk_connect, mode="async", batch_size=50, monitoring=False)
     for i in range(2000):
         producer.send("bulk", b"%d" % i, key=b"%d" % (i % 10))
     report = producer.close(30)
@@ -117,7 +117,7 @@ def test_async_producer_delivers_every_message_in_batches(cluster, zk, zk_connec
 def test_async_producer_keeps_the_order_of_a_key(cluster, zk, zk_connect):
     cluster.start_broker(0)
     create_topic(zk, "ordered", 3)
-    producer = Producer(zookeeper=zk_connect, mode="async", batch_size=7, audit=False)
+    producer = Producer(zookeeper=zk_connect, mode="async", batch_size=7, monitoring=False)
     for i in range(300):
         producer.send("ordered", b"%d" % i, key=b"same")
     assert producer.close(30).ok
@@ -128,7 +128,7 @@ def test_async_producer_keeps_the_order_of_a_key(cluster, zk, zk_connect):
 def test_async_close_returns_while_all_brokers_are_down_and_reports_what_it_could_not_send(cluster, zk, zk_connect):
     broker = cluster.start_broker(0)
     create_topic(zk, "doomed", 2)
-    producer = Producer(zookeeper=zk_connect, mode="async", audit=False)
+    producer = Producer(zookeeper=zk_connect, mode="async", monitoring=False)
     producer.send("doomed", b"before")
     assert producer.flush(30).delivered == 1
     broker.stop()
@@ -144,7 +144,7 @@ def test_async_close_returns_while_all_brokers_are_down_and_reports_what_it_coul
 def test_gzip_batches_are_read_back_whole(cluster, zk, zk_connect):
     cluster.start_broker(0)
     create_topic(zk, "zipped", 1)
-    producer = Producer(zookeeper=zk_connect, mode="async", compression="gzip", batch_size=25, audit=False)
+    producer = Producer(zookeeper=zk_connect, mode="async", compression="gzip", batch_size=25, monitoring=False)
     for i in range(100):
         producer.send("zipped", b"line %d" % i)
     assert producer.close(30).ok
@@ -153,7 +153,7 @@ def test_gzip_batches_are_read_back_whole(cluster, zk, zk_connect):
 
 def test_flush_reports_a_failure_for_a_topic_that_cannot_be_created(cluster, zk_connect):
     cluster.start_broker(0, {"auto.create.topics": "false"})
-    producer = Producer(zookeeper=zk_connect, mode="async", audit=False)
+    producer = Producer(zookeeper=zk_connect, mode="async", monitoring=False)
     producer.send("nowhere", b"v")
     report = producer.flush(10)
     producer.close(5)
@@ -165,7 +165,7 @@ def test_flush_reports_a_failure_for_a_topic_that_cannot_be_created(cluster, zk_
 def test_sync_send_raises_the_broker_error_by_its_code(cluster, zk, zk_connect):
     cluster.start_broker(0, {"message.max.bytes": 1024})
     create_topic(zk, "small", 1)
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         with pytest.raises(ProduceError, match="MessageTooLarge") as raised:
             producer.send("small", b"x" * 4096, partition=0)
         assert type(raised.value.cause) is MessageTooLarge
@@ -176,11 +176,11 @@ def test_sync_send_raises_the_broker_error_by_its_code(cluster, zk, zk_connect):
 def test_an_unknown_topic_with_auto_create_off_fails_at_once_with_its_own_error(cluster, zk_connect):
     cluster.start_broker(0, {"auto.create.topics": "false"})
     # a delivery timeout far beyond the test's: only a failure by code can end these sends
-    with Producer(zookeeper=zk_connect, audit=False, delivery_timeout_ms=3_600_000, max_block_ms=3_600_000) as sync:
+    with Producer(zookeeper=zk_connect, monitoring=False, delivery_timeout_ms=3_600_000, max_block_ms=3_600_000) as sync:
         with pytest.raises(ProduceError, match="auto.create.topics is off") as raised:
             sync.send("nowhere", b"v")
         assert type(raised.value.cause) is TopicCreationDisabled
-    producer = Producer(zookeeper=zk_connect, mode="async", audit=False, delivery_timeout_ms=3_600_000,
+    producer = Producer(zookeeper=zk_connect, mode="async", monitoring=False, delivery_timeout_ms=3_600_000,
                         max_block_ms=3_600_000)
     future = producer.send("nowhere", b"v")
     assert isinstance(future.exception(60), TopicCreationDisabled)
@@ -193,7 +193,7 @@ def test_an_unknown_topic_with_auto_create_off_fails_at_once_with_its_own_error(
 def test_futures_resolve_after_the_broker_restarts(cluster, zk, zk_connect):
     broker = cluster.start_broker(0)
     create_topic(zk, "restarted", 2)
-    producer = Producer(zookeeper=zk_connect, mode="async", acks=1, audit=False, retries=1000,
+    producer = Producer(zookeeper=zk_connect, mode="async", acks=1, monitoring=False, retries=1000,
                         retry_backoff_ms=50, delivery_timeout_ms=120_000)
     try:
         before = [producer.send("restarted", b"before %d" % i, key=b"%d" % i) for i in range(20)]
@@ -221,7 +221,7 @@ def test_futures_resolve_after_the_broker_restarts(cluster, zk, zk_connect):
 def test_send_many_to_a_partition_or_under_a_key(cluster, zk, zk_connect):
     cluster.start_broker(0)
     create_topic(zk, "grouped", 4)
-    with Producer(zookeeper=zk_connect, acks=1, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, acks=1, monitoring=False) as producer:
         assert producer.send_many("grouped", [b"p3 %d" % i for i in range(10)], partition=3) == 10
         assert producer.send_many("grouped", [b"user %d" % i for i in range(10)], key="user-42") == 10
         with pytest.raises(ProduceError, match="no partition 9"):
@@ -248,7 +248,7 @@ def test_on_delivery_is_called_once_per_batch_before_flush_returns(cluster, zk_c
         time.sleep(0.002)
         calls.append((batch.partition, batch.base_offset, batch.count))
 
-    with Producer(zookeeper=zk_connect, acks=acks, mode="async", batch_size=batch_size, audit=False,
+    with Producer(zookeeper=zk_connect, acks=acks, mode="async", batch_size=batch_size, monitoring=False,
                   on_delivery=on_delivery, enable_idempotence=acks != 0) as producer:
         for i in range(500):
             producer.send("callbacks", b"value %d" % i, partition=0)

@@ -52,7 +52,7 @@ def test_a_producer_made_before_a_fork_starts_afresh_in_the_child(cluster, zk, z
     cluster.start_broker(0)
     create_topic(zk, "forked", 2)
     producer = Producer(zookeeper=zk_connect, mode="async", linger_ms=60_000, delivery_timeout_ms=120_000,
-                        batch_size=1000, audit=False)
+                        batch_size=1000, monitoring=False)
     try:
         held = [producer.send("forked", b"parent before %d" % i) for i in range(50)]  # lingering, unsent
         assert _fork(_close_only, producer) == {"delivered": 0, "failed": 0}  # the parent's are not its own
@@ -83,7 +83,7 @@ def test_a_producer_on_a_given_metadata_object_refuses_to_restart_in_the_child(c
     create_topic(zk, "forked", 1)
     metadata = open_metadata(zk_connect)
     try:
-        with Producer(metadata=metadata, audit=False) as producer:
+        with Producer(metadata=metadata, monitoring=False) as producer:
             outcome = _fork(lambda p: {"offset": p.send("forked", b"child").offset}, producer)
             assert "ProducerClosed" in outcome["error"] and "metadata" in outcome["error"]
             assert producer.send("forked", b"parent").offset == 0  # the child sent nothing

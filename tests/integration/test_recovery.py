@@ -156,14 +156,14 @@ def test_retention_by_time_uses_message_timestamps(cluster):
 def test_per_topic_retention_override_keeps_the_monitoring_topic(cluster):
     broker = cluster.start_broker(0, {
         "log.segment.bytes": 1024, "log.retention.bytes": 2048, "log.retention.check.interval.ms": 200,
-        "log.retention.bytes.per.topic": "_logbus_audit:-1",
+        "log.retention.bytes.per.topic": "_logbus_monitoring:-1",
     })
     now = int(__import__("time").time() * 1000)  # recent, so only size retention applies
     with connect(broker) as conn:
-        for topic in ("busy", "_logbus_audit"):
+        for topic in ("busy", "_logbus_monitoring"):
             conn.create_topic(topic, 1)
             for i in range(40):
                 produce(conn, topic, 0, [b"x" * 100], ts=now)
         wait_until(lambda: conn.offsets("busy", 0, -2)[0] > 0, 30, "size retention on the busy topic")
-        assert conn.offsets("_logbus_audit", 0, -2) == [0]
-        assert len(read_partition(conn, "_logbus_audit", 0)) == 40
+        assert conn.offsets("_logbus_monitoring", 0, -2) == [0]
+        assert len(read_partition(conn, "_logbus_monitoring", 0)) == 40

@@ -19,7 +19,7 @@ def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3,
     monitoring events on). With `value_bytes`, every value has exactly that size; with
     `one_entry_each`, every message is an entry of its own (idempotence off), for tests
     that compute offsets from sizes."""
-    producers = [Producer(zookeeper=zookeeper, acks=1, audit=True, enable_idempotence=not one_entry_each)
+    producers = [Producer(zookeeper=zookeeper, acks=1, monitoring=True, enable_idempotence=not one_entry_each)
                  for _ in range(servers)]
     try:
         for i, ts in enumerate(timestamps):
@@ -103,11 +103,11 @@ def produce_unloaded(zookeeper: str, topic: str, timestamps: list[int]) -> None:
     producers' monitoring events count them (what the audit compares with)."""
     from harness.process import wait_until
 
-    from airflow_provider_logbus.monitoring import read_produced_counts
+    from broker.client.monitoring import sum_counts
 
     def counted() -> int:
         with LogbusCluster(zookeeper) as c:
-            return sum(n for (t, _), n in read_produced_counts(c).items() if t == topic)
+            return sum(w.count for (t, _), w in sum_counts(c.monitoring_events()).items() if t == topic)
 
     before = counted()
     produce(zookeeper, topic, timestamps)

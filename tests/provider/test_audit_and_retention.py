@@ -12,7 +12,6 @@ import pytest
 
 from airflow_provider_logbus.batch import DataLossError, audit_inputs, commit_batch, plan_batch
 from airflow_provider_logbus.cluster import LogbusCluster
-from airflow_provider_logbus.completeness import build_report
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.spark.load_job import run_load
 from airflow_provider_logbus.targets.directory import DirectoryTarget
@@ -42,9 +41,8 @@ def load_batch(hook: LogbusHook, spark, warehouse, table: str, topic: str, start
 
 def audit(hook: LogbusHook, warehouse, table: str, start: datetime, end: datetime) -> dict:
     """The audit report of `table` (topic of the same name) over [start, end)."""
-    produced, batches = audit_inputs(hook.get_conn(), DirectoryTarget(warehouse, table))
-    return build_report(table, table, int(start.timestamp() * 1000), int(end.timestamp() * 1000), produced, batches,
-                        0.999)
+    inputs = audit_inputs(hook.get_conn(), DirectoryTarget(warehouse, table))
+    return inputs.report(table, table, int(start.timestamp() * 1000), int(end.timestamp() * 1000), 0.999)
 
 
 def daily_audit(zk: str, warehouse, table: str, day: tuple[datetime, datetime], grace_minutes: int) -> tuple[str, dict]:

@@ -42,7 +42,7 @@ BAD = {  # value -> what the error must say
 def send_raw(zookeeper: str, topic: str, values: list[bytes], first_ts: int = BASE, spacing_ms: int = 60_000) -> dict:
     """Send `values` in order, alternating partitions, stamped `spacing_ms` apart; wait
     until all are visible and return {(partition, offset): value}."""
-    with Producer(zookeeper=zookeeper, acks=1, audit=False) as producer:
+    with Producer(zookeeper=zookeeper, acks=1, monitoring=False) as producer:
         for i, value in enumerate(values):
             producer.send(topic, value, timestamp=first_ts + i * spacing_ms, partition=i % 2)
     return wait_until(lambda: _visible(zookeeper, topic, len(values)), 30, f"{len(values)} messages in {topic}")

@@ -210,7 +210,7 @@ class ProducerWorker(threading.Thread):
     def run(self) -> None:
         from broker.client.producer import Producer
 
-        with Producer(zookeeper=self.zookeeper, acks=-1, retries=0, mode="sync", audit=False,
+        with Producer(zookeeper=self.zookeeper, acks=-1, retries=0, mode="sync", monitoring=False,
                       delivery_timeout_ms=4000, request_timeout_ms=4000) as producer:
             seq = 0
             while not self.stop_event.is_set():
@@ -246,7 +246,7 @@ class IdempotentProducerWorker(threading.Thread):
         from broker.client.producer import Producer
 
         with Producer(zookeeper=self.zookeeper, acks=-1, retries=1000, retry_backoff_ms=100, mode="async",
-                      batch_size=self.batch, linger_ms=2, audit=False, delivery_timeout_ms=120_000,
+                      batch_size=self.batch, linger_ms=2, monitoring=False, delivery_timeout_ms=120_000,
                       request_timeout_ms=4000) as producer:
             seq = 0
             while not self.stop_event.is_set():
@@ -282,7 +282,7 @@ class PipelinedProducerWorker(threading.Thread):
         from broker.client.producer import Producer
 
         with Producer(zookeeper=self.zookeeper, acks=-1, retries=0, mode="async", batch_size=1, linger_ms=0,
-                      audit=False, delivery_timeout_ms=4000, request_timeout_ms=4000) as producer:
+                      monitoring=False, delivery_timeout_ms=4000, request_timeout_ms=4000) as producer:
             retry: dict[int, list[tuple[int, int]]] = defaultdict(list)  # partition -> [(seq, attempt)]
             seq, round_ = 0, 0
             while not self.stop_event.is_set():

@@ -103,7 +103,7 @@ def create_replicated_topic(cluster, zk: KazooClient, topic: str, partitions: in
 
 def send(zookeeper: str, topic: str, partition: int, values: list[bytes], acks: int) -> list[int]:
     """Send one at a time with `acks` (retrying leader moves); each message's offset."""
-    with Producer(zookeeper=zookeeper, acks=acks, audit=False, retries=50, retry_backoff_ms=100,
+    with Producer(zookeeper=zookeeper, acks=acks, monitoring=False, retries=50, retry_backoff_ms=100,
                   delivery_timeout_ms=30_000) as producer:
         return [producer.send(topic, value, partition=partition).offset for value in values]
 

@@ -134,7 +134,7 @@ def test_multiproduce_answers_each_partition_on_its_own(cluster, zk):
 def test_a_producer_resends_only_the_batch_of_the_partition_that_failed(cluster, zk):
     """Both batches lingering, then flushed together: one MULTIPRODUCE to their leader."""
     leader, other = start_two_partitions_on_one_leader(cluster, zk)
-    with Producer(zookeeper=cluster.zookeeper, acks=-1, mode="async", linger_ms=30_000, audit=False, retries=100,
+    with Producer(zookeeper=cluster.zookeeper, acks=-1, mode="async", linger_ms=30_000, monitoring=False, retries=100,
                   retry_backoff_ms=100, delivery_timeout_ms=60_000, request_timeout_ms=60_000) as producer, \
             ThreadPoolExecutor(1) as flusher:
         pause_quietly(cluster, [other])

@@ -142,7 +142,7 @@ def test_with_only_an_out_of_sync_replica_left(cluster, zk, zk_connect, unclean)
     leader = initial.leader
     follower = 1 - leader
     early, late = [b"early-%d" % i for i in range(20)], [b"late-%d" % i for i in range(20)]
-    with Producer(zookeeper=zk_connect, acks=-1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+    with Producer(zookeeper=zk_connect, acks=-1, monitoring=False, retries=50, retry_backoff_ms=200) as producer:
         for value in early:
             producer.send("lonely", value, partition=0)
 
@@ -243,7 +243,7 @@ def test_a_leader_back_first_after_the_whole_cluster_died_leads_a_new_epoch(clus
     initial = states(zk, "restart")[0]
     leader = initial.leader
     before, after = [b"before-%d" % i for i in range(10)], [b"after-%d" % i for i in range(10)]
-    with Producer(zookeeper=zk_connect, acks=-1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+    with Producer(zookeeper=zk_connect, acks=-1, monitoring=False, retries=50, retry_backoff_ms=200) as producer:
         for value in before:
             producer.send("restart", value, partition=0)
     for broker_id in range(3):
@@ -253,7 +253,7 @@ def test_a_leader_back_first_after_the_whole_cluster_died_leads_a_new_epoch(clus
     state = wait_until(lambda: (s := states(zk, "restart")[0]).leader == leader and s.leader_epoch > initial.leader_epoch
                        and s, MOVE_S, f"broker {leader} to lead a new epoch")
     assert state.isr == [leader]
-    with Producer(zookeeper=zk_connect, acks=1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+    with Producer(zookeeper=zk_connect, acks=1, monitoring=False, retries=50, retry_backoff_ms=200) as producer:
         end = producer.send("restart", after[0], partition=0).offset
         for value in after[1:]:
             producer.send("restart", value, partition=0)
@@ -278,7 +278,7 @@ def test_leaderships_go_back_to_the_preferred_replicas_once_they_are_in_sync(clu
     sent = {p: [] for p in assignment}
 
     def send(label: str) -> None:
-        with Producer(zookeeper=zk_connect, acks=-1, audit=False, retries=50, retry_backoff_ms=200) as producer:
+        with Producer(zookeeper=zk_connect, acks=-1, monitoring=False, retries=50, retry_backoff_ms=200) as producer:
             for partition in assignment:
                 for i in range(10):
                     value = b"%s-%d-%d" % (label.encode(), partition, i)

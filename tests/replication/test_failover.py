@@ -35,7 +35,7 @@ def test_a_replicated_topic_survives_the_loss_of_its_leader(cluster, zk, zk_conn
 
     # sync: one message at a time, so a retry cannot overtake a later message (an async
     # producer with several batches in flight may reorder retried batches, docs/clients.md)
-    producer = Producer(**where, acks=-1, mode="sync", audit=False, retries=10_000,
+    producer = Producer(**where, acks=-1, mode="sync", monitoring=False, retries=10_000,
                         retry_backoff_ms=200, delivery_timeout_ms=120_000, request_timeout_ms=10_000, linger_ms=2)
     group = ConsumerGroup("readers", {TOPIC: 1}, zk_connect, consumer_timeout_ms=200, max_wait_ms=100,
                           auto_commit_interval_ms=200, zookeeper_session_timeout_ms=3000)

@@ -44,7 +44,7 @@ def test_a_broker_paused_past_the_producers_timeout_stores_each_value_once(clust
     on SIGCONT the broker reads the stale request and the retry. Without idempotence 2
     of 3 rounds stored all 20 twice."""
     broker = cluster.start_broker(0)
-    with Producer(zookeeper=zk_connect, acks=1, request_timeout_ms=1000, mode="async", audit=False, retries=50,
+    with Producer(zookeeper=zk_connect, acks=1, request_timeout_ms=1000, mode="async", monitoring=False, retries=50,
                   retry_backoff_ms=200, delivery_timeout_ms=90_000) as producer:
         for round_ in range(3):
             values = [b"round %d value %02d" % (round_, i) for i in range(20)]

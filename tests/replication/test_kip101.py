@@ -45,7 +45,7 @@ def assert_holds(data: bytes, acknowledged: dict[int, bytes], gone: list[bytes])
 
 
 def producers(cluster) -> tuple[Producer, Producer]:
-    common = dict(zookeeper=cluster.zookeeper, audit=False, retries=100, retry_backoff_ms=100,
+    common = dict(zookeeper=cluster.zookeeper, monitoring=False, retries=100, retry_backoff_ms=100,
                   delivery_timeout_ms=60_000)
     return Producer(acks=-1, **common), Producer(acks=1, **common)
 

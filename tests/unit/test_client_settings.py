@@ -16,7 +16,7 @@ NO_ZOOKEEPER = "127.0.0.1:1"
 @pytest.mark.parametrize("setting, value", [
     ("batch_size", 0), ("batch_bytes", 0), ("linger_ms", -1), ("queue_size", 0), ("max_block_ms", -5),
     ("retries", -1), ("retry_backoff_ms", -1), ("delivery_timeout_ms", 0), ("request_timeout_ms", 0),
-    ("audit_window_ms", 0), ("batch_size", 2.5), ("queue_size", "100"), ("retries", True),
+    ("monitoring_window_ms", 0), ("batch_size", 2.5), ("queue_size", "100"), ("retries", True),
 ])
 def test_a_setting_out_of_range_is_refused_by_name(setting, value):
     with pytest.raises(ValueError, match=f"^{setting} must be an integer of at least"):

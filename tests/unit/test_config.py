@@ -68,10 +68,10 @@ def test_retention_overrides_per_topic():
     from broker.server.broker import log_config
 
     config = BrokerConfig.from_settings(base(**{
-        "log.retention.bytes": "1000000", "log.retention.bytes.per.topic": "_logbus_audit:-1, clicks:5000",
+        "log.retention.bytes": "1000000", "log.retention.bytes.per.topic": "_logbus_monitoring:-1, clicks:5000",
         "log.retention.ms.per.topic": "clicks:60000",
     }))
-    assert log_config(config, "_logbus_audit").retention_bytes == -1
+    assert log_config(config, "_logbus_monitoring").retention_bytes == -1
     assert (log_config(config, "clicks").retention_bytes, log_config(config, "clicks").retention_ms) == (5000, 60000)
     assert log_config(config, "other").retention_bytes == 1_000_000
 

@@ -15,8 +15,8 @@ def test_published_counts_per_window_match_what_was_sent(cluster, zk, zk_connect
     cluster.start_broker(0)
     create_topic(zk, "clicks", 2)
     sent = {BASE: 0, BASE + WINDOW: 0, BASE + 2 * WINDOW: 0}
-    producers = [Producer(zookeeper=zk_connect, audit_window_ms=WINDOW),
-                 Producer(zookeeper=zk_connect, mode="async", audit_window_ms=WINDOW)]
+    producers = [Producer(zookeeper=zk_connect, monitoring_window_ms=WINDOW),
+                 Producer(zookeeper=zk_connect, mode="async", monitoring_window_ms=WINDOW)]
     for i in range(300):
         ts = BASE + (i * 997) % (3 * WINDOW)
         producers[i % 2].send("clicks", b"x" * 10, timestamp=ts)
@@ -37,7 +37,7 @@ def test_published_counts_per_window_match_what_was_sent(cluster, zk, zk_connect
 
 def test_events_name_their_producer_and_window(cluster, zk, zk_connect):
     cluster.start_broker(0)
-    with Producer(zookeeper=zk_connect, audit_window_ms=WINDOW) as producer:
+    with Producer(zookeeper=zk_connect, monitoring_window_ms=WINDOW) as producer:
         producer.send("views", b"v", timestamp=BASE + 5)
     events = wait_until(lambda: read_events(zk_connect), 30, "an event")
     assert [(e["tier"], e["producer_id"], e["topic"], e["window_start"], e["window_end"], e["count"])
@@ -46,9 +46,9 @@ def test_events_name_their_producer_and_window(cluster, zk, zk_connect):
 
 def test_monitoring_can_be_switched_off(cluster, zk, zk_connect):
     cluster.start_broker(0)
-    with Producer(zookeeper=zk_connect, audit=False) as producer:
+    with Producer(zookeeper=zk_connect, monitoring=False) as producer:
         producer.send("quiet", b"v")
-    assert not zk.exists("/brokers/topics/_logbus_audit")
+    assert not zk.exists("/brokers/topics/_logbus_monitoring")
     assert read_producer_counts(zk_connect) == {}
 
 
@@ -57,7 +57,7 @@ def test_monitoring_events_are_flushed_even_from_an_acks_zero_producer(cluster, 
     # monitoring events go with acks=-1, so they are readable as soon as close() returns
     cluster.start_broker(0, {"log.flush.interval.ms": 3_600_000, "log.flush.interval.messages": 1_000_000})
     create_topic(zk, "clicks", 1)
-    with Producer(zookeeper=zk_connect, acks=0, enable_idempotence=False, audit_window_ms=WINDOW) as producer:
+    with Producer(zookeeper=zk_connect, acks=0, enable_idempotence=False, monitoring_window_ms=WINDOW) as producer:
         for i in range(50):
             producer.send("clicks", b"x", timestamp=BASE + i)
     counts = read_producer_counts(zk_connect)
