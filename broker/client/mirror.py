@@ -19,6 +19,15 @@ appending it. The checkpoint is therefore only ever behind what the target holds
 and the group offset the mirror commits on the source (for lag tools) is the
 checkpoint's.
 
+Monitoring events (tier `mirror`, `broker.client.monitoring`): each source partition
+counts what it mirrored per topic and window of message timestamps under a counter
+identity of its own (`mirror:<name>:<source>:<topic>:<partition>`), published into the
+target's monitoring topic at every checkpoint. The counts travel in the checkpoint, so a
+restarted mirror continues them from there and counts what it re-sends after the
+checkpoint once: the mirror tier counts what the target holds, however often the mirror
+dies. Windows older than `COUNTS_KEPT_MS` leave the checkpoint (a re-send never reaches
+that far back).
+
 Messages keep key, timestamp and value. A message goes to the target partition of
 the same number (`partitioning="same"`; the target topic is created with the source's
 partition count when missing), or with `partitioning="key"` to its key's partition
@@ -42,17 +51,20 @@ from kazoo.exceptions import NoNodeError, NodeExistsError
 
 from broker.client.cluster import ClusterMetadata, ConnectionPool, connect_zookeeper, open_metadata
 from broker.client.errors import PartitionUnavailable
+from broker.client.monitoring import DEFAULT_WINDOW_MS, MIRROR_TIER, MONITORING_TOPIC, MonitoringCounter
 from broker.client.offsets import advance_group_offsets, earliest, latest
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Outgoing, Pipeline
+from broker.client.producer import Producer
 from broker.common.errors import DuplicateSequence, LogbusError, OffsetOutOfRange, TopicAlreadyExists
-from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, decode_messages, encode_batch
+from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, decode_messages, encode_batch, now_ms
 from broker.common.protocol import Acks, FetchResponse
 from broker.common.zklayout import mirror_checkpoint_path
 
 logger = logging.getLogger(__name__)
 
 PARTITIONINGS = ("same", "key")
+COUNTS_KEPT_MS = 48 * 3_600_000
 
 
 @dataclass(frozen=True)
@@ -73,16 +85,18 @@ class Checkpoint:
     producer_id: int
     source_offset: int
     sequences: dict[int, int] = field(default_factory=dict)
+    counts: dict[str, list[int]] = field(default_factory=dict)  # monitoring counts as of source_offset
 
     def encode(self) -> bytes:
         return json.dumps({"producer_id": self.producer_id, "source_offset": self.source_offset,
-                           "sequences": {str(k): v for k, v in self.sequences.items()}}).encode()
+                           "sequences": {str(k): v for k, v in self.sequences.items()},
+                           "counts": self.counts}).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> "Checkpoint":
         raw = json.loads(data)
         return cls(int(raw["producer_id"]), int(raw["source_offset"]),
-                   {int(k): int(v) for k, v in raw["sequences"].items()})
+                   {int(k): int(v) for k, v in raw["sequences"].items()}, dict(raw.get("counts", {})))
 
 
 @dataclass
@@ -95,6 +109,7 @@ class PartitionTask:
     checkpoint: Checkpoint
     position: int  # next source offset to read (at or past the checkpoint's)
     saved_offset: int  # the checkpoint's offset as written to ZooKeeper
+    counter: MonitoringCounter | None = None  # what it mirrored, per topic and window (tier "mirror")
     latest: int = -1  # the source's end at the last look, for lag
 
     @property
@@ -116,7 +131,9 @@ class Mirror:
     def __init__(self, name: str, sources: list[MirrorSource], target_zookeeper: str, *,
                  topics: list[str] | None = None, pattern: str | None = None, partitioning: str = "same",
                  start: str = "earliest", fetch_bytes: int = 1 << 20, checkpoint_interval: float = 1.0,
-                 request_timeout_ms: int = 30_000, retry_backoff: float = 0.2, on_mirrored=None) -> None:
+                 request_timeout_ms: int = 30_000, retry_backoff: float = 0.2, on_mirrored=None,
+                 monitoring: bool = True, monitoring_topic: str = MONITORING_TOPIC,
+                 monitoring_window_ms: int = DEFAULT_WINDOW_MS) -> None:
         if partitioning not in PARTITIONINGS:
             raise ValueError(f"partitioning must be one of {', '.join(PARTITIONINGS)}, not {partitioning!r}")
         if start not in ("earliest", "latest"):
@@ -135,6 +152,8 @@ class Mirror:
         self.checkpoint_interval = checkpoint_interval
         self.retry_backoff = retry_backoff
         self.on_mirrored = on_mirrored
+        self.monitoring_topic = monitoring_topic
+        self.monitoring_window_ms = monitoring_window_ms
         self._topics = list(topics) if topics is not None else None
         self._pattern = re.compile(pattern) if pattern is not None else None
         self._sources = {s.name: s for s in sources}
@@ -146,6 +165,9 @@ class Mirror:
         self.pipeline = Pipeline(self.target_pool, Acks.FLUSHED, request_timeout_ms)
         self.tasks: dict[tuple[str, str, int], PartitionTask] = {}
         self._lock = threading.Lock()  # guards `tasks` for `lag()` from other threads
+        # publishes the tasks' monitoring events into the target (acks=-1: the audit's ground truth)
+        self._events = Producer(metadata=self.target, acks=-1, monitoring=False, client_id=f"mirror-{name}-events",
+                                linger_ms=0) if monitoring else None
         for source in sources:
             self._source_metadata[source.name] = open_metadata(source.zookeeper, source.brokers, f"mirror-{name}")
             self._source_pools[source.name] = ConnectionPool(self._source_metadata[source.name], f"mirror-{name}",
@@ -185,6 +207,8 @@ class Mirror:
             return {key: task.lag for key, task in self.tasks.items()}
 
     def close(self) -> None:
+        if self._events is not None:
+            self._events.close(30)
         for pool in [*self._source_pools.values(), self.target_pool]:
             pool.close()
         for metadata in [*self._source_metadata.values(), self.target]:
@@ -240,6 +264,11 @@ class Mirror:
             except NodeExistsError:  # another instance of this mirror got there first: use its
                 checkpoint = Checkpoint.decode(self.target_zk.get(path)[0])
         task = PartitionTask(source, topic, partition, checkpoint, checkpoint.source_offset, checkpoint.source_offset)
+        if self._events is not None:
+            task.counter = MonitoringCounter(f"mirror:{self.name}:{source}:{topic}:{partition}",
+                                             self.monitoring_window_ms, self.monitoring_topic, tier=MIRROR_TIER,
+                                             source=source)
+            task.counter.restore(checkpoint.counts, now_ms())  # seq above anything a predecessor published
         with self._lock:
             self.tasks[(source, topic, partition)] = task
         logger.info("mirror %s: %s/%s-%d from offset %d (producer id %d)", self.name, source, topic, partition,
@@ -316,20 +345,39 @@ class Mirror:
                 self.target.refresh(task.topic)
         task.checkpoint.sequences = sequences
         task.position = groups[-1][-1].next_offset
+        if task.counter is not None:
+            task.counter.record(task.topic, (m for group in groups for m in group))
         if self.on_mirrored is not None:
             for group in groups:
                 self.on_mirrored(task.source, task.topic, group)
 
     # -------------------------------------------------------------- checkpoints
 
+    def _publish_events(self) -> None:
+        """Publish the counts that changed, and wait for them: a checkpoint written
+        after its events is never ahead of what the audit can read."""
+        if self._events is None:
+            return
+        for task in list(self.tasks.values()):
+            if task.counter is not None and task.counter.pending():
+                for key, value in task.counter.events():
+                    self._events.send(self.monitoring_topic, value, key=key)
+        report = self._events.flush(30)
+        if report.failed:
+            logger.warning("mirror %s: %d monitoring events not published: %s", self.name, len(report.failed),
+                           report.failed[0].error)
+
     def checkpoint(self) -> None:
         """Write each task's position and sequences (all acknowledged by the target),
         then commit the same offsets to the source group `mirror-<name>` for lag tools."""
         committed: dict[tuple[str, str], dict[int, int]] = {}
+        self._publish_events()
         for task in list(self.tasks.values()):
             if task.position == task.saved_offset:
                 continue
             task.checkpoint.source_offset = task.position
+            if task.counter is not None:
+                task.checkpoint.counts = task.counter.counts(now_ms() - COUNTS_KEPT_MS)
             try:
                 self.target_zk.set(mirror_checkpoint_path(self.name, task.source, task.topic, task.partition),
                                    task.checkpoint.encode())

@@ -79,6 +79,23 @@ class MonitoringCounter:
     def _window_end(self, ms: int) -> int:
         return ms - ms % self.window_ms + self.window_ms
 
+    def counts(self, since_ms: int = 0) -> dict[str, list[int]]:
+        """The cumulative counts of windows starting at or after `since_ms`, as
+        {"topic|window_start": [count, bytes]}: what a mirror keeps in its checkpoint."""
+        with self._lock:
+            return {f"{topic}|{start}": [c.count, c.bytes] for (topic, start), c in self._counts.items()
+                    if start >= since_ms}
+
+    def restore(self, counts: dict[str, list[int]], seq: int) -> None:
+        """Start from counts taken by `counts()` (a restarted mirror continues its
+        predecessor's counters from its checkpoint) with `seq` above every event the
+        predecessor may have published, so a reader ranks the new events first."""
+        with self._lock:
+            for name, (count, size) in counts.items():
+                topic, _, start = name.rpartition("|")
+                self._counts[(topic, int(start))] = WindowCount(int(count), int(size))
+            self._seq = max(self._seq, seq)
+
     def record(self, topic: str, messages) -> None:
         """Count delivered messages, given as objects with `key`, `value`, `timestamp`."""
         if topic == self.monitoring_topic:

@@ -19,6 +19,7 @@ import pytest
 from broker.client.cluster import open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.mirror import Mirror, MirrorSource
+from broker.client.monitoring import MIRROR_TIER, read_events, sum_by_source
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.cluster import LocalCluster
@@ -137,6 +138,11 @@ def test_two_sources_into_one_target_exactly_once_across_ten_kills_of_the_mirror
             seqs = [int(v[len(prefix):]) for v in values if v.startswith(prefix)]
             assert seqs == list(range(producer.sent[partition])), f"{producer.name} partition {partition}"
     assert "mirror dc stopped" in log.read_text()
+    # its monitoring events (tier "mirror") count each message once, across the ten kills
+    by_source = sum_by_source(read_events(target), MIRROR_TIER)
+    for producer in producers:
+        counted = sum(c.count for (topic, _), c in by_source.get(producer.name, {}).items() if topic == TOPIC)
+        assert counted == sum(producer.sent.values()), producer.name
 
 
 def test_a_missing_target_topic_is_created_with_the_sources_partition_count_and_lag_is_reported(clusters):
