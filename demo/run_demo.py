@@ -1,13 +1,19 @@
-"""`make demo`: from nothing to an audited Apache Iceberg table.
+"""`make demo`: from nothing to an audited Apache Iceberg table, through the Kafka paper's
+pipeline (section 4, Figure 3).
 
-Starts ZooKeeper and two brokers (harness.zookeeper, harness.cluster) whose topics are
-replicated on both (`default.replication.factor=2`, as the example broker properties
-set it), simulates three web servers
-producing a few hours of JSON activity (timestamps over the past hours, monitoring
-events on), runs the example hourly DAG for each of those hours with `airflow dags test`
+Starts ZooKeeper and three clusters under their own chroots (harness.zookeeper,
+harness.cluster): one broker in each "live" datacenter (east, west) and two in the
+"offline" one, whose topics are replicated on both (`default.replication.factor=2`, as the
+example broker properties set it). Web servers in both live datacenters produce a few
+hours of JSON activity (timestamps over the past hours, monitoring events on, the
+idempotent producer); `logbus mirror` pulls the topic and the monitoring events into the
+offline cluster. While they produce, the east broker is paused past the producers'
+timeout once (they retry; idempotence keeps the retries out of the log) and the mirror
+is killed with SIGKILL once (restarted, it resumes from its checkpoint without
+duplicates). Then it runs the example hourly DAG against the offline cluster for each hour with `airflow dags test`
 (temporary AIRFLOW_HOME, SQLite, `airflow db migrate`) into an Iceberg table on an
 embedded SQLite catalog (or Parquet directories with `--target directory`), audits the
-same hours, prints produced / loaded / completeness per hour and the table's snapshots
+same hours at every tier (produced, mirrored, loaded), prints them per hour and the table's snapshots
 with their batch ids and offset ranges, and stops everything, also on failure. The
 example DAGs read their configuration from the LOGBUS_* variables set here, through
 `airflow_provider_logbus.examples.config`, which the demo's own audit reads too. Times are
@@ -22,7 +28,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import sys
 import tempfile
 import time
@@ -38,6 +46,48 @@ from harness.zookeeper import ZooKeeperServer, with_chroot  # noqa: E402
 
 HOUR_MS = 3_600_000
 BROKER_SETTINGS = {"log.flush.interval.ms": 50, "num.partitions": 4, "default.replication.factor": 2}
+LIVE_SETTINGS = {"log.flush.interval.ms": 50, "num.partitions": 4}
+MONITORING_TOPIC = "_logbus_monitoring"
+MIRROR = "demo"
+PAUSE_SECONDS = 8  # past the producers' timeout: request_timeout_ms 1000, so 6 s on the socket
+
+
+def start_mirror(offline: str, live: dict[str, str], topic: str, log: Path) -> subprocess.Popen:
+    """`logbus mirror` from the live clusters into the offline one, as an operator runs it."""
+    args = [str(Path(sys.executable).parent / "logbus"), "--zookeeper", offline, "--log-level", "INFO", "mirror",
+            "--name", MIRROR, "--topics", f"{topic},{MONITORING_TOPIC}", "--report-interval", "0"]
+    for name, connect in live.items():
+        args += ["--source", f"{name}={connect}"]
+    env = {k: v for k, v in os.environ.items() if k != "LOGBUS_ZOOKEEPER"}
+    return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def mirrored_everything(live: dict[str, str], topics: list[str]) -> bool:
+    """True once the mirror's committed offsets on every live cluster reach its end."""
+    from broker.client.cluster import ConnectionPool, open_metadata
+    from broker.client.offsets import group_offsets, partition_offsets
+
+    for connect in live.values():
+        metadata = open_metadata(connect)
+        pool = ConnectionPool(metadata, "demo", 10)
+        try:
+            for topic in topics:
+                ends = partition_offsets(pool, topic)
+                done = group_offsets(metadata.zk, f"mirror-{MIRROR}", topic, sorted(ends))
+                if any(done.get(p, -1) < o.latest for p, o in ends.items()):
+                    return False
+        finally:
+            pool.close()
+            metadata.close()
+    return True
+
+
+def wait_mirrored(live: dict[str, str], topics: list[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not mirrored_everything(live, topics):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the mirror did not catch up within {timeout:.0f} s")
+        time.sleep(0.3)
 
 
 def airflow_env(home: Path, zookeeper: str, warehouse: Path, topic: str, table: str, target: str) -> dict[str, str]:
@@ -127,14 +177,32 @@ def main() -> int:
     topic = table = "web_activity"
     print(f"demo directory: {work}")
     zookeeper = ZooKeeperServer(work / "zookeeper")
-    cluster = None
+    clusters: list[LocalCluster] = []
+    mirror = None
     try:
         zookeeper.start()
         connect = with_chroot(zookeeper.connect_string, "/logbus-demo")
+        live = {name: with_chroot(zookeeper.connect_string, f"/logbus-demo-{name}") for name in ("east", "west")}
         cluster = LocalCluster(connect, work, settings=BROKER_SETTINGS)
+        clusters.append(cluster)
         cluster.start_broker(0)
         cluster.start_broker(1)
-        print("ZooKeeper and 2 brokers are up (topics replicated on both)")
+        for name, where in live.items():
+            clusters.append(LocalCluster(where, work / name, settings=LIVE_SETTINGS))
+            clusters[-1].start_broker(0)
+        east = clusters[1].brokers[0]
+
+        def stall_east() -> None:
+            """The east broker stalls (a GC pause, a VM migration) while a web server sends."""
+            east.pause()
+            threading.Timer(PAUSE_SECONDS, east.resume).start()
+            print(f"east broker paused for {PAUSE_SECONDS} s while a web server sends: its requests time out "
+                  "and are retried, and the retries are not stored twice")
+        print("ZooKeeper, a broker in each live datacenter (east, west) and 2 offline brokers are up "
+              "(offline topics replicated on both)")
+        mirror_log = work / "mirror.log"
+        mirror = start_mirror(connect, live, topic, mirror_log)
+        print(f"logbus mirror {MIRROR}: east, west -> offline ({topic}, {MONITORING_TOPIC}); log {mirror_log}")
 
         from airflow_provider_logbus.examples.simulate_web_servers import simulate
 
@@ -144,20 +212,34 @@ def main() -> int:
         env = airflow_env(home, connect, warehouse, topic, table, args.target)
         print("airflow db migrate ...")
         airflow(env, "db", "migrate", log=log)
+        per_dc = {"east": (args.servers + 1) // 2, "west": args.servers // 2}
         produced = 0
         for h in range(args.hours):
             start, end_ms = first + h * HOUR_MS, first + (h + 1) * HOUR_MS
-            # the hour's events, then the first minute of the next hour (or "now" for the last
-            # hour): once every partition holds later data, the sensor knows the hour is complete
             seed = None if args.seed is None else args.seed * 1000 + h  # fresh events unless --seed
-            simulate(connect, topic, args.servers, start, end_ms, args.rate, seed=seed)
-            tail = (end_ms, end_ms + 60_000) if h + 1 < args.hours else (now - 30_000, now)
-            simulate(connect, topic, args.servers, tail[0], tail[1], 30, seed=None if seed is None else seed + 500)
+            first_server = 0
+            for dc, servers in per_dc.items():
+                # the hour's events, then the first minute of the next hour (or "now" for the last
+                # hour): once every partition holds later data, the sensor knows the hour is complete
+                stall = stall_east if (h == 0 and dc == "east") else None
+                simulate(live[dc], topic, servers, start, end_ms, args.rate, seed=seed, first_server=first_server,
+                         request_timeout_ms=1000, midway=stall)
+                tail = (end_ms, end_ms + 60_000) if h + 1 < args.hours else (now - 30_000, now)
+                simulate(live[dc], topic, servers, tail[0], tail[1], 30, seed=None if seed is None else seed + 500,
+                         first_server=first_server, request_timeout_ms=1000)
+                first_server += servers
+            if h == 0:
+                mirror.send_signal(signal.SIGKILL)
+                mirror.wait(30)
+                mirror = start_mirror(connect, live, topic, mirror_log)
+                print("the mirror was killed with SIGKILL and restarted: it resumes from its checkpoint")
             produced += args.servers * (args.rate + 30)
+            wait_mirrored(live, [topic, MONITORING_TOPIC])
             end = datetime.fromtimestamp(end_ms / 1000, timezone.utc)
-            print(f"{args.servers} servers sent {args.servers * args.rate} events stamped "
-                  f"{end - timedelta(hours=1):%H:%M}-{end:%H:%M} UTC (+{args.servers * 30} later ones); "
-                  f"airflow dags test logbus_hourly_load {end.isoformat()} ...")
+            print(f"{args.servers} servers ({per_dc['east']} east, {per_dc['west']} west) sent "
+                  f"{args.servers * args.rate} events stamped {end - timedelta(hours=1):%H:%M}-{end:%H:%M} UTC "
+                  f"(+{args.servers * 30} later ones), mirrored; airflow dags test logbus_hourly_load "
+                  f"{end.isoformat()} ...")
             airflow(env, "dags", "test", "logbus_hourly_load", end.isoformat(), log=log)
 
         from airflow_provider_logbus.batch import audit_inputs
@@ -180,14 +262,21 @@ def main() -> int:
         print(describe_table(target, warehouse))
         target.close()
         print(f"Airflow log: {log}")
-        ok = report["status"] == "ok" and report["missing"] == 0 and report["produced"] > 0
+        ok = (report["status"] == "ok" and report["missing"] == 0 and report["duplicated"] == 0
+              and report["produced"] > 0 and report.get("mirrored") == report["produced"])
         print("\nRESULT:", "every produced message is in the table exactly once" if ok else "INCOMPLETE")
         return 0 if ok else 1
     finally:
-        if cluster is not None:
+        if mirror is not None:
+            mirror.send_signal(signal.SIGTERM)
+            try:
+                mirror.wait(60)
+            except subprocess.TimeoutExpired:
+                mirror.kill()
+        for cluster in clusters:
             cluster.stop()
         zookeeper.stop()
-        print("stopped brokers and ZooKeeper")
+        print("stopped the mirror, brokers and ZooKeeper")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import json
 import random
 import sys
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from broker.client.producer import Producer
 
@@ -53,21 +53,30 @@ def server_events(server: int, start_ms: int, end_ms: int, per_server: int,
 
 
 def simulate(zookeeper: str, topic: str, servers: int, start_ms: int, end_ms: int, per_server: int,
-             seed: int | None = None) -> dict[str, int]:
+             seed: int | None = None, first_server: int = 0, request_timeout_ms: int = 30_000,
+             midway: Callable[[], None] | None = None) -> dict[str, int]:
     """Send `per_server` events per server with timestamps evenly spread over [start_ms,
     end_ms); returns the count sent per server. Producers publish monitoring events.
     Without `seed` the events are fresh on every call (random event ids, drawn from the
-    operating system's entropy); with a seed the same call sends the same events."""
+    operating system's entropy); with a seed the same call sends the same events.
+    Servers are numbered from `first_server` (web servers of several datacenters).
+    `midway()` is called once, when the first server has delivered half its events and
+    before it sends the rest (the demo stalls a broker there)."""
     sent = {}
-    for s in range(servers):
+    for s in range(first_server, first_server + servers):
         name = f"web-{s + 1:02d}"
-        producer = Producer(zookeeper=zookeeper, acks=1, mode="async", monitoring=True, linger_ms=20, batch_size=500)
+        producer = Producer(zookeeper=zookeeper, acks=1, mode="async", monitoring=True, linger_ms=20, batch_size=500,
+                            request_timeout_ms=request_timeout_ms, delivery_timeout_ms=120_000)
         try:
-            for ts, key, value in server_events(s, start_ms, end_ms, per_server, seed):
+            reports = []
+            for i, (ts, key, value) in enumerate(server_events(s, start_ms, end_ms, per_server, seed)):
+                if midway is not None and s == first_server and i == per_server // 2:
+                    reports.append(producer.flush())
+                    midway()
                 producer.send(topic, value, key=key, timestamp=ts)
-            reports = [producer.flush()]
+            reports.append(producer.flush())
         finally:
-            reports.append(producer.close()) if "reports" in locals() else producer.close()
+            reports.append(producer.close())
         failed = [f for r in reports if r is not None for f in r.failed]
         if failed:
             raise RuntimeError(f"{name}: {len(failed)} sends failed: {failed[:3]}")
