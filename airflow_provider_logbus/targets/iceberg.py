@@ -169,10 +169,15 @@ def _load_catalog(name: str, properties: dict[str, str], attempts: int = 3):
 
 
 def _lost_catalog_creation_race(exc: Exception) -> bool:
+    """PostgreSQL says IntegrityError or ProgrammingError when two loads create the
+    catalog's tables at once; SQLite says OperationalError ("already exists", or
+    "database is locked" while the other holds the write lock)."""
     try:
-        from sqlalchemy.exc import IntegrityError, ProgrammingError
+        from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
     except ImportError:  # not a SQL catalog's error
         return False
+    if isinstance(exc, OperationalError):
+        return "already exists" in str(exc) or "locked" in str(exc)
     return isinstance(exc, (IntegrityError, ProgrammingError))
 
 
