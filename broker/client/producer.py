@@ -68,7 +68,8 @@ from broker.client.results import (
 from broker.client.sender import Sender
 from broker.client.settings import require_at_least
 from broker.common.errors import UnknownPartition
-from broker.common.message import Codec, now_ms
+from broker.common.compression import Codec
+from broker.common.message import now_ms
 from broker.common.protocol import Acks, check_topic_name
 
 logger = logging.getLogger(__name__)

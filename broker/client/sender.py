@@ -43,7 +43,8 @@ from broker.common.errors import (
     BrokerShuttingDown, DuplicateSequence, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
     RequestTimedOut, StorageError, TopicCreationDisabled, UnknownPartition, UnknownTopic,
 )
-from broker.common.message import HEADER_SIZE, Codec, encode_batch, encode_message_set, now_ms
+from broker.common.compression import Codec
+from broker.common.message import HEADER_SIZE, encode_batch, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
 

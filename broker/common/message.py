@@ -27,8 +27,6 @@ and size, so a reader can step past it — at the first entry it cannot decode.
 from __future__ import annotations
 
 import enum
-import gzip
-import zlib
 import struct
 import time
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 import crcmod.predefined
 
+from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compress, decompress
 from broker.common.errors import InvalidMessage, MessageTooLarge
 
 MAGIC = 2  # written: the CRC covers magic and attributes too
@@ -122,112 +121,6 @@ def iter_batches(buf: bytes | memoryview) -> Iterator[tuple[int, int, BatchIdent
         if magic == MAGIC_BATCH:
             yield pos, entry_end, batch_identity(buf, pos)
         pos = entry_end
-
-
-class Codec(enum.IntEnum):
-    NONE = 0
-    GZIP = 1
-    SNAPPY = 2
-    LZ4 = 3
-    ZSTD = 4
-
-    @classmethod
-    def parse(cls, name: "str | int | Codec | None") -> "Codec":
-        """Accepts 'gzip', 1, Codec.GZIP or None, so configuration can use names."""
-        if name is None:
-            return cls.NONE
-        if isinstance(name, str):
-            try:
-                return cls[name.strip().upper()]
-            except KeyError:
-                raise ValueError(
-                    f"unknown compression codec {name!r}; choose one of "
-                    + ", ".join(c.name.lower() for c in cls)
-                ) from None
-        return cls(name)
-
-
-def _optional_codec(codec: Codec) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
-    """(compress, decompress) for the codecs whose libraries are optional extras."""
-    try:
-        if codec is Codec.SNAPPY:
-            import snappy  # type: ignore[import-not-found]
-
-            return snappy.compress, snappy.decompress
-        if codec is Codec.LZ4:
-            import lz4.frame  # type: ignore[import-not-found]
-
-            return lz4.frame.compress, lz4.frame.decompress
-        if codec is Codec.ZSTD:
-            import zstandard  # type: ignore[import-not-found]
-
-            return zstandard.ZstdCompressor().compress, zstandard.ZstdDecompressor().decompress
-    except ImportError as exc:
-        package = {Codec.SNAPPY: "python-snappy", Codec.LZ4: "lz4", Codec.ZSTD: "zstandard"}[codec]
-        raise InvalidMessage(
-            f"compression codec {codec.name.lower()} needs the {package!r} package "
-            f"(pip install 'logbus[{codec.name.lower()}]')"
-        ) from exc
-    raise InvalidMessage(f"unknown compression codec {int(codec)}")
-
-
-def compress(codec: Codec, data: bytes) -> bytes:
-    if codec is Codec.NONE:
-        return data
-    if codec is Codec.GZIP:
-        return gzip.compress(data, compresslevel=6, mtime=0)
-    return _optional_codec(codec)[0](data)
-
-
-DEFAULT_MAX_DECOMPRESSED = 64 << 20
-
-
-def decompress(codec: Codec, data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
-    """Decompress a wrapper's value, refusing output over `max_bytes` (a gzip bomb of a
-    few KiB must not make the broker allocate gigabytes)."""
-    if codec is Codec.NONE:
-        return bytes(data)
-    try:
-        if codec is Codec.GZIP:
-            out = _gunzip_bounded(data, max_bytes)
-        elif codec is Codec.ZSTD:
-            import zstandard  # type: ignore[import-not-found]
-
-            with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
-                out, chunk = bytearray(), b"x"
-                while chunk and len(out) <= max_bytes:
-                    chunk = reader.read(max_bytes + 1 - len(out))
-                    out += chunk
-                out = bytes(out)
-        else:
-            out = _optional_codec(codec)[1](bytes(data))
-    except InvalidMessage:
-        raise
-    except ImportError as exc:
-        raise InvalidMessage(f"compression codec {codec.name.lower()} needs the 'zstandard' package") from exc
-    except Exception as exc:  # every codec library has its own error classes
-        raise InvalidMessage(f"cannot decompress a {codec.name.lower()} entry: {exc}") from exc
-    if len(out) > max_bytes:
-        raise InvalidMessage(f"a {codec.name.lower()} entry decompresses to more than {max_bytes} bytes")
-    return out
-
-
-def _gunzip_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
-    """gzip.decompress with a bound on the output, member by member; zlib checks each
-    member's trailer CRC and length."""
-    out = bytearray()
-    rest = bytes(data)
-    if not rest:
-        raise InvalidMessage("cannot decompress a gzip entry: empty value")
-    while rest:
-        d = zlib.decompressobj(wbits=31)
-        out += d.decompress(rest, max_bytes + 1 - len(out))
-        if len(out) > max_bytes:
-            raise InvalidMessage(f"a gzip entry decompresses to more than {max_bytes} bytes")
-        if not d.eof:
-            raise InvalidMessage("cannot decompress a gzip entry: truncated gzip stream")
-        rest = d.unused_data
-    return bytes(out)
 
 
 def now_ms() -> int:
