@@ -28,10 +28,12 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import struct
 from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from broker.common.columns import decode_arrow
+from broker.common.errors import InvalidMessage
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json
@@ -145,89 +147,8 @@ class LogbusReader(DataSourceReader):
             return
         cluster = worker_cluster(self.zookeeper, self.brokers, self.leader_wait)
         for base, buf in cluster.read_range(r.topic, r.partition, r.start, r.end, self.fetch_bytes):
-            yield decode_record_batch(r.topic, r.partition, base, buf, self.verify_crc)
-
-
-_HEADER = struct.Struct(">ibbIqi")
-
-
-def _binary_array(pa, np, arr, starts, lengths, valid=None):
-    """A BinaryArray of arr[starts[i]:starts[i]+lengths[i]] without a Python object per value."""
-    n = len(starts)
-    lengths = np.where(valid, lengths, 0) if valid is not None else lengths
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1]:
-        delta = np.zeros(len(arr) + 1, dtype=np.int8)
-        nonempty = lengths > 0
-        delta[starts[nonempty]] += 1
-        delta[(starts + lengths)[nonempty]] -= 1
-        data = arr[np.cumsum(delta[:-1], dtype=np.int8).astype(bool)]
-    else:
-        data = np.zeros(0, dtype=np.uint8)
-    validity = None
-    if valid is not None and not valid.all():
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
-
-
-def decode_record_batch(topic: str, partition: int, base: int, buf: bytes, verify_crc: bool = True):
-    """One RecordBatch from a buffer of whole entries (offset base..base+len(buf))."""
-    import numpy as np
-    import pyarrow as pa
-
-    from broker.common.errors import InvalidMessage
-    from broker.common.message import decode_messages, entry_crc
-
-    n_max = len(buf) // 22 + 1
-    positions = np.empty(n_max, dtype=np.int64)
-    timestamps = np.empty(n_max, dtype=np.int64)
-    key_lengths = np.empty(n_max, dtype=np.int32)
-    sizes = np.empty(n_max, dtype=np.int64)
-    unpack = _HEADER.unpack_from
-    view = memoryview(buf)
-    pos, end, i, compressed = 0, len(buf), 0, False
-    while pos < end:
-        size, magic, attributes, crc, timestamp, key_length = unpack(buf, pos)
-        if attributes & 0x07 or magic == 3:  # a compressed set or a producer batch: a wrapper
-            compressed = True
-            break
-        entry_end = pos + 4 + size
-        if verify_crc and entry_crc(view, pos, entry_end, magic, attributes) != crc:
-            raise InvalidMessage(f"{topic}-{partition}: corrupt entry at offset {base + pos}: CRC mismatch; the batch "
-                                 "cannot be loaded past it (docs/operations.md, storage faults)")
-        positions[i], timestamps[i], key_lengths[i], sizes[i] = pos, timestamp, key_length, size
-        i += 1
-        pos = entry_end
-    view.release()
-    if compressed:  # wrappers: decode message by message
-        messages, corrupt = decode_messages(buf, base, verify_crc)
-        if corrupt is not None:
-            raise InvalidMessage(f"{topic}-{partition}: {corrupt}; the batch cannot be loaded past it "
-                                 "(docs/operations.md, storage faults)")
-        return pa.RecordBatch.from_arrays(
-            [pa.array([topic] * len(messages), pa.string()), pa.array([partition] * len(messages), pa.int32()),
-             pa.array([m.offset for m in messages], pa.int64()),
-             pa.array([m.timestamp for m in messages], pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-             .cast(pa.timestamp("us", tz="UTC")),
-             pa.array([m.key for m in messages], pa.binary()), pa.array([m.value for m in messages], pa.binary())],
-            names=["topic", "partition", "offset", "timestamp", "key", "value"],
-        )
-    positions, timestamps, key_lengths, sizes = positions[:i], timestamps[:i], key_lengths[:i], sizes[:i]
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    key_starts = positions + 22
-    has_key = key_lengths >= 0
-    klen = np.maximum(key_lengths, 0).astype(np.int64)
-    value_starts = key_starts + klen
-    value_lengths = positions + 4 + sizes - value_starts
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.DictionaryArray.from_arrays(pa.array(np.zeros(i, dtype=np.int32)), pa.array([topic])).cast(pa.string()),
-            pa.array(np.full(i, partition, dtype=np.int32)),
-            pa.array(positions + base),
-            pa.array(timestamps * 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            _binary_array(pa, np, arr, key_starts, klen, has_key),
-            _binary_array(pa, np, arr, value_starts, value_lengths),
-        ],
-        names=["topic", "partition", "offset", "timestamp", "key", "value"],
-    )
+            try:
+                yield decode_arrow(r.topic, r.partition, base, buf, self.verify_crc)
+            except InvalidMessage as exc:
+                raise InvalidMessage(f"{exc}; the batch cannot be loaded past it (docs/operations.md, storage "
+                                     "faults)") from None

@@ -33,6 +33,9 @@ MAY_IMPORT = {
 }
 OUTSIDE_BROKER = ("airflow", "pyspark", "pyarrow", "pyiceberg", "airflow_provider_logbus", "harness", "bench", "tests")
 SPARK_SIDE = ("airflow_provider_logbus.spark.load_job", "airflow_provider_logbus.spark.datasource")
+# The format's Arrow decoder may import pyarrow, when called: readers that want columns
+# have it, and the broker installs without it (docs/architecture.md).
+ARROW_DECODER = "broker.common.columns"
 
 
 def layer(module: str) -> str | None:
@@ -134,6 +137,8 @@ def layer_violations(imports: list[Import]) -> list[str]:
         if theirs is not None and theirs not in MAY_IMPORT[mine]:
             broken.append(f"{imp}: the {mine} may import only {', '.join(sorted(MAY_IMPORT[mine]))}, not the {theirs}")
         elif mine != "provider" and imp.imported.split(".")[0] in OUTSIDE_BROKER:
+            if imp.importer == ARROW_DECODER and imp.imported == "pyarrow" and not imp.at_import_time:
+                continue
             broken.append(f"{imp}: nothing in broker/ imports {imp.imported.split('.')[0]}")
     return broken
 
@@ -286,3 +291,13 @@ def test_a_circle_of_import_time_imports_is_found_and_a_lazy_import_breaks_it():
     lazy = check(broker__a="import broker.b", broker__b="def f():\n    import broker.a")
     assert import_cycles(lazy) == []
     assert import_cycles(check(broker__a="import broker.a")) == [["broker.a"]]
+
+
+def test_only_the_arrow_decoder_imports_pyarrow_and_only_when_called(tmp_path):
+    """The exception for `broker.common.columns` is narrow: at import time it is refused,
+    and any other module of broker/ is refused either way."""
+    lazy = Import("broker.common.columns", "pyarrow", 40, False)
+    eager = Import("broker.common.columns", "pyarrow", 3, True)
+    elsewhere = Import("broker.common.message", "pyarrow", 40, False)
+    assert layer_violations([lazy]) == []
+    assert len(layer_violations([eager])) == 1 and len(layer_violations([elsewhere])) == 1
