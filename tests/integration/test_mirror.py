@@ -177,3 +177,39 @@ def test_bad_mirror_arguments_are_one_line_errors(clusters):
     assert result.returncode == 2 and "NAME=ZOOKEEPER" in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(ValueError, match="distinct names"):
         Mirror("x", [MirrorSource("a", zookeeper=target), MirrorSource("a", zookeeper=target)], target, topics=["t"])
+
+
+def test_key_partitioning_into_a_target_with_another_partition_count(clusters):
+    """`partitioning="key"`: a keyed message goes to its key's partition of the target
+    (whose count differs from the source's), an unkeyed one to the source partition
+    modulo the target's count; each once, and a key's messages in their source order."""
+    from broker.client.partitioner import partition_for_key
+
+    east, target = clusters["east"][0], clusters["offline"][0]
+    with client(east) as zk:
+        create_topic(zk, "views", 3)
+    with client(target) as zk:
+        create_topic(zk, "views", 2)
+    with Producer(zookeeper=east, monitoring=False) as producer:
+        for i in range(60):
+            producer.send("views", b"k%d-%d" % (i % 5, i), key=b"user %d" % (i % 5))
+        for partition in range(3):
+            producer.send("views", b"unkeyed %d" % partition, partition=partition)
+    mirror = Mirror("rekey", [MirrorSource("east", zookeeper=east)], target, topics=["views"], partitioning="key")
+    stop = threading.Event()
+    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
+    try:
+        runner.start()
+        wait_until(lambda: sum(map(len, read_topic(target, "views", 2).values())) >= 63, 60, "63 messages mirrored")
+    finally:
+        stop.set()
+        runner.join(30)
+        mirror.close()
+    mirrored = read_topic(target, "views", 2)
+    assert sum(map(len, mirrored.values())) == 63
+    for user in range(5):
+        values = [b"k%d-%d" % (user, i) for i in range(user, 60, 5)]
+        assert [v for v in mirrored[partition_for_key(b"user %d" % user, 2)] if v.startswith(b"k%d-" % user)] == values
+    assert {v for p, vs in mirrored.items() for v in vs if v.startswith(b"unkeyed")} == {b"unkeyed 0", b"unkeyed 1",
+                                                                                          b"unkeyed 2"}
+    assert b"unkeyed 1" in mirrored[1] and b"unkeyed 2" in mirrored[0]
