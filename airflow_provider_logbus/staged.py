@@ -33,11 +33,15 @@ def write_json_atomic(path: Path, obj, tmp_dir: Path | None = None) -> None:
     The temporary file lives in `tmp_dir` (default: beside the target), so a writer
     killed mid-way leaves nothing inside a directory that is about to be published."""
     tmp = (tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # e.g. the directory of `path` removed meanwhile by a concurrent commit
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def reject_files(root: Path) -> list[Path]:
