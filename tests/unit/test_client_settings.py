@@ -28,6 +28,14 @@ def test_an_async_batch_that_would_expire_while_it_lingers_is_refused():
         Producer(brokers=NOWHERE, mode="async", linger_ms=60_000)
 
 
+def test_idempotence_with_acks_zero_is_refused_by_name_and_works_when_turned_off():
+    with pytest.raises(ValueError, match=r"enable_idempotence=True needs acks=1 or acks=-1.*enable_idempotence=False"):
+        Producer(brokers=NOWHERE, acks=0)
+    producer = Producer(brokers=NOWHERE, acks=0, enable_idempotence=False)  # accepted (nothing sent yet)
+    assert producer.sender.idempotence is None
+    producer.close(1)
+
+
 @pytest.mark.parametrize("setting, value, message", [
     ("mode", "fire-and-forget", "mode must be"), ("acks", 2, "acks must be"), ("queue_full", "drop", "queue_full must"),
 ])
