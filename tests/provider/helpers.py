@@ -14,11 +14,12 @@ from airflow_provider_logbus.cluster import LogbusCluster
 
 
 def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3, value_bytes: int | None = None,
-            keyed: bool = True, one_entry_each: bool = False) -> int:
+            keyed: bool = True, one_entry_each: bool = True) -> int:
     """Send one JSON event per timestamp, round-robin over `servers` producers (each with
-    monitoring events on). With `value_bytes`, every value has exactly that size; with
-    `one_entry_each`, every message is an entry of its own (idempotence off), for tests
-    that compute offsets from sizes."""
+    monitoring events on). With `value_bytes`, every value has exactly that size. With
+    `one_entry_each` (the default) every message is an entry of its own (idempotence
+    off), so that (partition, offset) names one message: what these tests compare
+    tables with. The demo and the tiered-audit tests load producer batches."""
     producers = [Producer(zookeeper=zookeeper, acks=1, monitoring=True, enable_idempotence=not one_entry_each)
                  for _ in range(servers)]
     try:

@@ -76,7 +76,7 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
     out["rows_after_1"] = table_offsets(target)
 
     produce(zk, TOPIC, [ends[0] + 60_000 + i * (HOUR // 80) for i in range(80)])
-    bad = Producer(zookeeper=zk, acks=1, monitoring=True)
+    bad = Producer(zookeeper=zk, acks=1, monitoring=True, enable_idempotence=False)  # an entry a message
     try:
         for i, value in enumerate(BAD_VALUES):
             bad.send(TOPIC, value, key=str(i), timestamp=ends[0] + 120_000 + i)
