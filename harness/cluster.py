@@ -154,6 +154,18 @@ class LocalCluster:
         self.brokers[broker_id] = broker
         return broker.start(wait=wait)
 
+    def kill_all(self) -> None:
+        """SIGKILL every broker at once, then wait for them: killed one by one, the
+        survivors' controller would react to the first deaths before the last."""
+        running = [b for b in self.brokers.values() if b.alive]
+        for broker in running:
+            try:
+                os.killpg(broker.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for broker in running:
+            broker.kill()  # reaps it (and is a no-op for one already gone)
+
     def start(self, count: int) -> "LocalCluster":
         for broker_id in range(count):
             self.start_broker(broker_id)

@@ -246,8 +246,7 @@ def test_a_leader_back_first_after_the_whole_cluster_died_leads_a_new_epoch(clus
     with Producer(zookeeper=zk_connect, acks=-1, monitoring=False, retries=50, retry_backoff_ms=200) as producer:
         for value in before:
             producer.send("restart", value, partition=0)
-    for broker_id in range(3):
-        cluster.brokers[broker_id].kill()
+    cluster.kill_all()  # at once: no survivor's controller moves the lead meanwhile
 
     cluster.start_broker(leader)
     state = wait_until(lambda: (s := states(zk, "restart")[0]).leader == leader and s.leader_epoch > initial.leader_epoch
