@@ -9,7 +9,7 @@ import pytest
 
 from broker.common.errors import InvalidMessage
 from broker.common.columns import decode_arrow as decode_record_batch
-from broker.common.message import BatchIdentity, encode_batch, encode_message_set
+from broker.common.message import BatchIdentity, encode_batch, encode_message_set, iter_messages
 
 MESSAGES = [(None, b"value-%d" % i, 1_704_067_200_000 + i) for i in range(3)]
 
@@ -36,3 +36,41 @@ def test_a_producer_batch_decodes_to_one_row_per_message_at_the_batchs_offset(co
     batch = decode_record_batch("t", 3, 1000, buf)
     assert batch.column("value").to_pylist() == [MESSAGES[0][1]] + [m[1] for m in MESSAGES]
     assert batch.column("offset").to_pylist() == [1000] + [1000 + len(plain)] * 3
+
+
+BATCH = [(None if i % 2 else b"k%d" % i, b"value-%d" % i, 1_704_067_200_000 + i) for i in range(5)]
+
+
+def _batches(codec) -> bytes:
+    """Two producer batches (magic 3) and a plain entry after them."""
+    return (encode_batch(BATCH[:3], BatchIdentity(9, 0, 0, 3), codec)
+            + encode_batch(BATCH[3:], BatchIdentity(9, 0, 3, 2), codec)
+            + encode_message_set([(b"tail", b"plain", 1_704_067_200_009)]))
+
+
+@pytest.mark.parametrize("codec", [0, 1])
+def test_producer_batches_decode_to_the_rows_iteration_gives(codec):
+    buf = _batches(codec)
+    batch = decode_record_batch("t", 3, 1000, buf)
+    expected = list(iter_messages(buf, 1000))
+    assert batch.num_rows == 6
+    assert batch.column("offset").to_pylist() == [m.offset for m in expected]
+    assert batch.column("key").to_pylist() == [m.key for m in expected]
+    assert batch.column("value").to_pylist() == [m.value for m in expected]
+    assert [int(t.timestamp() * 1000) for t in batch.column("timestamp").to_pylist()] == [m.timestamp for m in expected]
+    assert set(batch.column("topic").to_pylist()) == {"t"}
+
+
+@pytest.mark.parametrize("codec", [0, 1])
+def test_a_corrupt_producer_batch_fails_naming_partition_and_offset(codec):
+    buf = bytearray(_batches(codec))
+    first = len(encode_batch(BATCH[:3], BatchIdentity(9, 0, 0, 3), codec))
+    buf[first + 45] ^= 0xFF  # inside the second batch
+    with pytest.raises(InvalidMessage, match=rf"t-3: corrupt entry at offset {1000 + first}: "):
+        decode_record_batch("t", 3, 1000, bytes(buf))
+
+
+def test_a_set_cut_inside_an_entry_is_refused_not_shortened():
+    buf = _batches(0)
+    with pytest.raises(InvalidMessage, match="partial entry"):
+        decode_record_batch("t", 3, 1000, buf[:-3])
