@@ -3,6 +3,8 @@
 The consumer keeps the next offset to read. `fetch()` makes one FETCH (long-polling
 up to `max_wait_ms` for at least `min_bytes`), verifies CRCs, drops a partial last
 entry (the next fetch starts at it), and advances the offset past what it returns.
+`fetch_columns()` and `batches()` hand out the same fetches whole, as columns
+(`broker.common.columns`), without a Python object per message.
 
 - A first message larger than `fetch_size` makes the consumer retry with a doubled
   size, up to `max_fetch_size`; beyond that `FetchSizeTooSmall` says how big it is.
@@ -28,7 +30,8 @@ from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool,
 from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable, confirm_corrupt
 from broker.client.settings import require_at_least
 from broker.common.errors import BrokerShuttingDown, OffsetOutOfRange, UnknownTopic
-from broker.common.message import CorruptEntry, Message, decode_messages, first_entry_size
+from broker.common.columns import MessageColumns, decode_columns
+from broker.common.message import CorruptEntry, Message, first_entry_size
 from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 
 logger = logging.getLogger(__name__)
@@ -151,6 +154,14 @@ class SimpleConsumer:
     def fetch(self, max_wait_ms: int | None = None) -> list[Message]:
         """One fetch at the current offset; advances past the messages returned. An
         empty list means nothing new arrived within the wait."""
+        return self.fetch_columns(max_wait_ms).messages()
+
+    def fetch_columns(self, max_wait_ms: int | None = None) -> MessageColumns:
+        """`fetch` without a Python object per message: the whole fetch as columns
+        (`broker.common.columns.MessageColumns`; `to_arrow` makes an Arrow record batch
+        of it). Advances `offset` to its `next_offset`, the position to commit once
+        every message of it is processed. No messages means nothing new arrived within
+        the wait; corrupt entries and fetch sizes are handled as `fetch` handles them."""
         wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
         size = self.fetch_size
         while True:
@@ -162,16 +173,16 @@ class SimpleConsumer:
                 continue
             self.high_watermark = response.high_watermark
             data = response.messages
-            messages, corrupt = decode_messages(data, self.offset, self.verify_crc)
-            if messages:
-                self.offset = messages[-1].next_offset
-                return messages
-            if corrupt is not None:
-                self._corrupt(corrupt)
+            columns = decode_columns(data, self.offset, self.verify_crc)
+            if len(columns):
+                self.offset = columns.next_offset
+                return columns
+            if columns.corrupt is not None:
+                self._corrupt(columns.corrupt)
                 continue
             needed = first_entry_size(data)
             if needed is None or needed <= len(data):
-                return []
+                return columns
             if size >= self.max_fetch_size:
                 raise FetchSizeTooSmall(
                     f"the message at {self.topic}-{self.partition} offset {self.offset} is {needed} bytes, "
@@ -212,11 +223,18 @@ class SimpleConsumer:
     def messages(self, idle_timeout: float | None = None) -> Iterator[Message]:
         """Messages as they arrive; stops after `idle_timeout` seconds without any
         (None: never stops)."""
+        for columns in self.batches(idle_timeout):
+            yield from columns.messages()
+
+    def batches(self, idle_timeout: float | None = None) -> Iterator[MessageColumns]:
+        """`messages` a whole fetch at a time (`fetch_columns`), never empty: after
+        taking one, `offset` is its `next_offset`. With `idle_timeout=0`, up to the end
+        of the partition."""
         last = time.monotonic()
         while True:
-            batch = self.fetch()
-            if batch:
-                yield from batch
+            columns = self.fetch_columns()
+            if len(columns):
+                yield columns
                 last = time.monotonic()
             elif idle_timeout is not None and time.monotonic() - last >= idle_timeout:
                 return

@@ -2,8 +2,8 @@
 
 One thread serves every partition a consumer owns. Each round it sends one MULTIFETCH
 to every leader at once (pipelined over the brokers, each a long poll of `max_wait_ms`
-for `min_bytes`), then reads the answers and puts each partition's messages, as one
-`Chunk`, on its stream's queue. A partition whose stream already holds `queued_chunks`
+for `min_bytes`), then reads the answers and puts each partition's messages, decoded into columns
+(`broker.common.columns`) as one `Chunk`, on its stream's queue. A partition whose stream already holds `queued_chunks`
 chunks is not fetched (back-pressure); a partition without a live leader is skipped
 until it has one again; a fetched message bigger than the fetch size doubles that
 partition's fetch size up to `max_fetch_size`.
@@ -28,7 +28,8 @@ from broker.client.cluster import ClusterMetadata, ConnectionPool
 from broker.client.errors import FetchSizeTooSmall, confirm_corrupt
 from broker.client.stream import Chunk, MessageStream
 from broker.common.errors import InvalidRequest, LogbusError, OffsetOutOfRange, error_for
-from broker.common.message import CorruptEntry, decode_messages, first_entry_size
+from broker.common.columns import decode_columns, empty_columns
+from broker.common.message import CorruptEntry, first_entry_size
 from broker.common.protocol import EARLIEST, LATEST, ApiKey, FetchRequest, MultiFetchRequest, decode_multifetch, raise_for_error
 
 logger = logging.getLogger(__name__)
@@ -176,14 +177,14 @@ class Fetcher(threading.Thread):
                 self.metadata.refresh(f.topic)
             return
         data = result.value.messages
-        messages, corrupt = decode_messages(data, f.offset)
-        if not messages and corrupt is not None:
-            self._corrupt(f, corrupt, generation)
+        columns = decode_columns(data, f.offset)
+        if not len(columns) and columns.corrupt is not None:
+            self._corrupt(f, columns.corrupt, generation)
             return
-        if messages:
-            f.offset = messages[-1].next_offset
+        if len(columns):
+            f.offset = columns.next_offset
             f.fetch_size = self.fetch_size
-            f.stream.queue.put(Chunk(generation, f.topic, f.partition, messages))
+            f.stream.queue.put(Chunk(generation, f.topic, f.partition, columns))
             return
         needed = first_entry_size(data)
         if needed is not None and needed > len(data):
@@ -211,6 +212,6 @@ class Fetcher(threading.Thread):
 
     def _end(self, f: PartitionFetch, generation: int, error: BaseException) -> None:
         """Stop fetching a partition; its stream raises `error` after what it already holds."""
-        f.stream.queue.put(Chunk(generation, f.topic, f.partition, [], error))
+        f.stream.queue.put(Chunk(generation, f.topic, f.partition, empty_columns(f.offset or 0), error))
         with self._lock:
             self._work = [w for w in self._work if w is not f]

@@ -44,7 +44,6 @@ from broker.client.fetcher import Fetcher, PartitionFetch
 from broker.client.rebalance import Subscriptions, assignment_for, stream_id
 from broker.client.settings import require_at_least
 from broker.client.stream import CLOSED, Chunk, MessageStream
-from broker.common.message import Message
 from broker.common.protocol import check_topic_name
 from broker.common.zklayout import (
     consumer_path, decode_subscription, encode_subscription, group_ids_path, owner_path, read_offset, write_offset,
@@ -283,11 +282,11 @@ class ConsumerGroup:
 
     # ------------------------------------------------------------------- streams
 
-    def _hand_out(self, chunk: Chunk, message: Message) -> bool:
+    def _hand_out(self, chunk: Chunk, next_offset: int) -> bool:
         with self._lock:
             if chunk.generation != self._generation:
                 return False
-            self._consumed[(chunk.topic, chunk.partition)] = message.next_offset
+            self._consumed[(chunk.topic, chunk.partition)] = next_offset
             return True
 
     def _stream_took(self) -> None:

@@ -1,8 +1,9 @@
 """A consumer-group stream: the iterator a user reads messages from.
 
-The fetcher puts `Chunk`s (messages of one partition, in order) on the stream's queue;
-the iterator hands their messages out one by one. Handing a message out is what marks
-it consumed: `next_offset` becomes the offset the group will commit for the partition.
+The fetcher puts `Chunk`s (messages of one partition, in order, as columns) on the
+stream's queue; the iterator hands their messages out one by one, `next_batch` the rest
+of a chunk at once. Handing out is what marks messages consumed: the `next_offset` of
+the last one becomes the offset the group will commit for the partition.
 A chunk from before the latest rebalance (an older `generation`) is dropped unread, so
 a partition that moved to another consumer is never delivered by both after the move.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from broker.client.errors import ConsumerTimeout
-from broker.common.message import Message
+from broker.common.columns import MessageColumns, empty_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,28 +32,47 @@ class ConsumedMessage:
     value: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumedBatch:
+    """The messages of one partition a stream handed out at once (`next_batch`):
+    `columns` holds them (`broker.common.columns.MessageColumns`), `next_offset` is
+    what the group commits for the partition once they are processed."""
+
+    topic: str
+    partition: int
+    columns: MessageColumns
+
+    @property
+    def next_offset(self) -> int:
+        return self.columns.next_offset
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+
 @dataclass(frozen=True)
 class Chunk:
     generation: int
     topic: str
     partition: int
-    messages: list[Message]
+    columns: MessageColumns
     error: BaseException | None = None  # raised by the iterator (e.g. OffsetOutOfRange with reset "error")
 
 
-CLOSED = Chunk(-1, "", -1, [])
+CLOSED = Chunk(-1, "", -1, empty_columns(0))
 
 
 class MessageStream:
-    """Iterates messages forever (blocking until data arrives). With a `timeout`
-    (seconds), raises `ConsumerTimeout` when nothing arrives for that long; iterating
-    again continues where it stopped. Ends (StopIteration) when the group is closed.
+    """Iterates messages forever (blocking until data arrives), one at a time or, with
+    `next_batch`/`batches`, a fetched chunk at a time. With a `timeout` (seconds),
+    raises `ConsumerTimeout` when nothing arrives for that long; iterating again
+    continues where it stopped. Ends (StopIteration) when the group is closed.
 
-    `hand_out(chunk, message)` is the group's callback: it records the consumed offset
-    and returns False when the chunk is stale.
+    `hand_out(chunk, next_offset)` is the group's callback: it records the consumed
+    offset and returns False when the chunk is stale.
     """
 
-    def __init__(self, stream_id: str, topic: str, hand_out: Callable[[Chunk, Message], bool],
+    def __init__(self, stream_id: str, topic: str, hand_out: Callable[[Chunk, int], bool],
                  timeout: float | None = None, on_take: Callable[[], None] | None = None) -> None:
         self.stream_id = stream_id
         self.topic = topic
@@ -61,6 +81,8 @@ class MessageStream:
         self._hand_out = hand_out
         self._on_take = on_take
         self._chunk: Chunk | None = None
+        self._keys: list[bytes | None] = []
+        self._values: list[bytes] = []
         self._pos = 0
         self._closed = False
 
@@ -74,14 +96,41 @@ class MessageStream:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             chunk = self._chunk
-            if chunk is not None and self._pos < len(chunk.messages):
-                m = chunk.messages[self._pos]
-                self._pos += 1
-                if self._hand_out(chunk, m):
-                    return ConsumedMessage(chunk.topic, chunk.partition, m.offset, m.next_offset, m.timestamp, m.key,
-                                           m.value)
-                self._chunk = None  # stale: a rebalance happened since it was fetched
-                continue
+            if chunk is None:
+                chunk = self._take(deadline)
+                self._keys, self._values = chunk.columns.keys(), chunk.columns.values()
+            i, columns = self._pos, chunk.columns
+            self._pos += 1
+            if self._pos == len(columns):
+                self._chunk = None
+            if self._hand_out(chunk, columns.next_offsets[i]):
+                return ConsumedMessage(chunk.topic, chunk.partition, columns.offsets[i], columns.next_offsets[i],
+                                       columns.timestamps[i], self._keys[i], self._values[i])
+            self._chunk = None  # stale: a rebalance happened since it was fetched
+
+    def next_batch(self) -> ConsumedBatch:
+        """Every message of the next fetched chunk not handed out yet, at once, without
+        an object per message; blocks, times out and ends as iteration does. Handing
+        the batch out moves the partition's commit position to its `next_offset`."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            chunk = self._chunk or self._take(deadline)
+            columns = chunk.columns.tail(self._pos)
+            self._chunk = None
+            if self._hand_out(chunk, columns.next_offset):
+                return ConsumedBatch(chunk.topic, chunk.partition, columns)
+
+    def batches(self) -> Iterator[ConsumedBatch]:
+        """`next_batch` until the group is closed."""
+        while True:
+            try:
+                yield self.next_batch()
+            except StopIteration:
+                return
+
+    def _take(self, deadline: float | None) -> Chunk:
+        """The next chunk with messages from the queue, waiting up to `deadline`."""
+        while True:
             if self._closed:
                 raise StopIteration
             wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
@@ -98,7 +147,9 @@ class MessageStream:
                 raise StopIteration
             if chunk.error is not None:
                 raise chunk.error
-            self._chunk, self._pos = chunk, 0
+            if len(chunk.columns):
+                self._chunk, self._pos = chunk, 0
+                return chunk
 
     def pending_chunks(self) -> int:
         return self.queue.qsize()

@@ -2,7 +2,8 @@
 bits were flipped, is refused with InvalidMessage (2) and leaves the log intact; a
 partition that holds a bad entry anyway (old or damaged data, written into a segment
 file here) still delivers every good message before and after it, through
-SimpleConsumer (raise, then seek past; or skip) and through a consumer group."""
+SimpleConsumer (raise, then seek past; or skip) and through a consumer group, one by one
+or in batches."""
 
 from __future__ import annotations
 
@@ -158,3 +159,45 @@ def test_consumer_group_skips_bad_entries_and_delivers_the_rest(cluster, zk_conn
     finally:
         group.close()
     print(f"\nconsumer group: {len(got)} good messages delivered, {group.fetcher.skipped_entries} corrupt entries skipped")
+
+
+def test_simple_consumer_batches_raise_at_a_bad_entry_as_iteration_does(cluster, zk_connect):
+    broker, good, bad = poisoned_partition(cluster)
+    got, errors = [], []
+    with SimpleConsumer("mixed", 0, zookeeper=zk_connect, offset=0, max_wait_ms=50) as consumer:
+        for _ in range(len(bad) + 1):
+            try:
+                for columns in consumer.batches(idle_timeout=0):
+                    got += columns.values()
+                break
+            except CorruptMessageError as exc:
+                errors.append(exc)
+                consumer.seek(exc.next_offset)
+    assert got == good
+    assert [e.offset for e in errors] == bad
+    with SimpleConsumer("mixed", 0, zookeeper=zk_connect, offset=0, max_wait_ms=50, on_corrupt="skip") as consumer:
+        assert [v for columns in consumer.batches(idle_timeout=0) for v in columns.values()] == good
+        assert consumer.skipped == len(bad)
+
+
+def test_consumer_group_batches_skip_bad_entries_as_iteration_does(cluster, zk_connect):
+    broker, good, bad = poisoned_partition(cluster)
+    group = ConsumerGroup("batch-readers", {"mixed": 1}, zk_connect, consumer_timeout_ms=200, max_wait_ms=100,
+                          rebalance_backoff_ms=100)
+    got: list[bytes] = []
+    try:
+        stream = group.streams["mixed"][0]
+
+        def everything() -> bool:
+            try:
+                for batch in stream.batches():
+                    got.extend(batch.columns.values())
+            except Exception:  # ConsumerTimeout: nothing more for now
+                pass
+            return len(got) >= len(good)
+
+        wait_until(everything, 60, "every good message through the group's batches")
+        assert got == good
+        assert group.fetcher.skipped == {("mixed", 0): len(bad)}
+    finally:
+        group.close()
