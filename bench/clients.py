@@ -3,6 +3,11 @@ local broker, in the paper's setting — 200-byte messages, batch 1 and batch 50
 and 1 — and one consumer reading everything back.
 
     .venv/bin/python -m bench.clients --count 200000 [--send-many]
+    .venv/bin/python -m bench.clients --count 200000 --consumer-rounds 3
+
+`--consumer-rounds N` measures only the consumer's reads of one partition of magic-3
+producer batches — as before issue 25 (`decode_messages`), iteration, and the batch
+read — in turn, N times (issue 25).
 
 `--send-many` adds the batch-50 runs through `Producer.send_many` (lists of
 `MANY_CHUNK` messages per call), the entry point for callers that have many messages
@@ -24,6 +29,7 @@ import time
 
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
+from broker.common.message import decode_messages
 from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
 from harness.zookeeper import client
@@ -61,12 +67,77 @@ def consume(zk: str, topic: str, count: int) -> float:
         return got / (time.perf_counter() - start)
 
 
+def consume_before(zk: str, topic: str, count: int) -> float:
+    """The consumer's read as it was before issue 25: each 1 MiB fetch decoded by
+    `decode_messages` (one generator step and one `Message.__init__` a message), for
+    the before/after comparison in the same run."""
+    with SimpleConsumer(topic, 0, zookeeper=zk, offset="smallest", fetch_size=1 << 20, max_wait_ms=100) as consumer:
+        got = 0
+        start = time.perf_counter()
+        while got < count:
+            response = consumer._with_leader(lambda conn: conn.fetch(topic, 0, consumer.offset, 1 << 20, 100, 1))
+            messages = decode_messages(response.messages, consumer.offset)[0]
+            if messages:
+                consumer.offset = messages[-1].next_offset
+            got += len(messages)
+        return got / (time.perf_counter() - start)
+
+
+def consume_iterating(zk: str, topic: str, count: int) -> float:
+    """Consumer iteration, a `Message` at a time (`SimpleConsumer.messages`)."""
+    with SimpleConsumer(topic, 0, zookeeper=zk, offset="smallest", fetch_size=1 << 20, max_wait_ms=100) as consumer:
+        got = 0
+        start = time.perf_counter()
+        for _ in consumer.messages():
+            got += 1
+            if got == count:
+                break
+        return got / (time.perf_counter() - start)
+
+
+def consume_batches(zk: str, topic: str, count: int) -> float:
+    """The batch read: whole fetches as columns (`SimpleConsumer.batches`)."""
+    with SimpleConsumer(topic, 0, zookeeper=zk, offset="smallest", fetch_size=1 << 20, max_wait_ms=100) as consumer:
+        got = 0
+        start = time.perf_counter()
+        for columns in consumer.batches():
+            got += len(columns)
+            if got >= count:
+                break
+        return got / (time.perf_counter() - start)
+
+
+CONSUMERS = {"before: decode_messages": consume_before, "iteration": consume_iterating, "batches": consume_batches}
+
+
+def consumer_rounds(rounds: int, count: int) -> None:
+    """`--consumer-rounds`: one topic written once (batch 50, acks 1: magic-3 producer
+    batches), then every consumer read in turn, `rounds` times, alternating."""
+    with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
+        cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
+        with client(zookeeper.connect_string) as zk:
+            create_topic(zk, "bench-read", 1)
+        produce(zookeeper.connect_string, "bench-read", count, 50, 1)
+        rates: dict[str, list[float]] = {name: [] for name in CONSUMERS}
+        for _ in range(rounds):
+            for name, read in CONSUMERS.items():
+                rates[name].append(read(zookeeper.connect_string, "bench-read", count))
+    print(f"{count} messages of {SIZE} bytes, one partition, 1 MiB fetches, {rounds} rounds alternating")
+    for name, values in rates.items():
+        print(f"consumer {name:26} " + " ".join(f"{v:10.0f}" for v in values) + " msg/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200_000, help="messages per producer run (default 200000)")
     parser.add_argument("--send-many", action="store_true", help="also the batch-50 runs through send_many")
+    parser.add_argument("--consumer-rounds", type=int, default=0,
+                        help="only the consumer reads (before issue 25, iteration, batches), alternating, N rounds")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.consumer_rounds:
+        consumer_rounds(args.consumer_rounds, args.count)
+        return
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
         rows = []
