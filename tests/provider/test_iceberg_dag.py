@@ -63,7 +63,8 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
     out = {"warehouse": warehouse, "ends": ends, "zk": zk, "env": env, "day": day}
     produce(zk, TOPIC, [h0 + i * (HOUR // 100) for i in range(100)] + [ends[0] + 1000 * i for i in range(1, 9)])
     tail_past(ends[0])
-    out["offsets_1"] = all_offsets(zk, TOPIC)
+    out["offsets_1"] = wait_until(lambda: o if len(o := all_offsets(zk, TOPIC)) == 108 else None, 30,
+                                  "all 108 messages visible (acks=1 answers before the flush)")
     target = IcebergTarget(TABLE, warehouse=str(warehouse))
     staging_root = warehouse / "logbus" / TABLE / "data" / "_logbus_staging"
     killer = KillFirstLoad(staging_root / f"{utc(h0):%Y%m%dT%H%M%S}_{utc(ends[0]):%Y%m%dT%H%M%S}.1")
@@ -84,7 +85,8 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
         assert not bad.close().failed
     produce(zk, TOPIC, [ends[1] + 1000 * i for i in range(1, 9)])
     tail_past(ends[1])
-    out["offsets_2"] = all_offsets(zk, TOPIC)
+    out["offsets_2"] = wait_until(lambda: o if len(o := all_offsets(zk, TOPIC)) == 200 else None, 30,
+                                  "all 200 messages visible")
     out["dr2"] = dag.test(logical_date=utc(ends[1]))
     out["states_2"] = task_states(out["dr2"])
     out["rows_after_2"] = table_offsets(target)
