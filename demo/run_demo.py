@@ -74,7 +74,7 @@ def mirrored_everything(live: dict[str, str], topics: list[str]) -> bool:
             for topic in topics:
                 ends = partition_offsets(pool, topic)
                 done = group_offsets(metadata.zk, f"mirror-{MIRROR}", topic, sorted(ends))
-                if any(done.get(p, -1) < o.latest for p, o in ends.items()):
+                if any(done.get(p, o.earliest) < o.latest for p, o in ends.items()):  # empty: nothing to mirror
                     return False
         finally:
             pool.close()
