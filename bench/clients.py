@@ -83,28 +83,26 @@ def consume_before(zk: str, topic: str, count: int) -> float:
         return got / (time.perf_counter() - start)
 
 
-def consume_iterating(zk: str, topic: str, count: int) -> float:
-    """Consumer iteration, a `Message` at a time (`SimpleConsumer.messages`)."""
+def _read_rate(zk: str, topic: str, count: int, read, size) -> float:
+    """msg/s of `read(consumer)`'s items (`size(item)` messages each) until `count`."""
     with SimpleConsumer(topic, 0, zookeeper=zk, offset="smallest", fetch_size=1 << 20, max_wait_ms=100) as consumer:
         got = 0
         start = time.perf_counter()
-        for _ in consumer.messages():
-            got += 1
-            if got == count:
+        for item in read(consumer):
+            got += size(item)
+            if got >= count:
                 break
         return got / (time.perf_counter() - start)
+
+
+def consume_iterating(zk: str, topic: str, count: int) -> float:
+    """Consumer iteration, a `Message` at a time (`SimpleConsumer.messages`)."""
+    return _read_rate(zk, topic, count, SimpleConsumer.messages, lambda _: 1)
 
 
 def consume_batches(zk: str, topic: str, count: int) -> float:
     """The batch read: whole fetches as columns (`SimpleConsumer.batches`)."""
-    with SimpleConsumer(topic, 0, zookeeper=zk, offset="smallest", fetch_size=1 << 20, max_wait_ms=100) as consumer:
-        got = 0
-        start = time.perf_counter()
-        for columns in consumer.batches():
-            got += len(columns)
-            if got >= count:
-                break
-        return got / (time.perf_counter() - start)
+    return _read_rate(zk, topic, count, SimpleConsumer.batches, len)
 
 
 CONSUMERS = {"before: decode_messages": consume_before, "iteration": consume_iterating, "batches": consume_batches}

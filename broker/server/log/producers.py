@@ -125,16 +125,6 @@ class ProducerState:
             del self.entries[pid]
         return gone
 
-    def forget_from(self, offset: int) -> None:
-        """Drop what the state knows of batches at or after `offset` (a truncation), so
-        that what it keeps is a prefix; the caller rescans what it needs."""
-        for pid in list(self.entries):
-            entry = self.entries[pid]
-            while entry.batches and entry.batches[-1].next_offset > offset:
-                entry.batches.pop()
-            if not entry.batches:
-                del self.entries[pid]
-
     # ----------------------------------------------------------------- snapshots
 
     def to_json(self) -> dict:
