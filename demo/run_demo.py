@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -62,32 +61,32 @@ def start_mirror(offline: str, live: dict[str, str], topic: str, log: Path) -> s
     return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 
-def mirrored_everything(live: dict[str, str], topics: list[str]) -> bool:
-    """True once the mirror's committed offsets on every live cluster reach its end."""
+def wait_mirrored(live: dict[str, str], topics: list[str], timeout: float = 120) -> None:
+    """Until the mirror's committed offsets on every live cluster leave no lag
+    (`broker.client.offsets.lag`: a partition it never committed counts from its start)."""
     from broker.client.cluster import ConnectionPool, open_metadata
-    from broker.client.offsets import group_offsets, partition_offsets
+    from broker.client.offsets import group_offsets, lag, partition_offsets
 
-    for connect in live.values():
-        metadata = open_metadata(connect)
-        pool = ConnectionPool(metadata, "demo", 10)
-        try:
+    handles = [(metadata, ConnectionPool(metadata, "demo", 10)) for metadata in map(open_metadata, live.values())]
+
+    def lagging() -> bool:
+        for metadata, pool in handles:
             for topic in topics:
                 ends = partition_offsets(pool, topic)
-                done = group_offsets(metadata.zk, f"mirror-{MIRROR}", topic, sorted(ends))
-                if any(done.get(p, o.earliest) < o.latest for p, o in ends.items()):  # empty: nothing to mirror
-                    return False
-        finally:
+                if any(lag(ends, group_offsets(metadata.zk, f"mirror-{MIRROR}", topic, sorted(ends))).values()):
+                    return True
+        return False
+
+    try:
+        deadline = time.monotonic() + timeout
+        while lagging():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the mirror did not catch up within {timeout:.0f} s")
+            time.sleep(0.3)
+    finally:
+        for metadata, pool in handles:
             pool.close()
             metadata.close()
-    return True
-
-
-def wait_mirrored(live: dict[str, str], topics: list[str], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not mirrored_everything(live, topics):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the mirror did not catch up within {timeout:.0f} s")
-        time.sleep(0.3)
 
 
 def airflow_env(home: Path, zookeeper: str, warehouse: Path, topic: str, table: str, target: str) -> dict[str, str]:
@@ -208,7 +207,6 @@ def main() -> int:
 
         now = int(time.time() * 1000)
         first = now - now % HOUR_MS - args.hours * HOUR_MS
-        last_end = now - now % HOUR_MS
         env = airflow_env(home, connect, warehouse, topic, table, args.target)
         print("airflow db migrate ...")
         airflow(env, "db", "migrate", log=log)
