@@ -178,13 +178,23 @@ async def serve(config: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # the start waits for ZooKeeper as long as it takes (registration retries through
+    # an outage), so a signal must be able to end it
+    starting = asyncio.ensure_future(broker.start())
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await broker.start()
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            logger.info("signal received while starting; stopping")
+            starting.cancel()
+            await broker.abort()
+            return
+        starting.result()
     except BaseException:
         # a half-started broker must not stay registered in ZooKeeper, nor keep its
         # session's threads alive, after its event loop is gone
         await broker.abort()
         raise
-    await stop.wait()
+    await stopping
     logger.info("signal received; shutting down")
     await broker.stop()

@@ -60,6 +60,7 @@ class BrokerRegistry:
         self._lock = threading.Lock()  # guards replacing `view` and `_watched_topics`
         self._session_lost = False
         self._stopping = False
+        self._connected_at = time.monotonic()  # when ZooKeeper was last (re)connected
         # the czxid of our broker node in the current session, None while unregistered:
         # a state node written before it cannot make this broker a leader (KIP-101)
         self.registered_zxid: int | None = None
@@ -77,25 +78,28 @@ class BrokerRegistry:
         linger until ZooKeeper expires it: wait for that, up to a session timeout.
 
         The connection may drop, or the session expire, while we wait (a broker paused
-        during its start-up): retry, since a create that did land shows up as a node
-        our own session owns."""
+        during its start-up, a ZooKeeper server dying under it): retry for as long as it
+        takes, since a broker that gives up here is one fewer replica once ZooKeeper is
+        back, and a create that did land shows up as a node our own session owns."""
         data = encode_broker(self.broker, __version__)
         path = broker_path(self.broker.broker_id)
-        deadline = time.monotonic() + 2 * self.session_timeout_ms / 1000 + 5
-        while True:
+        # how long a previous session's node may stay, counted from when it was first seen
+        # or from our last reconnection, whichever is later: ZooKeeper counts sessions'
+        # timeouts afresh after an outage, and our calls block while it is away
+        linger = 2 * self.session_timeout_ms / 1000 + 5
+        first_seen: float | None = None
+        delay = 0.2
+        while not self._stopping:
             try:
                 _, stat = self.zk.create(path, data, ephemeral=True, makepath=True, include_data=True)
                 logger.info("registered broker %d at %s:%d", self.broker.broker_id, self.broker.host, self.broker.port)
                 self._registered(stat.czxid)
                 return
             except (ConnectionLoss, SessionExpiredError) as exc:
-                if time.monotonic() > deadline:
-                    raise UnknownError(
-                        f"cannot register broker {self.broker.broker_id} at {path}: ZooKeeper kept failing "
-                        f"({type(exc).__name__})"
-                    ) from exc
-                logger.info("registering broker %d: %s; retrying", self.broker.broker_id, type(exc).__name__)
-                time.sleep(0.2)
+                logger.warning("registering broker %d at %s: %s; retrying in %.1fs",
+                               self.broker.broker_id, path, type(exc).__name__, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
             except NodeExistsError:
                 try:
                     _, stat = self.zk.get(path)
@@ -104,13 +108,15 @@ class BrokerRegistry:
                 if stat.ephemeralOwner == self.zk.client_id[0]:
                     self._registered(stat.czxid)
                     return
-                if time.monotonic() > deadline:
+                first_seen = first_seen or time.monotonic()
+                if time.monotonic() > max(first_seen, self._connected_at) + linger:
                     raise UnknownError(
                         f"broker id {self.broker.broker_id} is registered by another live session at {path}; "
                         "is another broker running with the same broker.id?"
                     ) from None
                 logger.info("waiting for the previous registration of broker %d to expire", self.broker.broker_id)
                 time.sleep(0.5)
+        raise UnknownError(f"broker {self.broker.broker_id} stopped before it registered")
 
     def _registered(self, czxid: int) -> None:
         self.registered_zxid = czxid
@@ -126,6 +132,8 @@ class BrokerRegistry:
         /brokers/ids watch of every broker, this one included."""
         if self._stopping:
             return
+        if state == KazooState.CONNECTED:
+            self._connected_at = time.monotonic()
         if state == KazooState.LOST:
             self._session_lost = True
             self.registered_zxid = None

@@ -142,3 +142,58 @@ def test_session_expiry_re_registers_at_once(own_zookeeper, broker):
     assert "ZooKeeper session lost" in log and "registering broker 0 again" in log
     watches_work(own_zookeeper.connect_string, broker, "created-after-expiry")
     still_serves(broker)
+
+
+def lingering_registration(connect: str) -> KazooClient:
+    """Broker 0's node, owned by a session with the broker's timeout: a killed run's
+    registration that ZooKeeper has not expired yet."""
+    holder = KazooClient(connect, timeout=SESSION_MS / 1000)
+    holder.start(30)
+    holder.create(broker_path(0), b'{"host": "127.0.0.1", "port": 1}', ephemeral=True, makepath=True)
+    return holder
+
+
+def test_zookeeper_outage_during_start_up(own_zookeeper, tmp_path):
+    """A broker still starting when ZooKeeper goes away for longer than it waits for a
+    previous session's node must keep trying, not exit: it gave up after 2 × session
+    timeout + 5 s and left the cluster one replica short (a history-checker failure).
+
+    The start is held at its registration by a node another session owns (a previous
+    run's registration not yet expired), then ZooKeeper is stopped for `OUTAGE_S`."""
+    holder = lingering_registration(own_zookeeper.connect_string)
+    cluster = LocalCluster(own_zookeeper.connect_string, tmp_path, settings={"log.flush.interval.ms": 20})
+    try:
+        broker = cluster.start_broker(0, {"zookeeper.session.timeout.ms": SESSION_MS}, wait=False)
+        wait_until(lambda: "waiting for the previous registration" in broker.log_tail(50), 60,
+                   "the broker to wait for the lingering registration")
+        own_zookeeper.stop()
+        time.sleep(OUTAGE_S)
+        own_zookeeper.start()
+        holder.stop()
+        holder.close()
+        broker.wait_ready(60)
+        assert broker.alive
+        log = broker.log_tail(400)
+        assert "ZooKeeper connection suspended" in log and "registered broker 0" in log
+        still_serves(broker)
+    finally:
+        holder.stop()
+        holder.close()
+        cluster.stop()
+
+
+def test_a_signal_ends_a_start_that_waits_for_zookeeper(own_zookeeper, tmp_path):
+    """Registration now waits as long as ZooKeeper is away, so SIGTERM must still end it."""
+    holder = lingering_registration(own_zookeeper.connect_string)
+    cluster = LocalCluster(own_zookeeper.connect_string, tmp_path)
+    try:
+        broker = cluster.start_broker(0, wait=False)
+        wait_until(lambda: "waiting for the previous registration" in broker.log_tail(50), 60,
+                   "the broker to wait for the lingering registration")
+        own_zookeeper.stop()
+        assert broker.stop() == 0
+        assert "signal received while starting" in broker.log_tail(50)
+    finally:
+        holder.stop()
+        holder.close()
+        cluster.stop()
