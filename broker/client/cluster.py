@@ -33,12 +33,14 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.client.connection import BrokerConnection
+from broker.client.security import OPEN, ClientSecurity
 from broker.client.errors import NoBrokersAvailable, ZooKeeperUnavailable
 from broker.common.errors import (
-    ErrorCode, FencedLeaderEpoch, LogbusError, NotLeaderForPartition, PartitionOffline, UnknownPartition, UnknownTopic,
+    AuthenticationError, AuthorizationFailed, ErrorCode, FencedLeaderEpoch, LogbusError, NotLeaderForPartition, PartitionOffline, UnknownPartition, UnknownTopic,
 )
 from broker.common.partitionstates import PartitionStates, live_leader
 from broker.common.protocol import AUTO_PARTITIONS, BrokerInfo
+from broker.common.zkauth import NO_AUTH, ZooKeeperAuth
 from broker.common.zklayout import (
     BROKER_IDS, BROKER_TOPICS, Assignment, decode_assignment, read_assignment, read_brokers, topic_path,
 )
@@ -56,9 +58,11 @@ LEADER_WAIT_POLL_S = 0.5  # a call waiting for a leader (`leader_wait`) looks ag
 T = TypeVar("T")
 
 
-def connect_zookeeper(connect: str, timeout: float = 10.0, session_timeout: float = 10.0) -> KazooClient:
-    """A started kazoo client, or `ZooKeeperUnavailable` after `timeout` seconds."""
-    zk = KazooClient(hosts=connect, timeout=session_timeout)
+def connect_zookeeper(connect: str, timeout: float = 10.0, session_timeout: float = 10.0,
+                      auth: ZooKeeperAuth = NO_AUTH) -> KazooClient:
+    """A started kazoo client, or `ZooKeeperUnavailable` after `timeout` seconds; with
+    `auth`, authenticated and creating nodes with its ACL (docs/zookeeper.md)."""
+    zk = KazooClient(hosts=connect, timeout=session_timeout, **auth.client_kwargs())
     try:
         zk.start(timeout)
     except (KazooTimeoutError, Exception) as exc:  # kazoo raises several kinds on bad hosts
@@ -87,6 +91,8 @@ def parse_broker_list(brokers: list[str] | str) -> list[tuple[str, int]]:
 
 
 class ClusterMetadata(Protocol):
+    security: ClientSecurity  # how this cluster's brokers are reached (listener, TLS, SASL)
+
     def brokers(self) -> dict[int, BrokerInfo]: ...
 
     def partitions(self, topic: str) -> Leaders | None: ...
@@ -114,9 +120,10 @@ class ZooKeeperMetadata:
     no lock; `_lock` guards starting a watch on a topic only once.
     """
 
-    def __init__(self, zk: KazooClient, owns_client: bool = False) -> None:
+    def __init__(self, zk: KazooClient, owns_client: bool = False, security: ClientSecurity = OPEN) -> None:
         self.zk = zk
         self.owns_client = owns_client
+        self.security = security
         self._brokers: dict[int, BrokerInfo] = {}
         self._assignments: dict[str, Assignment] = {}
         self._watched: set[str] = set()
@@ -129,8 +136,8 @@ class ZooKeeperMetadata:
         ChildrenWatch(zk, BROKER_IDS, self._on_brokers)
 
     @classmethod
-    def connect(cls, connect: str, timeout: float = 10.0) -> "ZooKeeperMetadata":
-        return cls(connect_zookeeper(connect, timeout), owns_client=True)
+    def connect(cls, connect: str, timeout: float = 10.0, security: ClientSecurity = OPEN) -> "ZooKeeperMetadata":
+        return cls(connect_zookeeper(connect, timeout), owns_client=True, security=security)
 
     def _on_brokers(self, children: list[str]) -> bool | None:
         if self._closed:
@@ -242,8 +249,9 @@ class BrokerListMetadata:
     """
 
     def __init__(self, brokers: list[str] | str, client_id: str = "logbus-python", timeout: float = 10.0,
-                 min_refresh_interval: float = 0.1) -> None:
+                 min_refresh_interval: float = 0.1, security: ClientSecurity = OPEN) -> None:
         self.seeds = parse_broker_list(brokers)
+        self.security = security  # the seeds are addresses of the listener to use: brokers answer with theirs
         self.client_id = client_id
         self.timeout = timeout
         self.min_refresh_interval = min_refresh_interval
@@ -267,9 +275,11 @@ class BrokerListMetadata:
             errors = []
             for host, port in self._addresses():
                 try:
-                    with BrokerConnection(host, port, self.client_id, self.timeout) as conn:
+                    with BrokerConnection(host, port, self.client_id, self.timeout, self.security) as conn:
                         response = conn.metadata([])
                 except (ConnectionError, LogbusError, OSError) as exc:
+                    if isinstance(exc, (AuthenticationError, AuthorizationFailed)):
+                        raise  # every broker would say the same: say it now
                     errors.append(str(exc))
                     continue
                 self._brokers = {b.broker_id: b for b in response.brokers}
@@ -319,13 +329,14 @@ class BrokerListMetadata:
 
 
 def open_metadata(zookeeper: str | None = None, brokers: list[str] | str | None = None,
-                  client_id: str = "logbus-python", timeout: float = 10.0) -> ClusterMetadata:
+                  client_id: str = "logbus-python", timeout: float = 10.0,
+                  security: ClientSecurity = OPEN) -> ClusterMetadata:
     """Metadata from ZooKeeper or from a static broker list; exactly one must be given."""
     if (zookeeper is None) == (brokers is None):
         raise ValueError("give exactly one of zookeeper= (connect string) or brokers= (host:port list)")
     if zookeeper is not None:
-        return ZooKeeperMetadata.connect(zookeeper, timeout)
-    return BrokerListMetadata(brokers, client_id, timeout)
+        return ZooKeeperMetadata.connect(zookeeper, timeout, security)
+    return BrokerListMetadata(brokers, client_id, timeout, security=security)
 
 
 class ConnectionPool:
@@ -351,12 +362,15 @@ class ConnectionPool:
         info = self.metadata.brokers().get(broker_id)
         if info is None:
             raise ConnectionError(f"broker {broker_id} is not live")
+        security = self.metadata.security
+        if security.listener is not None and info.endpoints:
+            info = info.at(security.listener)
         conn = self._connections.get(broker_id)
         if conn is not None and (conn.host, conn.port) != (info.host, info.port):
             conn.close()
             conn = None
         if conn is None:
-            conn = BrokerConnection(info.host, info.port, self.client_id, self.timeout)
+            conn = BrokerConnection(info.host, info.port, self.client_id, self.timeout, security)
             self._connections[broker_id] = conn
         return conn.connect()
 

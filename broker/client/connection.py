@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 import struct
 from collections import deque
 
+from broker.client.security import OPEN, ClientSecurity
 from broker.common.errors import InvalidRequest, LogbusError
 from broker.common.protocol import (
     METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
@@ -26,8 +28,10 @@ MAX_RESPONSE_BYTES = 1 << 30
 
 
 class BrokerConnection:
-    def __init__(self, host: str, port: int, client_id: str = "logbus-python", timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, client_id: str = "logbus-python", timeout: float = 30.0,
+                 security: ClientSecurity = OPEN) -> None:
         self.host, self.port = host, port
+        self.security = security
         self.client_id = client_id
         self.timeout = timeout
         self._sock: socket.socket | None = None
@@ -44,7 +48,17 @@ class BrokerConnection:
             except OSError as exc:
                 raise ConnectionError(f"cannot connect to broker {self.host}:{self.port}: {exc}") from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                sock = self.security.wrap(sock, self.host)
+            except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
+                sock.close()
+                raise ConnectionError(f"TLS handshake with broker {self.host}:{self.port} failed: {exc}") from None
             self._sock = sock
+            try:
+                self.security.authenticate(lambda req: self.call(req.API, req.encode()))
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def close(self) -> None:

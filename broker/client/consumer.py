@@ -28,6 +28,7 @@ from typing import Iterator
 
 from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, open_metadata
 from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable, confirm_corrupt
+from broker.client.security import OPEN, ClientSecurity
 from broker.client.settings import require_at_least
 from broker.common.errors import BrokerShuttingDown, OffsetOutOfRange, UnknownTopic
 from broker.common.columns import MessageColumns, decode_columns
@@ -64,6 +65,7 @@ class SimpleConsumer:
         on_corrupt: str = "raise",
         client_id: str = "logbus-consumer",
         metadata: ClusterMetadata | None = None,
+        security: ClientSecurity = OPEN,
     ) -> None:
         if auto_offset_reset not in RESETS:
             raise ValueError(f"auto_offset_reset must be one of {', '.join(RESETS)}, not {auto_offset_reset!r}")
@@ -85,7 +87,7 @@ class SimpleConsumer:
         self.retry_backoff = retry_backoff_ms / 1000
         self.verify_crc = verify_crc
         self._owns_metadata = metadata is None
-        self.metadata = metadata or open_metadata(zookeeper, brokers, client_id)
+        self.metadata = metadata or open_metadata(zookeeper, brokers, client_id, security=security)
         self.pool = ConnectionPool(self.metadata, client_id, timeout=max_wait_ms / 1000 + 30)
         self.high_watermark = -1
         if offset is None:

@@ -42,6 +42,7 @@ from kazoo.recipe.watchers import ChildrenWatch
 from broker.client.cluster import ZooKeeperMetadata, connect_zookeeper
 from broker.client.fetcher import Fetcher, PartitionFetch
 from broker.client.rebalance import Subscriptions, assignment_for, stream_id
+from broker.client.security import OPEN, ClientSecurity
 from broker.client.settings import require_at_least
 from broker.client.stream import CLOSED, Chunk, MessageStream
 from broker.common.protocol import check_topic_name
@@ -77,6 +78,7 @@ class ConsumerGroup:
         rebalance_backoff_ms: int = 200,
         zookeeper_session_timeout_ms: int = 6_000,
         zookeeper_timeout: float = 10.0,
+        security: ClientSecurity = OPEN,
     ) -> None:
         if auto_offset_reset not in ("smallest", "largest", "error"):
             raise ValueError(f"auto_offset_reset must be smallest, largest or error, not {auto_offset_reset!r}")
@@ -96,7 +98,7 @@ class ConsumerGroup:
         self.rebalance_max_retries = rebalance_max_retries
         self.rebalance_backoff = rebalance_backoff_ms / 1000
         self.zk = connect_zookeeper(zookeeper, zookeeper_timeout, zookeeper_session_timeout_ms / 1000)
-        self.metadata = ZooKeeperMetadata(self.zk)
+        self.metadata = ZooKeeperMetadata(self.zk, security=security)
         timeout = None if consumer_timeout_ms is None else consumer_timeout_ms / 1000
         self.streams: dict[str, list[MessageStream]] = {
             t: [MessageStream(stream_id(self.consumer_id, t, i), t, self._hand_out, timeout, self._stream_took)

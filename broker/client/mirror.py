@@ -56,6 +56,7 @@ from broker.client.offsets import advance_group_offsets, earliest, latest
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Outgoing, Pipeline
 from broker.client.producer import Producer
+from broker.client.security import OPEN, ClientSecurity
 from broker.common.errors import DuplicateSequence, LogbusError, OffsetOutOfRange, TopicAlreadyExists
 from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, decode_messages, encode_batch, now_ms
 from broker.common.protocol import Acks, FetchResponse
@@ -74,6 +75,7 @@ class MirrorSource:
     name: str
     zookeeper: str | None = None
     brokers: list[str] | str | None = None
+    security: ClientSecurity = OPEN
 
 
 @dataclass
@@ -133,7 +135,7 @@ class Mirror:
                  start: str = "earliest", fetch_bytes: int = 1 << 20, checkpoint_interval: float = 1.0,
                  request_timeout_ms: int = 30_000, retry_backoff: float = 0.2, on_mirrored=None,
                  monitoring: bool = True, monitoring_topic: str = MONITORING_TOPIC,
-                 monitoring_window_ms: int = DEFAULT_WINDOW_MS) -> None:
+                 monitoring_window_ms: int = DEFAULT_WINDOW_MS, target_security: ClientSecurity = OPEN) -> None:
         if partitioning not in PARTITIONINGS:
             raise ValueError(f"partitioning must be one of {', '.join(PARTITIONINGS)}, not {partitioning!r}")
         if start not in ("earliest", "latest"):
@@ -160,7 +162,7 @@ class Mirror:
         self._source_metadata: dict[str, ClusterMetadata] = {}
         self._source_pools: dict[str, ConnectionPool] = {}
         self.target_zk: KazooClient = connect_zookeeper(target_zookeeper)
-        self.target = open_metadata(target_zookeeper, client_id=f"mirror-{name}")
+        self.target = open_metadata(target_zookeeper, client_id=f"mirror-{name}", security=target_security)
         self.target_pool = ConnectionPool(self.target, f"mirror-{name}", request_timeout_ms / 1000 + 5)
         self.pipeline = Pipeline(self.target_pool, Acks.FLUSHED, request_timeout_ms)
         self.tasks: dict[tuple[str, str, int], PartitionTask] = {}
@@ -169,7 +171,8 @@ class Mirror:
         self._events = Producer(metadata=self.target, acks=-1, monitoring=False, client_id=f"mirror-{name}-events",
                                 linger_ms=0) if monitoring else None
         for source in sources:
-            self._source_metadata[source.name] = open_metadata(source.zookeeper, source.brokers, f"mirror-{name}")
+            self._source_metadata[source.name] = open_metadata(source.zookeeper, source.brokers, f"mirror-{name}",
+                                                                 security=source.security)
             self._source_pools[source.name] = ConnectionPool(self._source_metadata[source.name], f"mirror-{name}",
                                                              request_timeout_ms / 1000 + 5)
 

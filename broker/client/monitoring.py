@@ -32,6 +32,7 @@ from typing import Iterable
 
 from broker.client.cluster import ClusterMetadata, open_metadata
 from broker.client.consumer import SimpleConsumer
+from broker.client.security import OPEN, ClientSecurity
 from broker.common.message import now_ms
 
 logger = logging.getLogger(__name__)
@@ -196,11 +197,12 @@ def sum_counts(events: Iterable[dict], tier: str = PRODUCER_TIER) -> dict[tuple[
 
 
 def read_events(zookeeper: str | None = None, brokers: list[str] | str | None = None,
-                monitoring_topic: str = MONITORING_TOPIC, metadata: ClusterMetadata | None = None) -> list[dict]:
+                monitoring_topic: str = MONITORING_TOPIC, metadata: ClusterMetadata | None = None,
+                security: ClientSecurity = OPEN) -> list[dict]:
     """Every decodable event in the monitoring topic, read from earliest to the latest
     offset at the time of the call; an absent topic has no events."""
     own = metadata is None
-    metadata = metadata or open_metadata(zookeeper, brokers)
+    metadata = metadata or open_metadata(zookeeper, brokers, security=security)
     events = []
     try:
         leaders = metadata.partitions(monitoring_topic)

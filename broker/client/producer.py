@@ -65,6 +65,7 @@ from broker.client.pipeline import Pipeline
 from broker.client.results import (
     DeliveredBatch, DeliveryReport, FailedSend, ManyFuture, RecordFuture, RecordMetadata, ReportBook,
 )
+from broker.client.security import OPEN, ClientSecurity
 from broker.client.sender import Sender
 from broker.client.settings import require_at_least
 from broker.common.errors import UnknownPartition
@@ -164,6 +165,7 @@ class Producer:
         on_error: Callable[[list[FailedSend]], None] | None = None,
         metadata: ClusterMetadata | None = None,
         zookeeper_timeout: float = 10.0,
+        security: ClientSecurity = OPEN,
     ) -> None:
         self._settings = {name: value for name, value in locals().items() if name != "self"}  # for _restart
         if mode not in ("sync", "async"):
@@ -184,7 +186,7 @@ class Producer:
         self.producer_id = str(uuid.uuid4())
         self.client_id = client_id or f"logbus-producer-{self.producer_id[:8]}"
         self._owns_metadata = metadata is None
-        self.metadata = metadata or open_metadata(zookeeper, brokers, self.client_id, zookeeper_timeout)
+        self.metadata = metadata or open_metadata(zookeeper, brokers, self.client_id, zookeeper_timeout, security)
         self.pool = ConnectionPool(self.metadata, self.client_id, request_timeout_ms / 1000 + 5)
         self.monitoring = (MonitoringCounter(self.producer_id, monitoring_window_ms, monitoring_topic)
                            if monitoring else None)

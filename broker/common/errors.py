@@ -36,6 +36,12 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE = 21
     INVALID_PRODUCER_EPOCH = 22
     DUPLICATE_SEQUENCE = 23
+    TOPIC_AUTHORIZATION_FAILED = 24
+    GROUP_AUTHORIZATION_FAILED = 25
+    CLUSTER_AUTHORIZATION_FAILED = 26
+    SASL_AUTHENTICATION_FAILED = 27
+    UNSUPPORTED_SASL_MECHANISM = 28
+    ILLEGAL_SASL_STATE = 29
 
 
 class LogbusError(Exception):
@@ -174,6 +180,43 @@ class DuplicateSequence(LogbusError):
     code = ErrorCode.DUPLICATE_SEQUENCE
 
 
+class AuthorizationFailed(LogbusError):
+    """Base of the refusals by ACL (docs/operations.md, "Securing a cluster"): the
+    principal may not do this operation on this resource. Retrying cannot help."""
+
+
+class TopicAuthorizationFailed(AuthorizationFailed):
+    code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class GroupAuthorizationFailed(AuthorizationFailed):
+    code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class ClusterAuthorizationFailed(AuthorizationFailed):
+    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+class AuthenticationError(LogbusError):
+    """Base of the handshake's refusals; the broker closes the connection after one.
+    The text never says which part was wrong (user or password)."""
+
+
+class SaslAuthenticationFailed(AuthenticationError):
+    code = ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+class UnsupportedSaslMechanism(AuthenticationError):
+    code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+
+class IllegalSaslState(AuthenticationError):
+    """A request out of the handshake's order: anything but the handshake on a listener
+    that authenticates, before authenticating."""
+
+    code = ErrorCode.ILLEGAL_SASL_STATE
+
+
 class UnknownError(LogbusError):
     code = ErrorCode.UNKNOWN
 
@@ -185,7 +228,9 @@ _BY_CODE: dict[int, type[LogbusError]] = {
         InvalidTopicName, RequestTooLarge, UnsupportedApi, InvalidRequest, BrokerShuttingDown,
         NotLeaderForPartition, TopicAlreadyExists, StorageError, TopicCreationDisabled, NotEnoughReplicas,
         NotEnoughReplicasAfterAppend, FencedLeaderEpoch, InvalidReplicationFactor, PartitionOffline,
-        RequestTimedOut, OutOfOrderSequence, InvalidProducerEpoch, DuplicateSequence, UnknownError,
+        RequestTimedOut, OutOfOrderSequence, InvalidProducerEpoch, DuplicateSequence, TopicAuthorizationFailed,
+        GroupAuthorizationFailed, ClusterAuthorizationFailed, SaslAuthenticationFailed, UnsupportedSaslMechanism,
+        IllegalSaslState, UnknownError,
     )
 }
 

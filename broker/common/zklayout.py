@@ -1,6 +1,6 @@
 """The ZooKeeper layout (docs/zookeeper.md, a contract): paths, node codecs, offsets.
 
-    /brokers/ids/<id>                                ephemeral  {"host","port","version"}
+    /brokers/ids/<id>                                ephemeral  {"host","port","version","endpoints","principal"}
     /brokers/topics/<topic>                          persistent {"partitions": {"0": [2, 0, 1], ...}}
     /brokers/topics/<topic>/partitions/<p>/state     persistent {"leader","leader_epoch","isr",
                                                                  "controller_epoch","version"}
@@ -11,6 +11,8 @@
     /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
     /latest_producer_id_block                        persistent {"broker","block_start","block_end"}
     /logbus_mirror/<name>/<source>/<topic>/<p>       persistent a mirror's checkpoint (broker.client.mirror)
+    /logbus_acls/<pattern>/<resource type>/<name>    persistent [ACL entries] (broker.common.acls)
+    /logbus_users/<user>                             persistent salted SCRAM credentials (broker.common.credentials)
 
 The one module that knows these paths and how their nodes are encoded: brokers
 (`broker.server.registration`), clients (`broker.client`), the `logbus` command and the
@@ -29,6 +31,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from broker.common.errors import InvalidReplicationFactor, TopicAlreadyExists, UnknownError
+from broker.common.listeners import Endpoint
 from broker.common.protocol import BrokerInfo, check_topic_name
 
 logger = logging.getLogger(__name__)
@@ -40,6 +43,8 @@ CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 MIRRORS = "/logbus_mirror"
+ACLS = "/logbus_acls"
+USERS = "/logbus_users"
 
 
 # --------------------------------------------------------------------------- paths
@@ -157,12 +162,21 @@ def decode_controller(data: bytes) -> int:
 
 
 def encode_broker(broker: BrokerInfo, version: str) -> bytes:
-    return json.dumps({"host": broker.host, "port": broker.port, "version": version}).encode()
+    """host and port: the inter-broker listener's advertised address; endpoints: every
+    listener's; principal: who the broker authenticates as, so that a leader can tell
+    a follower's fetch from a client's that names the follower (docs/zookeeper.md)."""
+    node = {"host": broker.host, "port": broker.port, "version": version}
+    if broker.endpoints:
+        node["endpoints"] = [str(e) for e in broker.endpoints]
+    if broker.principal:
+        node["principal"] = broker.principal
+    return json.dumps(node).encode()
 
 
 def decode_broker(broker_id: int, data: bytes) -> BrokerInfo:
     info = json.loads(data)
-    return BrokerInfo(broker_id, info["host"], int(info["port"]))
+    endpoints = tuple(Endpoint.parse(e) for e in info.get("endpoints", ()))
+    return BrokerInfo(broker_id, info["host"], int(info["port"]), endpoints, str(info.get("principal", "")))
 
 
 def encode_subscription(topics: dict[str, int]) -> bytes:

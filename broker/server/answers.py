@@ -16,9 +16,9 @@ import collections
 import logging
 from typing import Callable
 
-from broker.common.errors import ErrorCode, LogbusError
+from broker.common.errors import AuthenticationError, ErrorCode, LogbusError
 from broker.common.protocol import ApiKey, Body, RequestHeader, error_response, response_frame
-from broker.server.handlers import Reply
+from broker.server.replies import Reply
 from broker.server.log.segment import FileRegion
 from broker.server.refusals import RefusalLog
 
@@ -50,6 +50,7 @@ class Answers:
         self.on_written = on_written
         self.pending: collections.deque = collections.deque()
         self.out: list[bytes] = []
+        self.close_after = False  # close the connection once what is queued is written
         self.in_sendfile = False  # sendfile resumes reading on its own: the connection re-applies its choice
         self.on_sendfile_done: Callable[[], None] = lambda: None
         self._writer: asyncio.Task | None = None
@@ -85,6 +86,8 @@ class Answers:
         else:
             code, text = exc.code, str(exc)
             self.refusals.warning(f"{what} {type(exc).__name__}", _REFUSED[quiet], what, header.correlation_id, exc)
+            if isinstance(exc, AuthenticationError):
+                self.close_after = True  # a failed handshake ends the connection, once its answer is out
         if quiet is not False:
             return None
         return [error_response(header.correlation_id, code, text)]
@@ -107,6 +110,8 @@ class Answers:
             return False
         out, self.out = self.out, []
         self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self.close_after and not self.pending:
+            self.transport.close()  # after writing what is buffered
         return True
 
     def send(self, parts: list[bytes]) -> None:
@@ -145,6 +150,8 @@ class Answers:
             await self._can_write.wait()
             self.pending.popleft()
             self.on_written()
+            if self.close_after and not self.pending and not self.out:
+                transport.close()
 
     def cancel(self) -> None:
         """The connection is gone: drop every answer, stop the writer."""

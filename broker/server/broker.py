@@ -15,6 +15,12 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from broker.common.protocol import BrokerInfo
+from broker.common.zkauth import ZooKeeperAuth
+from broker.common.zklayout import CONSUMERS
+from broker.server.auth.authorizer import Authorizer
+from broker.server.auth.interbroker import InterBrokerSecurity
+from broker.server.auth.listeners import broker_principal, inter_broker_listener, listeners
+from broker.server.auth.tls import ReloadingContexts
 from broker.server.config import BrokerConfig
 from broker.server.connection import Connection
 from broker.server.controller import Controller
@@ -55,8 +61,13 @@ class Broker:
         self.config = config
         self.logs = LogManager(config.log_dirs, functools.partial(log_config, config))
         self.scheduler = FlushScheduler()
+        self.listeners = listeners(config)
+        inter = inter_broker_listener(config)
+        self.tls = ReloadingContexts(config) if any(l.protocol.tls for l in self.listeners) else None
+        self.zk_security = ZooKeeperAuth(config.zookeeper_auth, config.zookeeper_set_acl)
         self.zk = KazooClient(
             hosts=config.zookeeper_connect,
+            **self.zk_security.client_kwargs(),
             timeout=config.zookeeper_session_timeout_ms / 1000,
             # kazoo's default back-off grows to an hour: after a long ZooKeeper outage the
             # broker would stay unregistered (clients think it dead) for up to the last
@@ -66,13 +77,15 @@ class Broker:
                 max_delay=config.zookeeper_reconnect_backoff_max_ms / 1000,
             ),
         )
-        self.registry = BrokerRegistry(
-            self.zk, BrokerInfo(config.broker_id, config.host, config.port), self._on_assignment,
-            config.zookeeper_session_timeout_ms,
-        )
-        self.replicas = ReplicaManager(config, self.logs, self.scheduler, self.registry, self.zk)
+        registered = BrokerInfo(config.broker_id, inter.advertised.host, inter.advertised.port,
+                                tuple(l.advertised for l in self.listeners), broker_principal(config))
+        self.registry = BrokerRegistry(self.zk, registered, self._on_assignment, config.zookeeper_session_timeout_ms)
+        self.authorizer = (Authorizer(self.zk, config.super_users, config.allow_everyone_if_no_acl_found)
+                           if config.authorizer_enable else None)
+        self.replicas = ReplicaManager(config, self.logs, self.scheduler, self.registry, self.zk,
+                                       InterBrokerSecurity.from_config(config, self.tls))
         self.handler = RequestHandler(config, self.logs, self.scheduler, self.registry, self.replicas,
-                                      ProducerIdAllocator(self.zk, config.broker_id))
+                                      ProducerIdAllocator(self.zk, config.broker_id), self.authorizer)
         # every broker is a controller candidate; one is active (broker.server.controller)
         self.controller = Controller(
             self.zk, config.broker_id, config.unclean_leader_election_enable,
@@ -82,7 +95,7 @@ class Broker:
         self.limits = ConnectionLimits(config.max_in_flight_requests, config.socket_send_buffer_max_bytes)
         self.connections: set[Connection] = set()
         self.stalled: set[Connection] = set()  # connections not being read (back-pressure)
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []  # one per listener
         self._tasks: list[asyncio.Task] = []
 
     def _on_assignment(self, topic: str, assignment: dict[int, list[int]]) -> None:
@@ -96,10 +109,13 @@ class Broker:
         await loop.run_in_executor(None, self.logs.load)
         self.replicas.start(loop)
         await loop.run_in_executor(None, self.zk.start, self.config.zookeeper_connection_timeout_ms / 1000)
+        await loop.run_in_executor(None, self._prepare_zookeeper)
         await loop.run_in_executor(None, self.registry.start)
-        self._server = await loop.create_server(
-            lambda: Connection(self), self.config.host, self.config.port, reuse_address=True, backlog=512
-        )
+        for listener in self.listeners:
+            self._servers.append(await loop.create_server(
+                functools.partial(Connection, self, listener), listener.bind.host or None, listener.bind.port,
+                ssl=self.tls.server if listener.protocol.tls else None, reuse_address=True, backlog=512,
+            ))
         await loop.run_in_executor(None, self.registry.register)
         await loop.run_in_executor(None, self.controller.start)
         self._tasks = [
@@ -107,7 +123,21 @@ class Broker:
             asyncio.ensure_future(self._every(1000, self._close_stale_connections)),
             asyncio.ensure_future(self._every(100, self._recheck_stalled)),
         ]
-        logger.info("broker %d serving on %s:%d", self.config.broker_id, self.config.host, self.config.port)
+        if self.tls is not None:
+            self._tasks.append(asyncio.ensure_future(self._every(self.config.ssl_reload_interval_ms, self._reload_tls)))
+        logger.info("broker %d serving on %s", self.config.broker_id,
+                    ", ".join(f"{l.bind} ({l.protocol.value}, advertised {l.advertised})" for l in self.listeners))
+
+    def _prepare_zookeeper(self) -> None:
+        """The consumers' subtree stays open to clients on a secured ZooKeeper
+        (broker.server.auth.zookeeper); the ACL watches start before we serve."""
+        if self.zk_security.enabled:
+            self.zk.ensure_path(CONSUMERS, acl=self.zk_security.open_acl)
+        if self.authorizer is not None:
+            self.authorizer.start()
+
+    async def _reload_tls(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.tls.reload_if_changed)
 
     async def _every(self, interval_ms: int, job) -> None:
         while True:
@@ -149,8 +179,8 @@ class Broker:
             await loop.run_in_executor(None, self.registry.stop)
         except Exception:
             logger.exception("broker %d: cleaning up after a failed start failed", self.config.broker_id)
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         self.scheduler.shutdown()
 
     async def stop(self) -> None:
@@ -162,8 +192,8 @@ class Broker:
         await loop.run_in_executor(None, self.controller.stop)
         self.replicas.stop()
         await loop.run_in_executor(None, self.registry.stop)
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for conn in list(self.connections):
             conn.close()
         await loop.run_in_executor(None, self.logs.close)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from broker.common.listeners import DEFAULT_PROTOCOL_MAP
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DAY_MS = 24 * 3600 * 1000
 
@@ -57,6 +59,10 @@ def _per_topic(text: str) -> tuple[tuple[str, int], ...]:
             raise ValueError(str(exc)) from None
         overrides[topic] = int(value)
     return tuple(sorted(overrides.items()))
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip().upper() for n in text.split(",") if n.strip())
 
 
 _positive = (lambda v: v > 0, "must be > 0")
@@ -120,6 +126,39 @@ class BrokerConfig:
         "leader.imbalance.per.broker.percentage", 10, int, lambda v: 0 <= v <= 100, "must be between 0 and 100")
     replica_high_watermark_checkpoint_interval_ms: int = _setting(
         "replica.high.watermark.checkpoint.interval.ms", 5000, int, *_positive)
+    # security (docs/operations.md, "Securing a cluster"); empty listeners: PLAINTEXT://host:port
+    listeners: str = _setting("listeners", "", str)
+    advertised_listeners: str = _setting("advertised.listeners", "", str)
+    listener_security_protocol_map: str = _setting("listener.security.protocol.map", DEFAULT_PROTOCOL_MAP, str)
+    inter_broker_listener_name: str = _setting("inter.broker.listener.name", "", str)
+    ssl_certfile: str = _setting("ssl.certfile", "", str)
+    ssl_keyfile: str = _setting("ssl.keyfile", "", str)
+    ssl_cafile: str = _setting("ssl.cafile", "", str)
+    ssl_client_auth: str = _setting("ssl.client.auth", "none", str, lambda v: v in ("none", "requested", "required"),
+                                    "must be none, requested or required")
+    ssl_reload_interval_ms: int = _setting("ssl.reload.interval.ms", 60_000, int, *_positive)
+    sasl_enabled_mechanisms: tuple[str, ...] = _setting(
+        "sasl.enabled.mechanisms", ("SCRAM-SHA-256", "SCRAM-SHA-512"), _names,
+        lambda v: bool(v) and set(v) <= {"SCRAM-SHA-256", "SCRAM-SHA-512"}, "must name SCRAM-SHA-256 and/or SCRAM-SHA-512")
+    inter_broker_sasl_mechanism: str = _setting("inter.broker.sasl.mechanism", "SCRAM-SHA-256", str,
+                                                lambda v: v in ("SCRAM-SHA-256", "SCRAM-SHA-512"),
+                                                "must be SCRAM-SHA-256 or SCRAM-SHA-512")
+    inter_broker_sasl_username: str = _setting("inter.broker.sasl.username", "", str)
+    inter_broker_sasl_password: str = _setting("inter.broker.sasl.password", "", str)
+    broker_principal: str = _setting("broker.principal", "", str)
+    authorizer_enable: bool = _setting("authorizer.enable", False, _bool)
+    super_users: tuple[str, ...] = _setting("super.users", (), lambda t: tuple(u.strip() for u in t.split(";") if u.strip()),
+                                            lambda v: all(u.startswith("User:") for u in v),
+                                            "must be User:<name> entries separated by ';'")
+    allow_everyone_if_no_acl_found: bool = _setting("allow.everyone.if.no.acl.found", False, _bool)
+    zookeeper_set_acl: bool = _setting("zookeeper.set.acl", False, _bool)
+    zookeeper_auth: str = _setting("zookeeper.auth", "", str, lambda v: not v or ":" in v, "must be user:password")
+
+    def __repr__(self) -> str:  # never print a password (start-up logs, tracebacks)
+        secret = {"inter_broker_sasl_password", "zookeeper_auth"}
+        shown = ", ".join(f"{f.name}={'***' if f.name in secret and getattr(self, f.name) else getattr(self, f.name)!r}"
+                          for f in dataclasses.fields(self))
+        return f"BrokerConfig({shown})"
 
     @classmethod
     def keys(cls) -> dict[str, dataclasses.Field]:
@@ -150,6 +189,10 @@ class BrokerConfig:
             value = getattr(config, f.name)
             if check is not None and not check(value):
                 problems.append(f"{key}={value!r} {f.metadata['rule']}")
+        if not problems:
+            from broker.server.auth.listeners import check_security
+
+            problems += check_security(config)
         if problems:
             raise ConfigError("bad broker configuration:\n  " + "\n  ".join(problems))
         return config

@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING
 from broker.common.errors import ErrorCode, InvalidRequest, RequestTooLarge
 from broker.common.protocol import ApiKey, decode_request_header, error_response, response_frame
 from broker.server.answers import Answers
+from broker.server.auth.listeners import Listener
+from broker.server.auth.session import Session
+from broker.server.auth.tls import subject_principal
 from broker.server.flowcontrol import ConnectionLimits, RequestPool
 from broker.server.refusals import RefusalLog
 
@@ -64,8 +67,10 @@ class Connection(asyncio.BufferedProtocol):
     produce path's hot loop (`_process`) reads their state as plain attributes;
     splitting them further would add calls per frame on that path."""
 
-    def __init__(self, server: "Broker") -> None:
+    def __init__(self, server: "Broker", listener: Listener) -> None:
         self.server = server
+        self.listener = listener
+        self.session: Session | None = None  # set once connected
         self.pool: RequestPool = server.pool
         self.limits: ConnectionLimits = server.limits
         self.transport: asyncio.Transport | None = None
@@ -97,8 +102,13 @@ class Connection(asyncio.BufferedProtocol):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.transport.set_write_buffer_limits(high=self.limits.max_unsent, low=self.limits.max_unsent // 2)
         self.answers.transport = self.transport
-        self.peer = "%s:%s" % (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        self.peer = f"{host}:{port}"
         self.refusals.peer = self.peer
+        self.session = Session(self.listener, str(host), authenticated=not self.listener.protocol.sasl)
+        certificate = transport.get_extra_info("peercert") if self.listener.protocol.tls else None
+        if certificate and not self.listener.protocol.sasl:
+            self.session.principal = subject_principal(certificate.get("subject", ()))
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -295,7 +305,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         body_pos = reader.pos
         try:
-            reply = self.server.handler.handle(header, reader)
+            reply = self.server.handler.handle(header, reader, self.session)
         except Exception as exc:
             quiet = acks_zero(header.api_key, header.api_version, frame, body_pos)
             parts = self.answers.refused(header, exc, quiet)

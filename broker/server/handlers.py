@@ -17,19 +17,24 @@ import logging
 import random
 from typing import Callable, Coroutine, NamedTuple
 
+from broker.common.acls import CLUSTER, Operation, ResourceType
 from broker.common.errors import (
-    BrokerShuttingDown, ErrorCode, InvalidMessage, InvalidReplicationFactor, InvalidRequest, LogbusError,
-    NotLeaderForPartition, TopicCreationDisabled, UnknownPartition, UnknownTopic, UnsupportedApi,
+    BrokerShuttingDown, ClusterAuthorizationFailed, ErrorCode, IllegalSaslState, InvalidMessage,
+    InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition, TopicCreationDisabled,
+    UnknownPartition, UnknownTopic, UnsupportedApi,
 )
 from broker.common.message import batch_identity, validate_message_set
 from broker.common.partitionstates import live_leader
 from broker.common.protocol import (
-    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, CreateTopicRequest, FetchRequest, FetchResponse,
+    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse,
     InitProducerIdRequest, LeaderEpochEndRequest, MetadataRequest, MetadataResponse, MultiFetchRequest,
     MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest, ProduceResponse,
     ProducerIdResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata, check_topic_name, encode_offsets,
     encode_results,
 )
+from broker.server.auth.authorizer import Authorizer
+from broker.server.auth.sasl import Authentication
+from broker.server.auth.session import Session
 from broker.server.config import BrokerConfig
 from broker.server.log.log import Log
 from broker.server.log.manager import LogManager
@@ -38,12 +43,13 @@ from broker.server.producerids import ProducerIdAllocator
 from broker.server.registration import BrokerRegistry
 from broker.server.replication.manager import ReplicaManager
 from broker.server.replication.partition import Partition
+from broker.server.replies import Reply, answered, later
 
 logger = logging.getLogger(__name__)
 
-Reply = asyncio.Future  # of Body | None
 MAX_PARTITIONS = 10_000
 MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
+_HANDSHAKE = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 
 
 class Appended(NamedTuple):
@@ -58,22 +64,12 @@ class Appended(NamedTuple):
     epoch: int | None
 
 
-def answered(body: Body | None) -> Reply:
-    """A reply known at once."""
-    reply = asyncio.get_running_loop().create_future()
-    reply.set_result(body)
-    return reply
-
-
-def later(answer: Coroutine) -> Reply:
-    """A reply that waits (for a flush, data, or ZooKeeper)."""
-    return asyncio.ensure_future(answer)
-
-
 class RequestHandler:
     def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler, registry: BrokerRegistry,
-                 replicas: ReplicaManager, producer_ids: ProducerIdAllocator | None = None) -> None:
+                 replicas: ReplicaManager, producer_ids: ProducerIdAllocator | None = None,
+                 authorizer: Authorizer | None = None) -> None:
         self.config = config
+        self.authorizer = authorizer  # None: an open cluster, every request allowed
         self.producer_ids = producer_ids
         self.logs = logs
         self.scheduler = scheduler
@@ -81,7 +77,8 @@ class RequestHandler:
         self.replicas = replicas
         self.shutting_down = False
         self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
-        self._handlers: dict[int, Callable[[Reader], Reply]] = {
+        self.authentication = Authentication(config, registry.zk)
+        self._handlers: dict[int, Callable[[Reader, Session], Reply]] = {
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.MULTIFETCH: self.multifetch,
@@ -92,17 +89,47 @@ class RequestHandler:
             ApiKey.REPLICA_FETCH: self.replica_fetch,
             ApiKey.LEADER_EPOCH_END: self.leader_epoch_end,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
+            ApiKey.SASL_HANDSHAKE: self.authentication.handshake,
+            ApiKey.SASL_AUTHENTICATE: self.authentication.authenticate,
         }
 
-    def handle(self, header: RequestHeader, reader: Reader) -> Reply:
+    def handle(self, header: RequestHeader, reader: Reader, session: Session) -> Reply:
         handler = self._handlers.get(header.api_key)
         if handler is None or header.api_version > MAX_API_VERSIONS.get(header.api_key, 0) or header.api_version < 0:
             raise UnsupportedApi(f"api {header.api_key} version {header.api_version} is not supported")
+        if not session.authenticated and header.api_key not in _HANDSHAKE:
+            raise IllegalSaslState(f"listener {session.listener.name} authenticates: send SASL_HANDSHAKE and "
+                                   "SASL_AUTHENTICATE before any other request")
         if self.shutting_down:
             raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
         if header.api_key == ApiKey.METADATA:
-            return self.metadata(reader, header.api_version)
-        return handler(reader)
+            return self.metadata(reader, session, header.api_version)
+        return handler(reader, session)
+
+    # ---------------------------------------------------------------- authorization
+
+    def _check_topic(self, session: Session, operation: Operation, topic: str) -> None:
+        if self.authorizer is not None:
+            self.authorizer.check(session, operation, ResourceType.TOPIC, topic)
+
+    def _may_create(self, session: Session, topic: str) -> None:
+        """Create on the cluster or on the topic (an auto-create by a first produce too)."""
+        authorizer = self.authorizer
+        if authorizer is not None and not authorizer.allowed(session, Operation.CREATE, ResourceType.CLUSTER, CLUSTER):
+            authorizer.check(session, Operation.CREATE, ResourceType.TOPIC, topic)
+
+    def _check_replica(self, session: Session, replica_id: int | None) -> None:
+        """Replication requests: ClusterAction, and from the broker whose id they name
+        (any broker, for LEADER_EPOCH_END, which names none) — a client naming a
+        follower must not move the high watermark (docs/replication.md)."""
+        if self.authorizer is None:
+            return
+        self.authorizer.check_cluster(session, Operation.CLUSTER_ACTION)
+        brokers = self.registry.view.brokers
+        candidates = brokers.values() if replica_id is None else filter(None, [brokers.get(replica_id)])
+        if not any(b.principal and b.principal == session.principal for b in candidates):
+            who = "any broker" if replica_id is None else f"broker {replica_id}"
+            raise ClusterAuthorizationFailed(f"{session.principal} is not {who}'s registered principal")
 
     @functools.cached_property
     def _no_reply(self) -> Reply:
@@ -188,9 +215,11 @@ class RequestHandler:
 
     # -------------------------------------------------------------------- produce
 
-    def produce(self, reader: Reader) -> Reply:
+    def produce(self, reader: Reader, session: Session) -> Reply:
         req = ProduceRequest.decode(reader)
+        self._check_topic(session, Operation.WRITE, req.topic)
         if req.topic not in self.registry.view.topics:
+            self._may_create(session, req.topic)
             return later(self._produce_after_create(req))
         return self._produce(req)
 
@@ -219,7 +248,7 @@ class RequestHandler:
             return self.scheduler.flusher(appended.log).wait_flushed(appended.next_offset)
         return self.replicas.wait_committed(appended.log, appended.next_offset, appended.epoch, timeout_ms)
 
-    def multiproduce(self, reader: Reader) -> Reply:
+    def multiproduce(self, reader: Reader, session: Session) -> Reply:
         """Each partition answers on its own, refused or appended and — with acks=-1 —
         committed or not: one partition's failure never fails the others, so a producer
         retries only the batches that failed."""
@@ -228,6 +257,7 @@ class RequestHandler:
         appended: dict[int, Appended] = {}  # result index -> its append
         for part in req.parts:
             try:
+                self._check_topic(session, Operation.WRITE, part.topic)
                 partition = self._pick_partition(part.topic) if part.partition == -1 else part.partition
                 appended[len(results)] = done = self._append(part.topic, partition, part.messages, req.acks)
             except LogbusError as exc:
@@ -255,8 +285,9 @@ class RequestHandler:
 
     # ---------------------------------------------------------------------- fetch
 
-    def fetch(self, reader: Reader) -> Reply:
+    def fetch(self, reader: Reader, session: Session) -> Reply:
         req = FetchRequest.decode(reader)
+        self._check_topic(session, Operation.READ, req.topic)
         log = self.leader_log(req.topic, req.partition)
         region = log.read(req.offset, req.max_bytes)
         if region.length >= req.min_bytes or req.max_wait_ms == 0:
@@ -270,20 +301,22 @@ class RequestHandler:
     def _wait_seconds(self, max_wait_ms: int) -> float:
         return min(max_wait_ms, self.config.fetch_max_wait_ms) / 1000
 
-    def multifetch(self, reader: Reader) -> Reply:
+    def multifetch(self, reader: Reader, session: Session) -> Reply:
         req = MultiFetchRequest.decode(reader)
-        logs, results = self._multifetch_results(req)
+        logs, results = self._multifetch_results(req, session)
         if not req.fetches or any(
             len(r.value.messages) >= f.min_bytes for r, f in zip(results, req.fetches) if r.error_code == ErrorCode.NONE
         ):
             return answered(encode_results(results))
-        return later(self._multifetch_later(req, logs, results))
+        return later(self._multifetch_later(req, session, logs, results))
 
-    def _multifetch_results(self, req: MultiFetchRequest) -> tuple[list[Log | None], list[PartitionResult]]:
-        """Each fetch's log (None when refused) and its result."""
+    def _multifetch_results(self, req: MultiFetchRequest,
+                            session: Session) -> tuple[list[Log | None], list[PartitionResult]]:
+        """Each fetch's log (None when refused, by ACL too) and its result."""
         logs, results = [], []
         for f in req.fetches:
             try:
+                self._check_topic(session, Operation.READ, f.topic)
                 log = self.leader_log(f.topic, f.partition)
                 region = log.read(f.offset, f.max_bytes)
             except LogbusError as exc:
@@ -294,29 +327,38 @@ class RequestHandler:
                 results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.visible_offset, region)))
         return logs, results
 
-    async def _multifetch_later(self, req: MultiFetchRequest, logs: list[Log | None], results) -> Body:
+    async def _multifetch_later(self, req: MultiFetchRequest, session: Session, logs: list[Log | None],
+                                results) -> Body:
         waits = [(log, f.offset, f.min_bytes) for log, f in zip(logs, req.fetches) if log is not None]
         timeout = self._wait_seconds(max(f.max_wait_ms for f in req.fetches))
         if waits and timeout > 0:
             await self.scheduler.wait_for_data(waits, timeout)
-            results = self._multifetch_results(req)[1]
+            results = self._multifetch_results(req, session)[1]
         return encode_results(results)
 
     # ------------------------------------------------------------ offsets, metadata
 
-    def offsets(self, reader: Reader) -> Reply:
+    def offsets(self, reader: Reader, session: Session) -> Reply:
         req = OffsetsRequest.decode(reader)
+        self._check_topic(session, Operation.DESCRIBE, req.topic)
         log = self.leader_log(req.topic, req.partition)
         return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
 
-    def metadata(self, reader: Reader, version: int = 0) -> Reply:
+    def metadata(self, reader: Reader, session: Session, version: int = 0) -> Reply:
         """Leaders come from the partition state nodes (the controller's decisions): -1
         for an offline partition or a leader that is not registered. Version 1 adds
-        each partition's leader epoch and ISR."""
+        each partition's leader epoch and ISR. Brokers are given at the addresses of
+        the listener asked on; topics the principal may not describe are left out of
+        a list of all, and refused by name when asked for."""
         req = MetadataRequest.decode(reader)
         view = self.registry.view
+        authorizer = self.authorizer
         topics = []
         for topic in req.topics or sorted(view.topics):
+            if authorizer is not None and not authorizer.allowed(session, Operation.DESCRIBE, ResourceType.TOPIC, topic):
+                if req.topics:
+                    topics.append(TopicMetadata(topic, ErrorCode.TOPIC_AUTHORIZATION_FAILED, []))
+                continue
             assignment = view.topics.get(topic)
             if assignment is None:
                 try:
@@ -335,12 +377,26 @@ class RequestHandler:
                 partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest,
                                                     state.leader_epoch, list(state.isr)))
             topics.append(TopicMetadata(topic, 0, partitions))
-        brokers = sorted(view.brokers.values(), key=lambda b: b.broker_id)
-        return answered([MetadataResponse(brokers, topics).encode(version)])
+        brokers = [self._reachable(b, session.listener.name) for b in sorted(view.brokers.values(),
+                                                                          key=lambda b: b.broker_id)]
+        return answered([MetadataResponse([b for b in brokers if b is not None], topics).encode(version)])
 
-    def init_producer_id(self, reader: Reader) -> Reply:
+    @staticmethod
+    def _reachable(broker: BrokerInfo, listener: str) -> BrokerInfo | None:
+        """A broker as reached on `listener` (brokers registered before listeners have
+        one address); None when it does not serve that listener."""
+        if not broker.endpoints:
+            return broker
+        try:
+            return broker.at(listener)
+        except ConnectionError:
+            return None
+
+    def init_producer_id(self, reader: Reader, session: Session) -> Reply:
         """A new idempotent producer's identity: an id no producer had, epoch 0."""
         InitProducerIdRequest.decode(reader)
+        if self.authorizer is not None and not self.authorizer.may_write_somewhere(session):
+            raise ClusterAuthorizationFailed(f"{session.principal} may write to no topic: no producer id for it")
         if self.producer_ids is None:
             raise UnsupportedApi("this broker hands out no producer ids")
         return later(self._producer_id())
@@ -351,15 +407,20 @@ class RequestHandler:
 
     # ---------------------------------------------------------------- replication
 
-    def replica_fetch(self, reader: Reader) -> Reply:
-        return later(self.replicas.replica_fetch(ReplicaFetchRequest.decode(reader)))
+    def replica_fetch(self, reader: Reader, session: Session) -> Reply:
+        req = ReplicaFetchRequest.decode(reader)
+        self._check_replica(session, req.replica_id)
+        return later(self.replicas.replica_fetch(req))
 
-    def leader_epoch_end(self, reader: Reader) -> Reply:
-        return answered(self.replicas.leader_epoch_end(LeaderEpochEndRequest.decode(reader)))
+    def leader_epoch_end(self, reader: Reader, session: Session) -> Reply:
+        req = LeaderEpochEndRequest.decode(reader)
+        self._check_replica(session, None)
+        return answered(self.replicas.leader_epoch_end(req))
 
-    def create_topic(self, reader: Reader) -> Reply:
+    def create_topic(self, reader: Reader, session: Session) -> Reply:
         req = CreateTopicRequest.decode(reader)
         check_topic_name(req.topic)
+        self._may_create(session, req.topic)
         if req.partitions == AUTO_PARTITIONS:
             return later(self._auto_create_topic(req.topic))
         if not 1 <= req.partitions <= MAX_PARTITIONS:

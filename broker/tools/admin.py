@@ -26,6 +26,8 @@ from broker.common.zklayout import (
     CONSUMERS, create_topic, read_partition_state, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
 )
 from broker.tools import mirror as mirror_command
+from broker.tools import security as security_commands
+from broker.tools.security import read_command_config
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +48,9 @@ class Cluster:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.connect = zookeeper_of(args)
-        self.zk = connect_zookeeper(self.connect, args.zookeeper_timeout)
-        self.metadata = ZooKeeperMetadata(self.zk)
+        self.security, self.zookeeper_auth = read_command_config(args.command_config)
+        self.zk = connect_zookeeper(self.connect, args.zookeeper_timeout, auth=self.zookeeper_auth)
+        self.metadata = ZooKeeperMetadata(self.zk, security=self.security)
         self.pool = ConnectionPool(self.metadata, "logbus-cli", 30.0)
 
     def leaders(self, topic: str) -> dict[int, int]:
@@ -190,7 +193,7 @@ def _consume_group(args: argparse.Namespace, cluster: Cluster):
     from broker.client.group import ConsumerGroup
 
     timeout = None if args.idle_timeout is None else int(args.idle_timeout * 1000)
-    group = ConsumerGroup(args.group, {args.topic: 1}, cluster.connect,
+    group = ConsumerGroup(args.group, {args.topic: 1}, cluster.connect, security=cluster.security,
                           auto_offset_reset="smallest" if args.from_beginning else "largest",
                           consumer_timeout_ms=timeout, auto_commit_interval_ms=1000)
     try:
@@ -318,6 +321,8 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
                         help="ZooKeeper connect string host:port[/chroot] (default: $LOGBUS_ZOOKEEPER)")
     common.add_argument("--zookeeper-timeout", type=float, default=default(10.0), metavar="SECONDS",
                         help="give up connecting to ZooKeeper after this long (default 10)")
+    common.add_argument("--command-config", default=default(None), metavar="FILE",
+                        help="client security properties (security.protocol, ssl.*, sasl.*) and zookeeper.auth")
     common.add_argument("--log-level", default=default("WARNING"), help="client logging on stderr (default WARNING)")
     return common
 
@@ -328,6 +333,7 @@ def arguments() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     mirror_command.add_parser(sub, common)
+    security_commands.add_parsers(sub, common)
     p = sub.add_parser("topics", parents=[common], help="list, create or describe topics",
                        usage="logbus topics {list,create,describe} [NAME] | --list | --create NAME | --describe [NAME]")
     p.add_argument("words", nargs="*", metavar="ACTION [NAME]", help="list, create NAME, or describe [NAME]")

@@ -45,7 +45,10 @@ def run(args: argparse.Namespace, cluster) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     topics = [t.strip() for t in args.topics.split(",") if t.strip()] if args.topics else None
-    mirror = Mirror(args.name, args.source, cluster.connect, topics=topics, pattern=args.pattern,
+    # the sources are reached as the command config says, the target too (one principal)
+    sources = [MirrorSource(s.name, s.zookeeper, s.brokers, cluster.security) for s in args.source]
+    mirror = Mirror(args.name, sources, cluster.connect, topics=topics, pattern=args.pattern,
+                    target_security=cluster.security,
                     partitioning=args.partitioning, start=args.start)
     reporter = threading.Thread(target=_report, args=(mirror, stop, args.report_interval), daemon=True)
     try:

@@ -25,7 +25,7 @@ def leading(tmp_path, partitions: int) -> ReplicaManager:
     """Broker 0 leading partitions 0..n-1 of "t" with followers 1 and 2 in sync."""
     config = BrokerConfig.from_settings({"broker.id": "0", "log.dir": str(tmp_path), "zookeeper.connect": "zk:2181"})
     scheduler = FlushScheduler(1)
-    manager = ReplicaManager(config, None, scheduler, None, None)
+    manager = ReplicaManager(config, None, scheduler, None, None, None)
     for p in range(partitions):
         log = Log(tmp_path / f"t-{p}", "t", p, LogConfig())
         log.high_watermark = 0

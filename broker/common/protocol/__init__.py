@@ -1,7 +1,8 @@
 """The wire protocol (docs/protocol.md, a contract between the server and every
 client): one module per role — `primitives` (API keys, acks, topic names, reads and
 writes), `frames` (request and response headers), `requests` (what clients send),
-`responses` (what they are answered) and `replication` (what brokers send each other).
+`responses` (what they are answered), `replication` (what brokers send each other) and
+`security` (the authentication handshake).
 It knows nothing of sockets or logs. Everything public is importable from here."""
 
 from broker.common.protocol.frames import (
@@ -15,6 +16,9 @@ from broker.common.protocol.replication import (
 )
 from broker.common.protocol.requests import (
     CreateTopicRequest, FetchRequest, InitProducerIdRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES,
+)
+from broker.common.protocol.security import (
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 )
 from broker.common.protocol.responses import (
     BrokerInfo, FETCH_RESPONSE_HEAD, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, ProducerIdResponse, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,
@@ -58,6 +62,10 @@ __all__ = [
     "ReplicaFetchResponse",
     "RequestHeader",
     "SIZE",
+    "SaslAuthenticateRequest",
+    "SaslAuthenticateResponse",
+    "SaslHandshakeRequest",
+    "SaslHandshakeResponse",
     "TopicMetadata",
     "Writer",
     "check_topic_name",

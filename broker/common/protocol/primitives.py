@@ -31,6 +31,8 @@ class ApiKey(enum.IntEnum):
     REPLICA_FETCH = 7
     LEADER_EPOCH_END = 8
     INIT_PRODUCER_ID = 9
+    SASL_HANDSHAKE = 10
+    SASL_AUTHENTICATE = 11
 
 
 class Acks(enum.IntEnum):

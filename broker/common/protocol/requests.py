@@ -9,6 +9,7 @@ from typing import ClassVar
 from broker.common.errors import InvalidRequest
 from broker.common.protocol.primitives import ApiKey, Reader, Writer
 from broker.common.protocol.replication import LeaderEpochEndRequest, ReplicaFetchRequest
+from broker.common.protocol.security import SaslAuthenticateRequest, SaslHandshakeRequest
 
 
 @dataclass(frozen=True)
@@ -204,5 +205,6 @@ REQUEST_TYPES: dict[int, type] = {
     for cls in (
         ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
         MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest, InitProducerIdRequest,
+        SaslHandshakeRequest, SaslAuthenticateRequest,
     )
 }

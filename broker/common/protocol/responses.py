@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from broker.common.errors import ErrorCode, LogbusError, error_for
 from broker.common.protocol.frames import Body
+from broker.common.listeners import Endpoint
 from broker.common.protocol.primitives import Reader, Writer, _I64
 
 
@@ -135,9 +136,26 @@ def encode_offsets(offsets: list[int]) -> bytes:
 
 @dataclass(frozen=True)
 class BrokerInfo:
+    """A live broker: the address of the listener it was asked on (METADATA) or of its
+    inter-broker listener (ZooKeeper); with its registration, every listener's
+    advertised endpoint and the principal it authenticates as (docs/zookeeper.md) —
+    neither of which travels in METADATA."""
+
     broker_id: int
     host: str
     port: int
+    endpoints: tuple[Endpoint, ...] = ()
+    principal: str = ""
+
+    def at(self, listener: str | None) -> "BrokerInfo":
+        """This broker as reached on `listener` (None: its default address)."""
+        if listener is None:
+            return self
+        for endpoint in self.endpoints:
+            if endpoint.name == listener.upper():
+                return BrokerInfo(self.broker_id, endpoint.host, endpoint.port, self.endpoints, self.principal)
+        names = ", ".join(e.name for e in self.endpoints) or "none registered"
+        raise ConnectionError(f"broker {self.broker_id} has no listener named {listener!r} ({names})")
 
 
 @dataclass(frozen=True)

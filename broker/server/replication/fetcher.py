@@ -24,6 +24,7 @@ from broker.common.protocol import (
     BrokerInfo, LeaderEpochEndRequest, LeaderEpochEndResponse, Reader, ReplicaFetchPartition, ReplicaFetchRequest,
     ReplicaFetchResponse, decode_replica_fetch, decode_response_header, encode_request, raise_for_error,
 )
+from broker.server.auth.interbroker import InterBrokerSecurity
 from broker.server.config import BrokerConfig
 from broker.server.log.epochs import UNDEFINED
 from broker.server.replication.partition import Partition
@@ -42,9 +43,19 @@ class LeaderLink:
         self._ids = itertools.count(1)
 
     @classmethod
-    async def open(cls, leader: BrokerInfo, client_id: str, timeout: float) -> "LeaderLink":
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(leader.host, leader.port), timeout)
-        return cls(reader, writer, client_id)
+    async def open(cls, leader: BrokerInfo, client_id: str, timeout: float,
+                   security: InterBrokerSecurity) -> "LeaderLink":
+        """Connect on the inter-broker listener, authenticating as it requires."""
+        address = security.address(leader)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(address.host, address.port, ssl=security.ssl_context), timeout)
+        link = cls(reader, writer, client_id)
+        try:
+            await security.authenticate(lambda req: link.request(req, timeout))
+        except BaseException:
+            link.close()
+            raise
+        return link
 
     async def request(self, req, timeout: float) -> Reader:
         """Send `req`, return a reader at the body of its answer (errors raised)."""
@@ -168,8 +179,9 @@ class SourceFetcher:
     restarted may have lost a tail its followers hold."""
 
     def __init__(self, leader_id: int, config: BrokerConfig, executor,
-                 locate: Callable[[int], BrokerInfo | None]) -> None:
+                 locate: Callable[[int], BrokerInfo | None], security: InterBrokerSecurity) -> None:
         self.leader_id = leader_id
+        self.security = security
         self.config = config
         self._executor = executor
         self._locate = locate  # the leader's current address (it may restart elsewhere)
@@ -216,7 +228,7 @@ class SourceFetcher:
                 leader = self._locate(self.leader_id)
                 if leader is None:
                     raise ConnectionError(f"broker {self.leader_id} is not registered")
-                link = await LeaderLink.open(leader, f"replica-{self.config.broker_id}", self._timeout)
+                link = await LeaderLink.open(leader, f"replica-{self.config.broker_id}", self._timeout, self.security)
                 self._session = None  # a new connection starts a new session
                 for followed in self._followed.values():
                     followed.truncated = False

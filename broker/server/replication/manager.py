@@ -21,6 +21,7 @@ from kazoo.recipe.watchers import DataWatch
 from broker.common.errors import NotEnoughReplicas, NotLeaderForPartition, PartitionOffline
 from broker.common.protocol import Body, BrokerInfo, LeaderEpochEndRequest, ReplicaFetchRequest
 from broker.common.zklayout import PartitionState, StateNode, partition_state_path, read_partition_state
+from broker.server.auth.interbroker import InterBrokerSecurity
 from broker.server.config import BrokerConfig
 from broker.server.log.log import Log
 from broker.server.log.manager import LogManager
@@ -38,8 +39,9 @@ Key = tuple[str, int]
 
 class ReplicaManager:
     def __init__(self, config: BrokerConfig, logs: LogManager, scheduler: FlushScheduler,
-                 registry: BrokerRegistry, zk: KazooClient) -> None:
+                 registry: BrokerRegistry, zk: KazooClient, security: InterBrokerSecurity) -> None:
         self.config = config
+        self.security = security  # how followers reach leaders
         self.logs = logs
         self.scheduler = scheduler
         self.registry = registry
@@ -168,7 +170,7 @@ class ReplicaManager:
         fetcher = self._fetchers.get(leader_id)
         if fetcher is None:
             fetcher = self._fetchers[leader_id] = SourceFetcher(leader_id, self.config, self.scheduler.executor,
-                                                                self._broker)
+                                                                self._broker, self.security)
         self._following[key] = leader_id
         fetcher.add(part)
 

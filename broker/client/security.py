@@ -1,0 +1,122 @@
+"""How a client reaches a secured cluster (docs/clients.md, "Security"): which listener,
+TLS with the cluster's CA (and a client certificate for mTLS), and SASL/SCRAM
+credentials. One `ClientSecurity` is given to a producer, consumer, group, mirror or
+the `logbus` command and reaches every connection they open.
+
+Settings can come as Kafka's client property names (`security.protocol`,
+`ssl.cafile`, `sasl.username`, ...; `ClientSecurity.from_properties`), which is how
+the `logbus` command's `--command-config` file, the Airflow connection's extras and
+the Spark data source's options carry them. The password never appears in `repr`."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Mapping
+
+from scramp import ScramClient, ScramException
+
+from broker.common.errors import SaslAuthenticationFailed
+from broker.common.listeners import SecurityProtocol
+from broker.common.protocol import Reader, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest
+
+PLAINTEXT = SecurityProtocol.PLAINTEXT
+Call = Callable[[object], Reader]  # one request on the connection being set up -> its answer's body
+
+_PROPERTIES = {  # property name -> field
+    "security.protocol": "protocol", "listener.name": "listener", "ssl.cafile": "ssl_cafile",
+    "ssl.certfile": "ssl_certfile", "ssl.keyfile": "ssl_keyfile",
+    "ssl.check.hostname": "ssl_check_hostname", "sasl.mechanism": "sasl_mechanism",
+    "sasl.username": "sasl_username", "sasl.password": "sasl_password",
+}
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    protocol: SecurityProtocol = PLAINTEXT
+    listener: str | None = None  # the listener to reach, by name (ZooKeeper discovery); None: the registered address
+    ssl_cafile: str | None = None  # None: the system's CAs
+    ssl_certfile: str | None = None  # a client certificate (mTLS)
+    ssl_keyfile: str | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str = "SCRAM-SHA-256"
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "protocol", SecurityProtocol.parse(str(getattr(self.protocol, "value", self.protocol))))
+        if self.protocol.sasl and not (self.sasl_username and self.sasl_password):
+            raise ValueError(f"security protocol {self.protocol.value} needs sasl.username and sasl.password")
+        if self.sasl_mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise ValueError(f"sasl.mechanism {self.sasl_mechanism!r}: use SCRAM-SHA-256 or SCRAM-SHA-512")
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"{name.replace('_', '.', 1)}={path!r}: no such file")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("ssl.certfile and ssl.keyfile go together")
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, object]) -> "ClientSecurity":
+        """From Kafka-style client property names; unknown names are refused by name."""
+        unknown = sorted(set(properties) - set(_PROPERTIES))
+        if unknown:
+            raise ValueError(f"unknown security setting(s) {', '.join(unknown)}; known: {', '.join(_PROPERTIES)}")
+        values = {_PROPERTIES[k]: v for k, v in properties.items() if v not in (None, "")}
+        if "ssl_check_hostname" in values and isinstance(values["ssl_check_hostname"], str):
+            values["ssl_check_hostname"] = values["ssl_check_hostname"].strip().lower() in ("true", "1", "yes")
+        return cls(**values)
+
+    def properties(self) -> dict[str, str]:
+        """The inverse of `from_properties` (for a Spark option map or a file)."""
+        out = {}
+        for name, field_name in _PROPERTIES.items():
+            value = getattr(self, field_name)
+            if value not in (None, "") and value != next(f.default for f in fields(self) if f.name == field_name):
+                out[name] = str(getattr(value, "value", value)).lower() if isinstance(value, bool) else \
+                    str(getattr(value, "value", value))
+        return out
+
+    @property
+    def is_plaintext(self) -> bool:
+        return self.protocol == PLAINTEXT and self.listener is None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ssl_cafile)
+        context.check_hostname = self.ssl_check_hostname
+        if self.ssl_certfile:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return context
+
+    def wrap(self, sock: socket.socket, host: str) -> socket.socket:
+        """The socket after the TLS handshake, or as it is without TLS."""
+        if not self.protocol.tls:
+            return sock
+        return self._context.wrap_socket(sock, server_hostname=host)
+
+    @property
+    def _context(self) -> ssl.SSLContext:
+        context = self.__dict__.get("_ssl")
+        if context is None:  # one context per settings: it caches sessions and the CA store
+            context = self.ssl_context()
+            object.__setattr__(self, "_ssl", context)
+        return context
+
+    def authenticate(self, call: Call) -> None:
+        """The SCRAM exchange on a new connection (nothing without SASL)."""
+        if not self.protocol.sasl:
+            return
+        call(SaslHandshakeRequest(self.sasl_mechanism))
+        client = ScramClient([self.sasl_mechanism], self.sasl_username, self.sasl_password)
+        try:
+            first = call(SaslAuthenticateRequest(client.get_client_first().encode()))
+            client.set_server_first(SaslAuthenticateResponse.decode(first).auth_bytes.decode())
+            final = call(SaslAuthenticateRequest(client.get_client_final().encode()))
+            client.set_server_final(SaslAuthenticateResponse.decode(final).auth_bytes.decode())
+        except ScramException as exc:  # the broker's proof is wrong: not the broker we trust
+            raise SaslAuthenticationFailed(f"the broker failed to prove it knows the credentials: {exc}") from None
+
+
+OPEN = ClientSecurity()  # plaintext, no authentication: the default
