@@ -141,14 +141,15 @@ class LocalCluster:
         self.brokers: dict[int, BrokerProcess] = {}
 
     def start_broker(self, broker_id: int, settings: dict[str, object] | None = None, wait: bool = True,
-                     preamble: str | None = None, zookeeper: str | None = None) -> BrokerProcess:
+                     preamble: str | None = None, zookeeper: str | None = None,
+                     port: int | None = None) -> BrokerProcess:
         """Start (or restart) a broker. `zookeeper` overrides the cluster's connect string
         for this broker alone (e.g. through a `harness.proxy.TcpProxy` a test can cut)."""
         existing = self.brokers.get(broker_id)
         if existing is not None:  # a restart keeps the port and the log directory
             existing.settings = {**existing.settings, **(settings or {})}
             return existing.start(wait=wait)
-        broker = BrokerProcess(broker_id, zookeeper or self.zookeeper, self.workdir,
+        broker = BrokerProcess(broker_id, zookeeper or self.zookeeper, self.workdir, port,
                                settings={**self.settings, **(settings or {})},
                                preamble=preamble)
         self.brokers[broker_id] = broker

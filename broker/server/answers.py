@@ -50,6 +50,7 @@ class Answers:
         self.on_written = on_written
         self.pending: collections.deque = collections.deque()
         self.out: list[bytes] = []
+        self.tls = False  # set once connected: a TLS transport cannot sendfile
         self.close_after = False  # close the connection once what is queued is written
         self.in_sendfile = False  # sendfile resumes reading on its own: the connection re-applies its choice
         self.on_sendfile_done: Callable[[], None] = lambda: None
@@ -137,7 +138,10 @@ class Answers:
             item = self.pending[0]
             parts = await item if isinstance(item, asyncio.Task) else item
             for part in parts or ():
-                if isinstance(part, FileRegion):
+                if isinstance(part, FileRegion) and self.tls:
+                    # TLS encrypts in user space: the bytes must pass through us (no sendfile)
+                    transport.write(part.read())
+                elif isinstance(part, FileRegion):
                     if part.length:
                         self.in_sendfile = True
                         try:

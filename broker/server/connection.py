@@ -102,6 +102,7 @@ class Connection(asyncio.BufferedProtocol):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.transport.set_write_buffer_limits(high=self.limits.max_unsent, low=self.limits.max_unsent // 2)
         self.answers.transport = self.transport
+        self.answers.tls = self.listener.protocol.tls
         host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
         self.peer = f"{host}:{port}"
         self.refusals.peer = self.peer
