@@ -16,6 +16,7 @@ from broker.client.cluster import ClusterMetadata, ConnectionPool, ZooKeeperMeta
 from broker.client.errors import ZooKeeperUnavailable
 from broker.client.offsets import PartitionOffsets
 from broker.client.ranges import DEFAULT_FETCH_BYTES
+from broker.client.security import OPEN, ClientSecurity
 from broker.common.protocol import BrokerInfo
 
 __all__ = ["ClusterConfigError", "LOAD_LEADER_WAIT_S", "LogbusCluster", "PartitionOffsets", "leader_wait_seconds"]
@@ -35,6 +36,12 @@ def parse_brokers(brokers: str | list) -> list[str]:
     except ValueError as exc:
         raise ClusterConfigError(str(exc)) from None
 
+
+# A secured cluster's client properties (JSON, `broker.client.security`) on their way to
+# a load's Spark job: the operator puts them in spark-submit's environment, never on
+# its command line; the driver hands them to the executors as the data source's
+# `security` option, inside the job, not in any log.
+SECURITY_ENV = "LOGBUS_CLIENT_SECURITY"
 
 # How long a load's reads wait for a partition without a reachable leader (a broker
 # restarting, the controller moving a leadership) before the load fails: a load that
@@ -66,7 +73,8 @@ class LogbusCluster:
     the load's data source passes `LOAD_LEADER_WAIT_S` or the operator's setting."""
 
     def __init__(self, zookeeper: str | None = None, brokers: str | list | None = None,
-                 timeout: float = 15.0, client_id: str = "logbus-airflow", leader_wait: float = 0.0) -> None:
+                 timeout: float = 15.0, client_id: str = "logbus-airflow", leader_wait: float = 0.0,
+                 security: ClientSecurity = OPEN) -> None:
         if not zookeeper and not brokers:
             raise ClusterConfigError("give a ZooKeeper connect string or a list of brokers")
         self.zookeeper = zookeeper or None
@@ -74,6 +82,7 @@ class LogbusCluster:
         self.timeout = timeout
         self.client_id = client_id
         self.leader_wait = leader_wait_seconds(leader_wait)
+        self.security = security  # listener, TLS, SASL (docs/provider.md, "A secured cluster")
         self._pool: ConnectionPool | None = None
 
     @property
@@ -81,7 +90,8 @@ class LogbusCluster:
         """The connection pool over the cluster's metadata, opened on first use."""
         if self._pool is None:
             try:
-                metadata = open_metadata(self.zookeeper, self.static_brokers, self.client_id, self.timeout)
+                metadata = open_metadata(self.zookeeper, self.static_brokers, self.client_id, self.timeout,
+                                         self.security)
             except ZooKeeperUnavailable as exc:
                 raise ConnectionError(str(exc)) from None
             self._pool = ConnectionPool(metadata, self.client_id, self.timeout, self.leader_wait)

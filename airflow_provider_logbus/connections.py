@@ -67,8 +67,9 @@ def _optional(kind: str, label: str, description: str, default: Any = None) -> d
 
 LOGBUS = ConnectionForm(
     conn_type="logbus", hook_name="Logbus", hook_class="airflow_provider_logbus.hooks.logbus.LogbusHook",
-    hidden_fields=("login", "password"),
-    relabeling={"host": "ZooKeeper host", "port": "ZooKeeper port", "schema": "ZooKeeper chroot"},
+    hidden_fields=(),
+    relabeling={"host": "ZooKeeper host", "port": "ZooKeeper port", "schema": "ZooKeeper chroot",
+                "login": "SASL username", "password": "SASL password"},
     placeholders={"host": "127.0.0.1", "port": "2181", "schema": "logbus (optional chroot)",
                   "extra": '{"zookeeper": "zk1:2181,zk2:2181/logbus"} or {"brokers": "b1:9092,b2:9092"}, '
                            '"timeout": 15'},
@@ -77,6 +78,18 @@ LOGBUS = ConnectionForm(
         "brokers": _optional("string", "Static brokers",
                              "h:9092,h:9093 when ZooKeeper is not reachable (no group offsets then)"),
         "timeout": _optional("integer", "Timeout (s)", "ZooKeeper and broker requests, in seconds", 15),
+        # a secured cluster (docs/provider.md, "A secured cluster"); the password is the
+        # connection's own secret field, the private key a field Airflow masks by name
+        "security_protocol": _optional("string", "Security protocol",
+                                       "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL"),
+        "listener": _optional("string", "Listener name", "the brokers' listener to reach, e.g. CLIENT"),
+        "sasl_mechanism": _optional("string", "SASL mechanism", "SCRAM-SHA-256 (default) or SCRAM-SHA-512"),
+        "ssl_cafile": _optional("string", "CA certificate file", "PEM path on every worker (or paste below)"),
+        "ssl_ca_pem": _optional("string", "CA certificate (PEM)", "the CA's PEM text, instead of a file"),
+        "ssl_certfile": _optional("string", "Client certificate file", "PEM path, for mTLS"),
+        "ssl_cert_pem": _optional("string", "Client certificate (PEM)", "PEM text, for mTLS"),
+        "ssl_keyfile": _optional("string", "Client key file", "PEM path, for mTLS"),
+        "ssl_private_key": _optional("string", "Client key (PEM)", "PEM text, for mTLS (masked like a password)"),
     },
 )
 

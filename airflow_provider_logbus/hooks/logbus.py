@@ -21,6 +21,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseHook
 
 from airflow_provider_logbus.cluster import ClusterConfigError, LogbusCluster
+from broker.client.security import ClientSecurity
 from airflow_provider_logbus.connections import LOGBUS
 
 
@@ -43,10 +44,12 @@ class LogbusHook(BaseHook):
         return LOGBUS.form_widgets()
 
     def __init__(self, logbus_conn_id: str = default_conn_name, *, zookeeper: str | None = None,
-                 brokers: str | None = None, timeout: float | None = None) -> None:
+                 brokers: str | None = None, timeout: float | None = None,
+                 security: dict[str, str] | None = None) -> None:
         super().__init__()
         self.logbus_conn_id = logbus_conn_id
         self._zookeeper, self._brokers, self._timeout = zookeeper, brokers, timeout
+        self._security = security or {}  # client security properties, with zookeeper= or brokers=
         self._cluster: LogbusCluster | None = None
 
     # ------------------------------------------------------------------ connection
@@ -86,11 +89,34 @@ class LogbusHook(BaseHook):
             ) from None
         return {"zookeeper": zookeeper, "brokers": brokers, "timeout": timeout}
 
+    def security_properties(self) -> dict[str, str]:
+        """The connection's client security as `broker.client.security` properties (the
+        password and private key included: for clients and Spark executors, never for
+        logs, lineage or XCom). {} for a plaintext cluster."""
+        if self._zookeeper or self._brokers:
+            return dict(self._security)
+        conn = self.get_connection(self.logbus_conn_id)
+        extra = conn.extra_dejson or {}
+        properties = {"security.protocol": extra.get("security_protocol"), "listener.name": extra.get("listener"),
+                      "sasl.mechanism": extra.get("sasl_mechanism"), "sasl.username": conn.login,
+                      "sasl.password": conn.password, "ssl.cafile": extra.get("ssl_cafile"),
+                      "ssl.ca.pem": extra.get("ssl_ca_pem"), "ssl.certfile": extra.get("ssl_certfile"),
+                      "ssl.cert.pem": extra.get("ssl_cert_pem"), "ssl.keyfile": extra.get("ssl_keyfile"),
+                      "ssl.private.key": extra.get("ssl_private_key")}
+        return {k: str(v) for k, v in properties.items() if v not in (None, "")}
+
+    def client_security(self) -> ClientSecurity:
+        try:
+            return ClientSecurity.from_properties(self.security_properties())
+        except ValueError as exc:
+            raise LogbusConnectionError(f"logbus connection {self.logbus_conn_id!r}: {exc}") from None
+
     def get_conn(self) -> LogbusCluster:
         if self._cluster is None:
             address = self.cluster_address()
             try:
-                self._cluster = LogbusCluster(address["zookeeper"], address["brokers"], address["timeout"])
+                self._cluster = LogbusCluster(address["zookeeper"], address["brokers"], address["timeout"],
+                                              security=self.client_security())
             except ClusterConfigError as exc:
                 raise LogbusConnectionError(f"logbus connection {self.logbus_conn_id!r}: {exc}") from None
         return self._cluster
@@ -120,6 +146,7 @@ class LogbusHook(BaseHook):
         from broker.client.producer import Producer
 
         address = self.cluster_address()
+        kwargs.setdefault("security", self.client_security())
         if address["zookeeper"]:
             return Producer(zookeeper=address["zookeeper"], **kwargs)
         return Producer(brokers=address["brokers"], **kwargs)
@@ -129,6 +156,7 @@ class LogbusHook(BaseHook):
         from broker.client.consumer import SimpleConsumer
 
         address = self.cluster_address()
+        kwargs.setdefault("security", self.client_security())
         if address["zookeeper"]:
             return SimpleConsumer(topic, partition, zookeeper=address["zookeeper"], **kwargs)
         return SimpleConsumer(topic, partition, brokers=address["brokers"], **kwargs)
@@ -136,4 +164,5 @@ class LogbusHook(BaseHook):
     def consumer_group(self, group: str, topics: dict[str, int], **kwargs):
         from broker.client.group import ConsumerGroup
 
+        kwargs.setdefault("security", self.client_security())
         return ConsumerGroup(group, topics, zookeeper=self.cluster_address()["zookeeper"], **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -13,7 +14,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.common.compat.sdk import AirflowException, AirflowNotFoundException, BaseOperator
 from airflow.sdk import Connection
 
-from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
+from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
@@ -189,6 +190,9 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         finally:
             target.close()
         env = python_environment()
+        security = LogbusHook(self.logbus_conn_id).security_properties()
+        if security:  # to spark-submit's environment, not its command line (docs/provider.md)
+            env[SECURITY_ENV] = json.dumps(security)
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
                 "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}
         # spark-submit's output goes to the task log; the job also writes its own log and

@@ -84,7 +84,7 @@ class LogbusLagSensor(BaseSensorOperator):
                 min_lag=self._min_lag(), complete_after_ms=self._complete_after_ms(context),
                 poll_interval=self.poke_interval,
                 timeout=self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout,
-                cluster_timeout=address["timeout"],
+                cluster_timeout=address["timeout"], logbus_conn_id=self.logbus_conn_id,
             ),
             method_name="execute_complete",
         )

@@ -43,11 +43,11 @@ if TYPE_CHECKING:
 
 SCHEMA = "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"
 
-_worker_clusters: dict[tuple[int, str | None, str | None, float], "LogbusCluster"] = {}
+_worker_clusters: dict[tuple, "LogbusCluster"] = {}
 
 
 def worker_cluster(zookeeper: str | None, brokers: str | None,
-                   leader_wait: float = LOAD_LEADER_WAIT_S) -> "LogbusCluster":
+                   leader_wait: float = LOAD_LEADER_WAIT_S, security: str | None = None) -> "LogbusCluster":
     """The cluster handle of this Python worker, for every partition it reads: Spark
     reuses a Python worker for the next task (`spark.python.worker.reuse`, on by
     default), so a load of many partitions opens a ZooKeeper session and broker
@@ -56,14 +56,21 @@ def worker_cluster(zookeeper: str | None, brokers: str | None,
     leaves its session to ZooKeeper's timeout."""
     from airflow_provider_logbus.cluster import LogbusCluster
 
-    key = (os.getpid(), zookeeper, brokers, leader_wait)
+    key = (os.getpid(), zookeeper, brokers, leader_wait, security)
     cluster = _worker_clusters.get(key)
     if cluster is None:
         if not _worker_clusters:
             atexit.register(close_worker_clusters)
         cluster = _worker_clusters[key] = LogbusCluster(zookeeper=zookeeper, brokers=brokers,
-                                                        leader_wait=leader_wait)
+                                                        leader_wait=leader_wait, security=client_security(security))
     return cluster
+
+
+def client_security(properties: str | None):
+    """The `security` option (JSON properties) as a `ClientSecurity`; plaintext if absent."""
+    from broker.client.security import OPEN, ClientSecurity
+
+    return ClientSecurity.from_properties(json.loads(properties)) if properties else OPEN
 
 
 def close_worker_clusters() -> None:
@@ -110,11 +117,14 @@ class LogbusReader(DataSourceReader):
         self.split_bytes = int(options.get("split_bytes", 256 << 20))
         self.verify_crc = str(options.get("verify_crc", "true")).lower() == "true"
         self.leader_wait = leader_wait_seconds(options.get("leader_wait", LOAD_LEADER_WAIT_S))
+        self.security = options.get("security") or None
+        client_security(self.security)  # bad settings fail at planning, on the driver
 
     def _cluster(self):
         from airflow_provider_logbus.cluster import LogbusCluster
 
-        return LogbusCluster(zookeeper=self.zookeeper, brokers=self.brokers, leader_wait=self.leader_wait)
+        return LogbusCluster(zookeeper=self.zookeeper, brokers=self.brokers, leader_wait=self.leader_wait,
+                             security=client_security(self.security))
 
     def partitions(self) -> list[RangePartition]:
         spans: list[Range] = []
@@ -145,7 +155,7 @@ class LogbusReader(DataSourceReader):
         r = partition.span
         if r.end <= r.start:
             return
-        cluster = worker_cluster(self.zookeeper, self.brokers, self.leader_wait)
+        cluster = worker_cluster(self.zookeeper, self.brokers, self.leader_wait, self.security)
         for base, buf in cluster.read_range(r.topic, r.partition, r.start, r.end, self.fetch_bytes):
             try:
                 yield decode_arrow(r.topic, r.partition, base, buf, self.verify_crc)

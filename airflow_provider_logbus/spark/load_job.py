@@ -40,6 +40,7 @@ import datetime
 import decimal
 import json
 import logging
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Sequence
 
-from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
+from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
 from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, write_json_atomic
 
@@ -90,6 +91,8 @@ def read_ranges(spark, ranges: Sequence[Range], zookeeper: str | None = None, br
         reader = reader.option("zookeeper", zookeeper)
     if brokers:
         reader = reader.option("brokers", brokers)
+    if os.environ.get(SECURITY_ENV):
+        reader = reader.option("security", os.environ[SECURITY_ENV])
     return (reader.option("fetch_bytes", str(fetch_bytes)).option("split_bytes", str(split_bytes))
             .option("leader_wait", str(leader_wait)).load())
 

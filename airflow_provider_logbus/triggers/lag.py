@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_logbus.cluster import LogbusCluster
+from broker.client.security import OPEN
 
 log = logging.getLogger(__name__)
 DEFAULT_CLUSTER_TIMEOUT = 15.0
@@ -45,8 +46,11 @@ class LogbusLagTrigger(BaseTrigger):
     def __init__(self, topic: str, zookeeper: str | None = None, brokers: str | None = None,
                  group: str | None = None, min_lag: int | None = None, complete_after_ms: int | None = None,
                  poll_interval: float = 10.0, timeout: float | None = None,
-                 cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT) -> None:
+                 cluster_timeout: float = DEFAULT_CLUSTER_TIMEOUT, logbus_conn_id: str | None = None) -> None:
         super().__init__()
+        # a secured cluster's credentials are read from the connection in the triggerer,
+        # never serialized into the trigger's row
+        self.logbus_conn_id = logbus_conn_id
         self.topic, self.zookeeper, self.brokers, self.group = topic, zookeeper, brokers, group
         self.min_lag, self.complete_after_ms = min_lag, complete_after_ms
         self.poll_interval, self.timeout, self.cluster_timeout = poll_interval, timeout, cluster_timeout
@@ -56,17 +60,28 @@ class LogbusLagTrigger(BaseTrigger):
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"topic": self.topic, "zookeeper": self.zookeeper, "brokers": self.brokers, "group": self.group,
              "min_lag": self.min_lag, "complete_after_ms": self.complete_after_ms,
-             "poll_interval": self.poll_interval, "timeout": self.timeout, "cluster_timeout": self.cluster_timeout},
+             "poll_interval": self.poll_interval, "timeout": self.timeout, "cluster_timeout": self.cluster_timeout,
+             "logbus_conn_id": self.logbus_conn_id},
         )
 
     def _cluster(self) -> LogbusCluster:
-        return LogbusCluster(self.zookeeper, self.brokers, timeout=self.cluster_timeout, client_id="logbus-trigger")
+        security = OPEN
+        if self.logbus_conn_id:
+            from airflow_provider_logbus.hooks.logbus import LogbusHook
+
+            security = LogbusHook(self.logbus_conn_id).client_security()
+        return LogbusCluster(self.zookeeper, self.brokers, timeout=self.cluster_timeout, client_id="logbus-trigger",
+                             security=security)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.timeout is None else loop.time() + self.timeout
         last_state = None
-        cluster = self._cluster()
+        try:  # off the loop: reading the connection (secured clusters) is a blocking call
+            cluster = await asyncio.to_thread(self._cluster)
+        except Exception as exc:
+            yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+            return
         poll: asyncio.Future | None = None
         try:
             while True:

@@ -25,6 +25,7 @@ from broker.common.protocol import Reader, SaslAuthenticateRequest, SaslAuthenti
 PLAINTEXT = SecurityProtocol.PLAINTEXT
 Call = Callable[[object], Reader]  # one request on the connection being set up -> its answer's body
 
+_INLINE_PEM = {"ssl.ca.pem": "ssl.cafile", "ssl.cert.pem": "ssl.certfile", "ssl.private.key": "ssl.keyfile"}
 _PROPERTIES = {  # property name -> field
     "security.protocol": "protocol", "listener.name": "listener", "ssl.cafile": "ssl_cafile",
     "ssl.certfile": "ssl_certfile", "ssl.keyfile": "ssl_keyfile",
@@ -60,7 +61,11 @@ class ClientSecurity:
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, object]) -> "ClientSecurity":
-        """From Kafka-style client property names; unknown names are refused by name."""
+        """From Kafka-style client property names; unknown names are refused by name.
+        PEM text given inline (`ssl.ca.pem`, `ssl.cert.pem`, `ssl.private.key`: an Airflow
+        connection's fields, a Spark executor's options) is written to files only this
+        process's user can read, since `ssl` loads certificates from files."""
+        properties = _materialize_pem(properties)
         unknown = sorted(set(properties) - set(_PROPERTIES))
         if unknown:
             raise ValueError(f"unknown security setting(s) {', '.join(unknown)}; known: {', '.join(_PROPERTIES)}")
@@ -120,3 +125,34 @@ class ClientSecurity:
 
 
 OPEN = ClientSecurity()  # plaintext, no authentication: the default
+
+_pem_dir: str | None = None
+
+
+def _materialize_pem(properties: Mapping[str, object]) -> dict[str, object]:
+    inline = {k: v for k, v in properties.items() if k in _INLINE_PEM and v}
+    out = {k: v for k, v in properties.items() if k not in _INLINE_PEM}
+    if not inline:
+        return out
+    global _pem_dir
+    if _pem_dir is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        _pem_dir = tempfile.mkdtemp(prefix="logbus-tls-")  # mode 0700
+        atexit.register(shutil.rmtree, _pem_dir, True)
+    import hashlib
+    import os
+
+    for key, text in inline.items():
+        data = str(text).encode()
+        path = Path(_pem_dir) / f"{hashlib.sha256(data).hexdigest()[:16]}.pem"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+        if out.get(_INLINE_PEM[key]):
+            raise ValueError(f"give {key} or {_INLINE_PEM[key]}, not both")
+        out[_INLINE_PEM[key]] = str(path)
+    return out

@@ -8,20 +8,21 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from broker.client.producer import Producer
+from broker.client.security import OPEN, ClientSecurity
 from broker.common.message import iter_messages
 
 from airflow_provider_logbus.cluster import LogbusCluster
 
 
 def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3, value_bytes: int | None = None,
-            keyed: bool = True, one_entry_each: bool = True) -> int:
+            keyed: bool = True, one_entry_each: bool = True, security: ClientSecurity = OPEN) -> int:
     """Send one JSON event per timestamp, round-robin over `servers` producers (each with
     monitoring events on). With `value_bytes`, every value has exactly that size. With
     `one_entry_each` (the default) every message is an entry of its own (idempotence
     off), so that (partition, offset) names one message: what these tests compare
     tables with. The demo and the tiered-audit tests load producer batches."""
-    producers = [Producer(zookeeper=zookeeper, acks=1, monitoring=True, enable_idempotence=not one_entry_each)
-                 for _ in range(servers)]
+    producers = [Producer(zookeeper=zookeeper, acks=1, monitoring=True, enable_idempotence=not one_entry_each,
+                          security=security) for _ in range(servers)]
     try:
         for i, ts in enumerate(timestamps):
             body = {"server": f"web-{i % servers}", "n": i, "ts_ms": ts}
@@ -38,10 +39,10 @@ def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3,
     return len(timestamps)
 
 
-def all_offsets(zookeeper: str, topic: str) -> set[tuple[int, int]]:
+def all_offsets(zookeeper: str, topic: str, security: ClientSecurity = OPEN) -> set[tuple[int, int]]:
     """(partition, offset) of every message now in the topic."""
     out = set()
-    with LogbusCluster(zookeeper) as cluster:
+    with LogbusCluster(zookeeper, security=security) as cluster:
         for p, o in cluster.partition_offsets(topic).items():
             for base, buf in cluster.read_range(topic, p, o.earliest, o.latest):
                 out |= {(p, m.offset) for m in iter_messages(buf, base)}
