@@ -87,6 +87,11 @@ SMOKES: dict[str, Smoke] = {
         r"directory spark run 1: listing \+ schema [\d.]+ s",
         r"iceberg: 3 snapshots after",
         r"merging append [\d.]+ s"], timeout=420),
+    "security": Smoke(["--count", "500", "--rounds", "1", "--handshakes", "3"], [
+        r"^produce +[\d,]+ +[\d,]+ +[\d.]+$",
+        r"^consume +[\d,]+ +[\d,]+ +[\d.]+$",
+        r"the broker's CPU per message read \(µs\): plaintext \(sendfile\) [\d.]+, TLS [\d.]+",
+        r"TLS \+ SCRAM-SHA-256 [\d.]+ ms"]),
     "fuzz": Smoke(["--cases", "40", "--seed", "25", "--check-every", "10"], [
         r"^40 cases in [\d.]+s: \d+ answered, \d+ closed without an answer; crashes 0; "
         r"control worst wait \d+ ms; fuzz topic holds \d+ readable messages$"]),
