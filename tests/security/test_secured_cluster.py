@@ -4,7 +4,6 @@ ZooKeeper, certificates made by the test; one cluster for the module."""
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 
@@ -22,7 +21,7 @@ from broker.common.acls import Operation, PatternType, Permission, ResourceType
 from broker.common.errors import (
     ClusterAuthorizationFailed, IllegalSaslState, RequestTimedOut, SaslAuthenticationFailed, TopicAuthorizationFailed,
 )
-from broker.common.message import encode_message_set, iter_messages
+from broker.common.message import encode_message_set
 from broker.common.protocol import (
     ApiKey, ReplicaFetchPartition, ReplicaFetchRequest, SaslAuthenticateRequest, SaslAuthenticateResponse,
     SaslHandshakeRequest,
