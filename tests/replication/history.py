@@ -52,6 +52,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.client.security import OPEN, ClientSecurity
 from broker.common.message import iter_messages
 
 logger = logging.getLogger(__name__)
@@ -202,16 +203,16 @@ class ProducerWorker(threading.Thread):
     the run stops."""
 
     def __init__(self, index: int, zookeeper: str, topic: str, partitions: int, log: SendLog,
-                 stop: threading.Event, backoff: float = 0.1) -> None:
+                 stop: threading.Event, backoff: float = 0.1, security: ClientSecurity = OPEN) -> None:
         super().__init__(name=f"history-producer-{index}", daemon=True)
         self.index, self.zookeeper, self.topic, self.partitions = index, zookeeper, topic, partitions
-        self.log, self.stop_event, self.backoff = log, stop, backoff
+        self.log, self.stop_event, self.backoff, self.security = log, stop, backoff, security
 
     def run(self) -> None:
         from broker.client.producer import Producer
 
         with Producer(zookeeper=self.zookeeper, acks=-1, retries=0, mode="sync", monitoring=False,
-                      delivery_timeout_ms=4000, request_timeout_ms=4000) as producer:
+                      delivery_timeout_ms=4000, request_timeout_ms=4000, security=self.security) as producer:
             seq = 0
             while not self.stop_event.is_set():
                 partition = (seq + self.index) % self.partitions
@@ -272,17 +273,18 @@ class PipelinedProducerWorker(threading.Thread):
     burst. Its answers are what waits on the leader while leadership moves."""
 
     def __init__(self, index: int, zookeeper: str, topic: str, partitions: int, log: SendLog,
-                 stop: threading.Event, burst: int = 20, backoff: float = 0.1) -> None:
+                 stop: threading.Event, burst: int = 20, backoff: float = 0.1, security: ClientSecurity = OPEN) -> None:
         super().__init__(name=f"history-pipelined-{index}", daemon=True)
         self.index, self.zookeeper, self.topic, self.partitions = index, zookeeper, topic, partitions
-        self.log, self.stop_event, self.burst, self.backoff = log, stop, burst, backoff
+        self.log, self.stop_event, self.burst, self.backoff, self.security = log, stop, burst, backoff, security
         log.unordered.add(index)
 
     def run(self) -> None:
         from broker.client.producer import Producer
 
         with Producer(zookeeper=self.zookeeper, acks=-1, retries=0, mode="async", batch_size=1, linger_ms=0,
-                      monitoring=False, delivery_timeout_ms=4000, request_timeout_ms=4000) as producer:
+                      monitoring=False, delivery_timeout_ms=4000, request_timeout_ms=4000,
+                      security=self.security) as producer:
             retry: dict[int, list[tuple[int, int]]] = defaultdict(list)  # partition -> [(seq, attempt)]
             seq, round_ = 0, 0
             while not self.stop_event.is_set():
@@ -323,9 +325,11 @@ class ConsumerWorker(threading.Thread):
     An OffsetOutOfRange at an offset it reached (data taken back under it) is recorded
     as an anomaly, and it keeps asking at the same offset."""
 
-    def __init__(self, zookeeper: str, topic: str, partitions: int, stop: threading.Event) -> None:
+    def __init__(self, zookeeper: str, topic: str, partitions: int, stop: threading.Event,
+                 security: ClientSecurity = OPEN) -> None:
         super().__init__(name="history-consumer", daemon=True)
         self.zookeeper, self.topic, self.partitions, self.stop_event = zookeeper, topic, partitions, stop
+        self.security = security
         self.seen: list[Seen] = []
         self.anomalies: list[str] = []
         self.offsets = [0] * partitions
@@ -335,7 +339,7 @@ class ConsumerWorker(threading.Thread):
         from broker.client.consumer import SimpleConsumer
         from broker.common.errors import OffsetOutOfRange
 
-        metadata = open_metadata(self.zookeeper, None, "history-consumer")
+        metadata = open_metadata(self.zookeeper, None, "history-consumer", security=self.security)
         consumers = [SimpleConsumer(self.topic, p, metadata=metadata, offset=0, auto_offset_reset="error",
                                     max_wait_ms=50, retry_timeout_ms=500) for p in range(self.partitions)]
         try:
@@ -650,7 +654,7 @@ class HistoryRun:
 def run_history(
     seed: int, cluster, ensemble, zk, topic: str, assignment: dict[int, list[int]], *,
     producers: int = 3, faults: int = 30, lag_ms: int = 1000, session_ms: int = 2000, heal_timeout: float = 60,
-    pingpong: bool = False, pipelined: int = 0,
+    pingpong: bool = False, pipelined: int = 0, security: ClientSecurity = OPEN,
 ) -> HistoryRun:
     """Producers (`producers` one message at a time, `pipelined` in bursts) and a
     consumer run through `fault_schedule(seed)` — or `pingpong_schedule(seed)` — then
@@ -661,10 +665,11 @@ def run_history(
     stop_clients, stop_faults = threading.Event(), threading.Event()
     log = SendLog()
     stop_consumer = threading.Event()  # it reads on until the cluster has healed
-    consumer = ConsumerWorker(cluster.zookeeper, topic, len(assignment), stop_consumer)
-    workers = [ProducerWorker(i, cluster.zookeeper, topic, len(assignment), log, stop_clients) for i in range(producers)]
-    workers += [PipelinedProducerWorker(producers + i, cluster.zookeeper, topic, len(assignment), log, stop_clients)
-                for i in range(pipelined)]
+    consumer = ConsumerWorker(cluster.zookeeper, topic, len(assignment), stop_consumer, security)
+    workers = [ProducerWorker(i, cluster.zookeeper, topic, len(assignment), log, stop_clients, security=security)
+               for i in range(producers)]
+    workers += [PipelinedProducerWorker(producers + i, cluster.zookeeper, topic, len(assignment), log, stop_clients,
+                                        security=security) for i in range(pipelined)]
     injector = FaultInjector(schedule, cluster, ensemble, zk, topic, assignment, stop_faults)
     unhealed: list[str] = []
     try:

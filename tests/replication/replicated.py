@@ -14,7 +14,9 @@ from kazoo.client import KazooClient
 
 from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
+from broker.client.security import OPEN, ClientSecurity
 from broker.common.errors import LogbusError
+from broker.common.zkauth import NO_AUTH, ZooKeeperAuth
 from broker.common.zklayout import PartitionState, read_assignment, read_partition_state, write_partition_state
 from harness.process import wait_until
 
@@ -39,10 +41,11 @@ def pause_quietly(cluster, broker_ids: list[int]) -> None:
 
 
 @contextlib.contextmanager
-def zookeeper_client(connect: str) -> Iterator[KazooClient]:
-    """A client that rides out one stopped server of an ensemble."""
+def zookeeper_client(connect: str, auth: ZooKeeperAuth = NO_AUTH) -> Iterator[KazooClient]:
+    """A client that rides out one stopped server of an ensemble (with `auth`, the
+    brokers' identity on a secured ZooKeeper)."""
     zk = KazooClient(connect, connection_retry={"max_tries": -1, "max_delay": 1},
-                     command_retry={"max_tries": -1, "max_delay": 1})
+                     command_retry={"max_tries": -1, "max_delay": 1}, **auth.client_kwargs())
     zk.start(30)
     try:
         yield zk
@@ -73,11 +76,12 @@ def wait_isr(zk: KazooClient, topic: str, isr: set[int], partition: int = 0, tim
     wait_for_state(zk, topic, partition, lambda s: set(s.isr) == isr, f"the ISR to be {sorted(isr)}", timeout)
 
 
-def wait_leading(cluster, broker_id: int, topic: str, partition: int = 0, timeout: float = 30) -> None:
+def wait_leading(cluster, broker_id: int, topic: str, partition: int = 0, timeout: float = 30,
+                 security: ClientSecurity = OPEN) -> None:
     """Wait until `broker_id` answers OFFSETS for the partition: it has taken the lead."""
     def leading() -> bool:
         try:
-            with BrokerConnection(*cluster.brokers[broker_id].address) as connection:
+            with BrokerConnection(*cluster.brokers[broker_id].address, security=security) as connection:
                 connection.offsets(topic, partition, -1)
             return True
         except (LogbusError, OSError):
@@ -87,17 +91,17 @@ def wait_leading(cluster, broker_id: int, topic: str, partition: int = 0, timeou
 
 
 def create_replicated_topic(cluster, zk: KazooClient, topic: str, partitions: int = 1,
-                            replication_factor: int = 3) -> dict[int, list[int]]:
+                            replication_factor: int = 3, security: ClientSecurity = OPEN) -> dict[int, list[int]]:
     """CREATE_TOPIC at a live broker; returns {partition: replicas} once every
     partition has its preferred leader, acting as one, and a full ISR."""
     broker = next(b for b in cluster.brokers.values() if b.alive)
-    with BrokerConnection(*broker.address) as connection:
+    with BrokerConnection(*broker.address, security=security) as connection:
         connection.create_topic(topic, partitions, replication_factor)
     assignment = wait_until(lambda: zk.retry(read_assignment, zk, topic), 30, f"topic {topic}")
     for partition, replicas in assignment.items():
         wait_for_state(zk, topic, partition, lambda s, r=replicas: s.leader == r[0] and sorted(s.isr) == sorted(r),
                        f"leader {replicas[0]} and ISR {replicas}")
-        wait_leading(cluster, replicas[0], topic, partition)
+        wait_leading(cluster, replicas[0], topic, partition, security=security)
     return {int(p): list(r) for p, r in assignment.items()}
 
 

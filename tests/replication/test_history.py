@@ -15,6 +15,7 @@ import random
 
 import pytest
 
+from broker.client.security import ClientSecurity
 from broker.common.message import encode_message_set
 from tests.replication.history import (
     EXPIRE_SESSION, KILL_ZOOKEEPER, MOVE_LEADER, PAUSE_BRIEFLY, PAUSE_FOLLOWER, PAUSE_LEADER, Seen, SendLog,
@@ -209,6 +210,51 @@ def play_history(ensemble, tmp_path, topic: str, **run_options) -> None:
                 print(f"\n---- broker {broker.broker_id} log ({broker.log_path}) ----\n{broker.log_tail(80)}")
         assert run.verdict.ok, run.report()
         assert run.verdict.stats["acked"] > 0
+
+
+def play_secured_history(ensemble, tmp_path, topic: str, faults: int) -> None:
+    """`play_history` on a secured cluster (harness.secured): brokers replicate over
+    SASL_SSL with their own SCRAM users under an authorizer, clients reach the CLIENT
+    listener as a SCRAM user with Read and Write on the topic only, ZooKeeper nodes
+    carry the brokers' ACLs (the fault injector moves leaders as the brokers' identity)."""
+    from harness.secured import SecuredCluster
+    from broker.common.acls import Operation, ResourceType
+    from tests.replication.replicated import zookeeper_client
+
+    seed = history_seed()
+    print(f"secured history seed {seed} (replay with HISTORY_SEED={seed})")
+    settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3}
+    secured = SecuredCluster(tmp_path, ensemble, settings=settings)
+    try:
+        with zookeeper_client(ensemble.connect_string, secured.auth) as zk:
+            secured.start(3)
+            secured.add_user("history", "history-secret")
+            for operation in (Operation.READ, Operation.WRITE):
+                secured.allow("User:history", operation, ResourceType.TOPIC, topic)
+            admin = ClientSecurity("SASL_SSL", "INTERNAL", str(secured.ca.cafile), sasl_username="admin",
+                                   sasl_password="admin-secret")
+            assignment = create_replicated_topic(secured.cluster, zk, topic, partitions=3, replication_factor=3,
+                                                 security=admin)
+            run = run_history(seed, secured.cluster, ensemble, zk, topic, assignment, producers=3, faults=faults,
+                              lag_ms=LAG_MS, session_ms=SESSION_MS,
+                              security=secured.scram("history", "history-secret"))
+            print(run.report())
+            if not run.verdict.ok:
+                for broker in secured.cluster.brokers.values():
+                    print(f"\n---- broker {broker.broker_id} log ({broker.log_path}) ----\n{broker.log_tail(80)}")
+            assert run.verdict.ok, run.report()
+            assert run.verdict.stats["acked"] > 0
+            denied = [b.broker_id for b in secured.cluster.brokers.values() if "denied:" in b.log_tail(5000)]
+            assert not denied, f"brokers {denied} refused one another or the clients"
+    finally:
+        secured.stop()
+
+
+def test_acknowledged_writes_survive_faults_on_a_secured_cluster(zookeeper_ensemble, tmp_path):
+    """Issue 20: the checker's faults (one seed, 20 faults) with TLS, SCRAM and ACLs on
+    every connection, replication included: security must not cost an acknowledged
+    write, nor refuse a broker its own replication after a restart or a session loss."""
+    play_secured_history(zookeeper_ensemble, tmp_path, "secured", faults=20)
 
 
 def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path):
