@@ -115,7 +115,8 @@ class RequestHandler:
     def _may_create(self, session: Session, topic: str) -> None:
         """Create on the cluster or on the topic (an auto-create by a first produce too)."""
         authorizer = self.authorizer
-        if authorizer is not None and not authorizer.allowed(session, Operation.CREATE, ResourceType.CLUSTER, CLUSTER):
+        if authorizer is not None and not authorizer.allowed(session, Operation.CREATE, ResourceType.CLUSTER, CLUSTER,
+                                                             log=False):
             authorizer.check(session, Operation.CREATE, ResourceType.TOPIC, topic)
 
     def _check_replica(self, session: Session, replica_id: int | None) -> None:
