@@ -90,6 +90,8 @@ LOGBUS = ConnectionForm(
         "ssl_cert_pem": _optional("string", "Client certificate (PEM)", "PEM text, for mTLS"),
         "ssl_keyfile": _optional("string", "Client key file", "PEM path, for mTLS"),
         "ssl_private_key": _optional("string", "Client key (PEM)", "PEM text, for mTLS (masked like a password)"),
+        "zookeeper_ssl_cafile": _optional("string", "ZooKeeper CA file",
+                                          "reach ZooKeeper over TLS (its secure port), checked against this CA"),
     },
 )
 

@@ -41,9 +41,11 @@ class BrokerProcess:
     def __init__(
         self, broker_id: int, zookeeper: str, workdir: Path, port: int | None = None,
         settings: dict[str, object] | None = None, preamble: str | None = None,
+        broker_zookeeper: str | None = None,
     ) -> None:
         self.broker_id = broker_id
-        self.zookeeper = zookeeper
+        self.zookeeper = zookeeper  # where the harness watches for the registration
+        self.broker_zookeeper = broker_zookeeper or zookeeper  # where the broker connects (e.g. ZooKeeper's TLS port)
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.settings = dict(settings or {})
@@ -64,7 +66,7 @@ class BrokerProcess:
             sys.executable, "-c", f"{self.preamble}\nfrom broker.tools.cli import broker_main\nraise SystemExit(broker_main())"]
         cmd = start + [
             "--broker-id", str(self.broker_id), "--host", "127.0.0.1", "--port", str(self.port),
-            "--zookeeper", self.zookeeper,
+            "--zookeeper", self.broker_zookeeper,
         ]
         if "log.dirs" not in self.settings:
             cmd += ["--log-dir", str(self.log_dir)]
@@ -134,8 +136,10 @@ class BrokerProcess:
 class LocalCluster:
     """Brokers sharing one ZooKeeper connect string; stops them all on exit."""
 
-    def __init__(self, zookeeper: str, workdir: Path, settings: dict[str, object] | None = None) -> None:
+    def __init__(self, zookeeper: str, workdir: Path, settings: dict[str, object] | None = None,
+                 broker_zookeeper: str | None = None) -> None:
         self.zookeeper = zookeeper
+        self.broker_zookeeper = broker_zookeeper
         self.workdir = Path(workdir)
         self.settings = dict(settings or {})
         self.brokers: dict[int, BrokerProcess] = {}
@@ -151,7 +155,7 @@ class LocalCluster:
             return existing.start(wait=wait)
         broker = BrokerProcess(broker_id, zookeeper or self.zookeeper, self.workdir, port,
                                settings={**self.settings, **(settings or {})},
-                               preamble=preamble)
+                               preamble=preamble, broker_zookeeper=None if zookeeper else self.broker_zookeeper)
         self.brokers[broker_id] = broker
         return broker.start(wait=wait)
 

@@ -33,12 +33,18 @@ PROTOCOLS = "INTERNAL:SASL_SSL,CLIENT:SASL_SSL,MTLS:SSL,PLAIN:PLAINTEXT"
 
 
 class SecuredCluster:
-    def __init__(self, workdir: Path, zookeeper: ZooKeeperServer, settings: dict[str, object] | None = None) -> None:
+    def __init__(self, workdir: Path, zookeeper: ZooKeeperServer, settings: dict[str, object] | None = None,
+                 ca: CertificateAuthority | None = None) -> None:
+        """With a `zookeeper` serving TLS (`ZooKeeperServer(tls=...)`, its certificate from
+        `ca`), the brokers reach it on its TLS port."""
         self.workdir = Path(workdir)
         self.zookeeper = zookeeper
-        self.ca = CertificateAuthority(self.workdir / "ca")
+        self.ca = ca or CertificateAuthority(self.workdir / "ca")
         self.auth = ZooKeeperAuth(ZOOKEEPER_AUTH, set_acl=True)
-        self.cluster = LocalCluster(zookeeper.connect_string, self.workdir, settings={
+        zookeeper_tls = getattr(zookeeper, "secure_port", None) is not None
+        self.cluster = LocalCluster(zookeeper.connect_string, self.workdir, broker_zookeeper=(
+            zookeeper.secure_connect_string if zookeeper_tls else None), settings={
+            **({"zookeeper.ssl.cafile": self.ca.cafile} if zookeeper_tls else {}),
             "listener.security.protocol.map": PROTOCOLS, "inter.broker.listener.name": "INTERNAL",
             "ssl.cafile": self.ca.cafile, "ssl.client.auth": "requested",
             "authorizer.enable": "true", "zookeeper.set.acl": "true", "zookeeper.auth": ZOOKEEPER_AUTH,

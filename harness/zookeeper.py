@@ -72,9 +72,15 @@ class ZooKeeperServer:
     def __init__(
         self, workdir: Path, port: int | None = None, tick_ms: int = 500,
         server_id: int = 0, peers: dict[int, tuple[int, int]] | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.port = port or free_port()
+        # (a PEM holding the server's key and certificate, the CA's PEM): also serve TLS
+        # on `secure_port` (Netty, as ZooKeeper 3.5+ does); the plaintext port stays for
+        # the harness's own health checks
+        self.tls = tls
+        self.secure_port = free_port() if tls else None
         self.tick_ms = tick_ms
         self.server_id = server_id
         self.peers = dict(peers or {})
@@ -84,6 +90,10 @@ class ZooKeeperServer:
     @property
     def connect_string(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
 
     def start(self, timeout: float = 60) -> "ZooKeeperServer":
         self.launch()
@@ -106,6 +116,14 @@ class ZooKeeperServer:
             f"tickTime={self.tick_ms}", f"dataDir={data}", f"clientPort={self.port}", "clientPortAddress=127.0.0.1",
             "maxClientCnxns=0", "admin.enableServer=false", "4lw.commands.whitelist=*",
         ]
+        classpath = [str(ZOOKEEPER_JAR), str(self.workdir)]
+        if self.tls:
+            keystore, truststore = self.tls
+            lines += [f"secureClientPort={self.secure_port}", "secureClientPortAddress=127.0.0.1",
+                      "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                      f"ssl.keyStore.location={keystore}", "ssl.keyStore.type=PEM",
+                      f"ssl.trustStore.location={truststore}", "ssl.trustStore.type=PEM", "ssl.clientAuth=none"]
+            classpath += [str(p) for p in sorted(Path("/usr/share/java").glob("netty-*[0-9].Final.jar"))]
         main = STANDALONE_MAIN
         if self.peers:
             (data / "myid").write_text(f"{self.server_id}\n")
@@ -115,7 +133,7 @@ class ZooKeeperServer:
         config.write_text("\n".join(lines) + "\n")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [java, "-Xmx256m", "-cp", f"{ZOOKEEPER_JAR}:{self.workdir}",
+                [java, "-Xmx256m", "-cp", ":".join(classpath),
                  "-Dzookeeper.4lw.commands.whitelist=*", main, str(config)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )

@@ -102,7 +102,8 @@ class LogbusHook(BaseHook):
                       "sasl.password": conn.password, "ssl.cafile": extra.get("ssl_cafile"),
                       "ssl.ca.pem": extra.get("ssl_ca_pem"), "ssl.certfile": extra.get("ssl_certfile"),
                       "ssl.cert.pem": extra.get("ssl_cert_pem"), "ssl.keyfile": extra.get("ssl_keyfile"),
-                      "ssl.private.key": extra.get("ssl_private_key")}
+                      "ssl.private.key": extra.get("ssl_private_key"),
+                      "zookeeper.ssl.cafile": extra.get("zookeeper_ssl_cafile")}
         return {k: str(v) for k, v in properties.items() if v not in (None, "")}
 
     def client_security(self) -> ClientSecurity:

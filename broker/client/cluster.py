@@ -137,7 +137,7 @@ class ZooKeeperMetadata:
 
     @classmethod
     def connect(cls, connect: str, timeout: float = 10.0, security: ClientSecurity = OPEN) -> "ZooKeeperMetadata":
-        return cls(connect_zookeeper(connect, timeout), owns_client=True, security=security)
+        return cls(connect_zookeeper(connect, timeout, auth=security.zookeeper()), owns_client=True, security=security)
 
     def _on_brokers(self, children: list[str]) -> bool | None:
         if self._closed:

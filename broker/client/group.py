@@ -97,7 +97,8 @@ class ConsumerGroup:
         self.auto_commit_interval = auto_commit_interval_ms / 1000
         self.rebalance_max_retries = rebalance_max_retries
         self.rebalance_backoff = rebalance_backoff_ms / 1000
-        self.zk = connect_zookeeper(zookeeper, zookeeper_timeout, zookeeper_session_timeout_ms / 1000)
+        self.zk = connect_zookeeper(zookeeper, zookeeper_timeout, zookeeper_session_timeout_ms / 1000,
+                                    auth=security.zookeeper())
         self.metadata = ZooKeeperMetadata(self.zk, security=security)
         timeout = None if consumer_timeout_ms is None else consumer_timeout_ms / 1000
         self.streams: dict[str, list[MessageStream]] = {

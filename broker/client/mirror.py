@@ -161,7 +161,7 @@ class Mirror:
         self._sources = {s.name: s for s in sources}
         self._source_metadata: dict[str, ClusterMetadata] = {}
         self._source_pools: dict[str, ConnectionPool] = {}
-        self.target_zk: KazooClient = connect_zookeeper(target_zookeeper)
+        self.target_zk: KazooClient = connect_zookeeper(target_zookeeper, auth=target_security.zookeeper())
         self.target = open_metadata(target_zookeeper, client_id=f"mirror-{name}", security=target_security)
         self.target_pool = ConnectionPool(self.target, f"mirror-{name}", request_timeout_ms / 1000 + 5)
         self.pipeline = Pipeline(self.target_pool, Acks.FLUSHED, request_timeout_ms)

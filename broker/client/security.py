@@ -21,6 +21,7 @@ from scramp import ScramClient, ScramException
 from broker.common.errors import SaslAuthenticationFailed
 from broker.common.listeners import SecurityProtocol
 from broker.common.protocol import Reader, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest
+from broker.common.zkauth import ZooKeeperAuth
 
 PLAINTEXT = SecurityProtocol.PLAINTEXT
 Call = Callable[[object], Reader]  # one request on the connection being set up -> its answer's body
@@ -31,6 +32,8 @@ _PROPERTIES = {  # property name -> field
     "ssl.certfile": "ssl_certfile", "ssl.keyfile": "ssl_keyfile",
     "ssl.check.hostname": "ssl_check_hostname", "sasl.mechanism": "sasl_mechanism",
     "sasl.username": "sasl_username", "sasl.password": "sasl_password",
+    "zookeeper.ssl.cafile": "zookeeper_ssl_cafile", "zookeeper.ssl.certfile": "zookeeper_ssl_certfile",
+    "zookeeper.ssl.keyfile": "zookeeper_ssl_keyfile",
 }
 
 
@@ -45,6 +48,9 @@ class ClientSecurity:
     sasl_mechanism: str = "SCRAM-SHA-256"
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
+    zookeeper_ssl_cafile: str | None = None  # TLS to ZooKeeper (its secureClientPort) when set
+    zookeeper_ssl_certfile: str | None = None
+    zookeeper_ssl_keyfile: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "protocol", SecurityProtocol.parse(str(getattr(self.protocol, "value", self.protocol))))
@@ -52,10 +58,12 @@ class ClientSecurity:
             raise ValueError(f"security protocol {self.protocol.value} needs sasl.username and sasl.password")
         if self.sasl_mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
             raise ValueError(f"sasl.mechanism {self.sasl_mechanism!r}: use SCRAM-SHA-256 or SCRAM-SHA-512")
-        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "zookeeper_ssl_cafile", "zookeeper_ssl_certfile",
+                     "zookeeper_ssl_keyfile"):
             path = getattr(self, name)
             if path and not Path(path).is_file():
-                raise ValueError(f"{name.replace('_', '.', 1)}={path!r}: no such file")
+                shown = next(k for k, v in _PROPERTIES.items() if v == name)
+                raise ValueError(f"{shown}={path!r}: no such file")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ValueError("ssl.certfile and ssl.keyfile go together")
 
@@ -83,6 +91,12 @@ class ClientSecurity:
                 out[name] = str(getattr(value, "value", value)).lower() if isinstance(value, bool) else \
                     str(getattr(value, "value", value))
         return out
+
+    def zookeeper(self) -> ZooKeeperAuth:
+        """How this client reaches ZooKeeper (TLS or not; clients carry no digest)."""
+        return ZooKeeperAuth(tls_cafile=self.zookeeper_ssl_cafile or "",
+                             tls_certfile=self.zookeeper_ssl_certfile or "",
+                             tls_keyfile=self.zookeeper_ssl_keyfile or "")
 
     @property
     def is_plaintext(self) -> bool:

@@ -16,9 +16,13 @@ from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl
 
 class ZooKeeperAuth:
     """`digest` is "user:password" (or empty: no identity); `set_acl` makes the nodes we
-    create writable by that identity only."""
+    create writable by that identity only. With `tls_cafile`, ZooKeeper is reached over
+    TLS (its `secureClientPort`), its certificate checked against that CA; a client
+    certificate (`tls_certfile`, `tls_keyfile`) if ZooKeeper asks for one."""
 
-    def __init__(self, digest: str = "", set_acl: bool = False) -> None:
+    def __init__(self, digest: str = "", set_acl: bool = False, tls_cafile: str = "", tls_certfile: str = "",
+                 tls_keyfile: str = "") -> None:
+        self.tls_cafile, self.tls_certfile, self.tls_keyfile = tls_cafile, tls_certfile, tls_keyfile
         if set_acl and not digest:
             raise ValueError("ZooKeeper ACLs need a digest identity (user:password)")
         if digest and ":" not in digest:
@@ -35,7 +39,11 @@ class ZooKeeperAuth:
 
     def client_kwargs(self) -> dict:
         """What `KazooClient` takes to authenticate and to create nodes with our ACL."""
-        kwargs = {}
+        kwargs: dict = {}
+        if self.tls_cafile:
+            kwargs.update(use_ssl=True, verify_certs=True, ca=self.tls_cafile)
+            if self.tls_certfile:
+                kwargs.update(certfile=self.tls_certfile, keyfile=self.tls_keyfile)
         if self.digest:
             kwargs["auth_data"] = [("digest", self.digest)]
         if self.default_acl:

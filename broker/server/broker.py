@@ -64,7 +64,8 @@ class Broker:
         self.listeners = listeners(config)
         inter = inter_broker_listener(config)
         self.tls = ReloadingContexts(config) if any(l.protocol.tls for l in self.listeners) else None
-        self.zk_security = ZooKeeperAuth(config.zookeeper_auth, config.zookeeper_set_acl)
+        self.zk_security = ZooKeeperAuth(config.zookeeper_auth, config.zookeeper_set_acl, config.zookeeper_ssl_cafile,
+                                         config.zookeeper_ssl_certfile, config.zookeeper_ssl_keyfile)
         self.zk = KazooClient(
             hosts=config.zookeeper_connect,
             **self.zk_security.client_kwargs(),

@@ -153,6 +153,10 @@ class BrokerConfig:
     allow_everyone_if_no_acl_found: bool = _setting("allow.everyone.if.no.acl.found", False, _bool)
     zookeeper_set_acl: bool = _setting("zookeeper.set.acl", False, _bool)
     zookeeper_auth: str = _setting("zookeeper.auth", "", str, lambda v: not v or ":" in v, "must be user:password")
+    # TLS to ZooKeeper (its secureClientPort) when a CA is given
+    zookeeper_ssl_cafile: str = _setting("zookeeper.ssl.cafile", "", str)
+    zookeeper_ssl_certfile: str = _setting("zookeeper.ssl.certfile", "", str)
+    zookeeper_ssl_keyfile: str = _setting("zookeeper.ssl.keyfile", "", str)
 
     def __repr__(self) -> str:  # never print a password (start-up logs, tracebacks)
         secret = {"inter_broker_sasl_password", "zookeeper_auth"}

@@ -41,9 +41,12 @@ def read_command_config(path: str | None) -> tuple[ClientSecurity, ZooKeeperAuth
             raise ValueError(f"{path}:{number}: expected key=value")
         properties[key.strip()] = value.strip()
     zookeeper = {k: properties.pop(k) for k in ZOOKEEPER_KEYS if k in properties}
+    security = ClientSecurity.from_properties(properties)
+    tls = security.zookeeper()
     auth = ZooKeeperAuth(zookeeper.get("zookeeper.auth", ""),
-                         zookeeper.get("zookeeper.set.acl", "false").lower() in ("true", "1", "yes"))
-    return ClientSecurity.from_properties(properties), auth
+                         zookeeper.get("zookeeper.set.acl", "false").lower() in ("true", "1", "yes"),
+                         tls.tls_cafile, tls.tls_certfile, tls.tls_keyfile)
+    return security, auth
 
 
 def add_parsers(sub, common: argparse.ArgumentParser) -> None:

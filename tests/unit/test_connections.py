@@ -14,8 +14,12 @@ def connection_types() -> dict[str, dict]:
 def test_the_provider_info_carries_each_declared_form():
     types = connection_types()
     assert set(types) == {form.conn_type for form in FORMS}
-    assert types["logbus"]["conn-fields"].keys() == {"zookeeper", "brokers", "timeout"}
-    assert types["logbus"]["ui-field-behaviour"]["hidden-fields"] == ["login", "password"]
+    assert types["logbus"]["conn-fields"].keys() == {
+        "zookeeper", "brokers", "timeout", "security_protocol", "listener", "sasl_mechanism", "ssl_cafile",
+        "ssl_ca_pem", "ssl_certfile", "ssl_cert_pem", "ssl_keyfile", "ssl_private_key", "zookeeper_ssl_cafile"}
+    behaviour = types["logbus"]["ui-field-behaviour"]
+    assert behaviour["hidden-fields"] == []  # login and password are the SASL user's (a secured cluster)
+    assert behaviour["relabeling"]["password"] == "SASL password"
     assert types["logbus_iceberg"]["ui-field-behaviour"]["relabeling"] == {"host": "Catalog URI"}
 
 

@@ -81,6 +81,13 @@ def check_security(config: BrokerConfig) -> list[str]:
     if inter.protocol.tls and not config.ssl_cafile:
         problems.append(f"the inter-broker listener {inter.name} is {inter.protocol.value}: set ssl.cafile so "
                         "brokers can verify each other")
+    for key, value in (("zookeeper.ssl.cafile", config.zookeeper_ssl_cafile),
+                       ("zookeeper.ssl.certfile", config.zookeeper_ssl_certfile),
+                       ("zookeeper.ssl.keyfile", config.zookeeper_ssl_keyfile)):
+        if value and not Path(value).is_file():
+            problems.append(f"{key}={value!r}: no such file")
+    if config.zookeeper_ssl_certfile and not config.zookeeper_ssl_cafile:
+        problems.append("zookeeper.ssl.certfile needs zookeeper.ssl.cafile (TLS to ZooKeeper)")
     if config.zookeeper_set_acl and not config.zookeeper_auth:
         problems.append("zookeeper.set.acl needs zookeeper.auth (user:password of the brokers' digest)")
     return problems
