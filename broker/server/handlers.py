@@ -17,9 +17,9 @@ import logging
 import random
 from typing import Callable, Coroutine, NamedTuple
 
-from broker.common.acls import CLUSTER, Operation, ResourceType
+from broker.common.acls import Operation
 from broker.common.errors import (
-    BrokerShuttingDown, ClusterAuthorizationFailed, ErrorCode, IllegalSaslState, InvalidMessage,
+    BrokerShuttingDown, ErrorCode, IllegalSaslState, InvalidMessage,
     InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition, TopicCreationDisabled,
     UnknownPartition, UnknownTopic, UnsupportedApi,
 )
@@ -33,6 +33,7 @@ from broker.common.protocol import (
     encode_results,
 )
 from broker.server.auth.authorizer import Authorizer
+from broker.server.auth.rules import RequestRules
 from broker.server.auth.sasl import Authentication
 from broker.server.auth.session import Session
 from broker.server.config import BrokerConfig
@@ -69,7 +70,7 @@ class RequestHandler:
                  replicas: ReplicaManager, producer_ids: ProducerIdAllocator | None = None,
                  authorizer: Authorizer | None = None) -> None:
         self.config = config
-        self.authorizer = authorizer  # None: an open cluster, every request allowed
+        self.rules = RequestRules(authorizer, lambda: registry.view.brokers)  # what each request needs
         self.producer_ids = producer_ids
         self.logs = logs
         self.scheduler = scheduler
@@ -105,32 +106,6 @@ class RequestHandler:
         if header.api_key == ApiKey.METADATA:
             return self.metadata(reader, session, header.api_version)
         return handler(reader, session)
-
-    # ---------------------------------------------------------------- authorization
-
-    def _check_topic(self, session: Session, operation: Operation, topic: str) -> None:
-        if self.authorizer is not None:
-            self.authorizer.check(session, operation, ResourceType.TOPIC, topic)
-
-    def _may_create(self, session: Session, topic: str) -> None:
-        """Create on the cluster or on the topic (an auto-create by a first produce too)."""
-        authorizer = self.authorizer
-        if authorizer is not None and not authorizer.allowed(session, Operation.CREATE, ResourceType.CLUSTER, CLUSTER,
-                                                             log=False):
-            authorizer.check(session, Operation.CREATE, ResourceType.TOPIC, topic)
-
-    def _check_replica(self, session: Session, replica_id: int | None) -> None:
-        """Replication requests: ClusterAction, and from the broker whose id they name
-        (any broker, for LEADER_EPOCH_END, which names none) — a client naming a
-        follower must not move the high watermark (docs/replication.md)."""
-        if self.authorizer is None:
-            return
-        self.authorizer.check_cluster(session, Operation.CLUSTER_ACTION)
-        brokers = self.registry.view.brokers
-        candidates = brokers.values() if replica_id is None else filter(None, [brokers.get(replica_id)])
-        if not any(b.principal and b.principal == session.principal for b in candidates):
-            who = "any broker" if replica_id is None else f"broker {replica_id}"
-            raise ClusterAuthorizationFailed(f"{session.principal} is not {who}'s registered principal")
 
     @functools.cached_property
     def _no_reply(self) -> Reply:
@@ -218,9 +193,9 @@ class RequestHandler:
 
     def produce(self, reader: Reader, session: Session) -> Reply:
         req = ProduceRequest.decode(reader)
-        self._check_topic(session, Operation.WRITE, req.topic)
+        self.rules.topic(session, Operation.WRITE, req.topic)
         if req.topic not in self.registry.view.topics:
-            self._may_create(session, req.topic)
+            self.rules.create(session, req.topic)
             return later(self._produce_after_create(req))
         return self._produce(req)
 
@@ -258,7 +233,7 @@ class RequestHandler:
         appended: dict[int, Appended] = {}  # result index -> its append
         for part in req.parts:
             try:
-                self._check_topic(session, Operation.WRITE, part.topic)
+                self.rules.topic(session, Operation.WRITE, part.topic)
                 partition = self._pick_partition(part.topic) if part.partition == -1 else part.partition
                 appended[len(results)] = done = self._append(part.topic, partition, part.messages, req.acks)
             except LogbusError as exc:
@@ -288,7 +263,7 @@ class RequestHandler:
 
     def fetch(self, reader: Reader, session: Session) -> Reply:
         req = FetchRequest.decode(reader)
-        self._check_topic(session, Operation.READ, req.topic)
+        self.rules.topic(session, Operation.READ, req.topic)
         log = self.leader_log(req.topic, req.partition)
         region = log.read(req.offset, req.max_bytes)
         if region.length >= req.min_bytes or req.max_wait_ms == 0:
@@ -317,7 +292,7 @@ class RequestHandler:
         logs, results = [], []
         for f in req.fetches:
             try:
-                self._check_topic(session, Operation.READ, f.topic)
+                self.rules.topic(session, Operation.READ, f.topic)
                 log = self.leader_log(f.topic, f.partition)
                 region = log.read(f.offset, f.max_bytes)
             except LogbusError as exc:
@@ -341,7 +316,7 @@ class RequestHandler:
 
     def offsets(self, reader: Reader, session: Session) -> Reply:
         req = OffsetsRequest.decode(reader)
-        self._check_topic(session, Operation.DESCRIBE, req.topic)
+        self.rules.topic(session, Operation.DESCRIBE, req.topic)
         log = self.leader_log(req.topic, req.partition)
         return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
 
@@ -353,10 +328,9 @@ class RequestHandler:
         a list of all, and refused by name when asked for."""
         req = MetadataRequest.decode(reader)
         view = self.registry.view
-        authorizer = self.authorizer
         topics = []
         for topic in req.topics or sorted(view.topics):
-            if authorizer is not None and not authorizer.allowed(session, Operation.DESCRIBE, ResourceType.TOPIC, topic):
+            if not self.rules.describes(session, topic):
                 if req.topics:
                     topics.append(TopicMetadata(topic, ErrorCode.TOPIC_AUTHORIZATION_FAILED, []))
                 continue
@@ -396,8 +370,7 @@ class RequestHandler:
     def init_producer_id(self, reader: Reader, session: Session) -> Reply:
         """A new idempotent producer's identity: an id no producer had, epoch 0."""
         InitProducerIdRequest.decode(reader)
-        if self.authorizer is not None and not self.authorizer.may_write_somewhere(session):
-            raise ClusterAuthorizationFailed(f"{session.principal} may write to no topic: no producer id for it")
+        self.rules.producer_id(session)
         if self.producer_ids is None:
             raise UnsupportedApi("this broker hands out no producer ids")
         return later(self._producer_id())
@@ -410,18 +383,18 @@ class RequestHandler:
 
     def replica_fetch(self, reader: Reader, session: Session) -> Reply:
         req = ReplicaFetchRequest.decode(reader)
-        self._check_replica(session, req.replica_id)
+        self.rules.replica(session, req.replica_id)
         return later(self.replicas.replica_fetch(req))
 
     def leader_epoch_end(self, reader: Reader, session: Session) -> Reply:
         req = LeaderEpochEndRequest.decode(reader)
-        self._check_replica(session, None)
+        self.rules.replica(session, None)
         return answered(self.replicas.leader_epoch_end(req))
 
     def create_topic(self, reader: Reader, session: Session) -> Reply:
         req = CreateTopicRequest.decode(reader)
         check_topic_name(req.topic)
-        self._may_create(session, req.topic)
+        self.rules.create(session, req.topic)
         if req.partitions == AUTO_PARTITIONS:
             return later(self._auto_create_topic(req.topic))
         if not 1 <= req.partitions <= MAX_PARTITIONS:
