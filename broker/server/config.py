@@ -126,6 +126,12 @@ class BrokerConfig:
         "leader.imbalance.per.broker.percentage", 10, int, lambda v: 0 <= v <= 100, "must be between 0 and 100")
     replica_high_watermark_checkpoint_interval_ms: int = _setting(
         "replica.high.watermark.checkpoint.interval.ms", 5000, int, *_positive)
+    # what the high watermark waits for (docs/replication.md, "Visibility"): every
+    # in-sync follower's flushed end and the leader's log end (followers-flushed), or
+    # the leader's flushed end too (all-flushed, the rule before issue 25)
+    replica_visibility: str = _setting("replica.visibility", "followers-flushed", str,
+                                       lambda v: v in ("followers-flushed", "all-flushed"),
+                                       "must be followers-flushed or all-flushed")
     # security (docs/operations.md, "Securing a cluster"); empty listeners: PLAINTEXT://host:port
     listeners: str = _setting("listeners", "", str)
     advertised_listeners: str = _setting("advertised.listeners", "", str)

@@ -117,8 +117,34 @@ def test_a_joining_follower_counts_for_the_hw_before_its_isr_write_is_applied(tm
     asyncio.run(run())
 
 
+def test_by_default_the_high_watermark_waits_for_the_followers_disks_not_the_leaders(tmp_path):
+    """`replica.visibility=followers-flushed` (issue 25): once every in-sync follower has
+    flushed a message it is committed and visible, whatever the leader's flush policy
+    (an hour here); with no follower in the ISR the leader's own flush decides, so an
+    acknowledged write is always on some disk."""
+    async def run():
+        log = Log(tmp_path / "t-0", "t", 0, LogConfig(flush_interval_ms=3_600_000))
+        log.high_watermark = 0
+        part = Partition(log, 0, [0, 1], FlushScheduler(1).flusher(log), 1)
+        part.become_leader(PartitionState(0, 1, [0, 1]), 0)
+        end = append(log, [b"first"]).next_offset
+        waiting = asyncio.ensure_future(part.wait_committed(end, 1, 0))
+        part.record_fetch(1, end, end)
+        await asyncio.wait_for(waiting, 30)
+        assert part.high_watermark == log.visible_offset == end and log.flushed_offset == 0
+        assert log.read(0, 1000).length == end  # consumers read it from the page cache
+        part.update_isr(PartitionState(0, 1, [0]), 1)  # the follower drops out
+        second = append(log, [b"second"]).next_offset
+        waiting = asyncio.ensure_future(part.wait_committed(second, 1, 0))
+        await asyncio.wait_for(waiting, 30)  # answered by the leader's flush, not its memory
+        assert log.flushed_offset >= second == part.high_watermark
+
+    asyncio.run(run())
+
+
 def test_acks_all_flushes_the_leader_even_while_an_earlier_flush_runs(tmp_path):
-    """A replicated acks=-1 waits for the HW, which the leader's own flushed end bounds.
+    """Under `replica.visibility=all-flushed` a replicated acks=-1 waits for the HW, which
+    the leader's own flushed end bounds.
     Its request to flush can come while a flush that does not cover it is running: the
     flusher must go on until it is covered, not leave the rest to the flush interval
     timer (an hour here, so the wait below is not a timing assertion: without the fix
@@ -126,7 +152,7 @@ def test_acks_all_flushes_the_leader_even_while_an_earlier_flush_runs(tmp_path):
     async def run():
         log = Log(tmp_path / "t-0", "t", 0, LogConfig(flush_interval_ms=3_600_000))
         log.high_watermark = 0
-        part = Partition(log, 0, [0, 1], FlushScheduler(1).flusher(log), 1)
+        part = Partition(log, 0, [0, 1], FlushScheduler(1).flusher(log), 1, leader_flush_first=True)
         part.become_leader(PartitionState(0, 1, [0, 1]), 0)
         flushed, gate, real_flush = threading.Event(), threading.Event(), log.flush
 

@@ -87,6 +87,7 @@ class Log:
         # replicated partitions: the high watermark (min flushed end over the ISR), None
         # for an unreplicated one, whose consumers see up to its flushed end
         self.high_watermark: int | None = None
+        self.visible_unflushed = False  # a replicated partition's leader under replica.visibility=followers-flushed
         self.epochs = LeaderEpochCache(directory)
         self.epochs.truncate_from(self.end_offset + 1)  # recovery may have cut the tail of a newer epoch
         self.producers = ProducerState(config.producer_id_expiration_ms)
@@ -123,9 +124,13 @@ class Log:
     @property
     def visible_offset(self) -> int:
         """What consumers may read up to: the flushed end (the paper's rule) or, for a
-        replicated partition, the high watermark — flushed on every in-sync replica."""
+        replicated partition, the high watermark — on every in-sync replica, flushed
+        on the followers (docs/replication.md, "Visibility"); a leader may show it
+        before its own flush (`visible_unflushed`)."""
         hw = self.high_watermark
-        return self._flushed if hw is None else min(hw, self._flushed)
+        if hw is None:
+            return self._flushed
+        return min(hw, self.end_offset) if self.visible_unflushed else min(hw, self._flushed)
 
     @property
     def size(self) -> int:

@@ -129,7 +129,8 @@ class ReplicaManager:
             log = self.logs.get_or_create(topic, partition)
             self._start_high_watermark(log)
             part = self.partitions[key] = Partition(
-                log, self.config.broker_id, replicas, self.scheduler.flusher(log), self.config.min_insync_replicas)
+                log, self.config.broker_id, replicas, self.scheduler.flusher(log), self.config.min_insync_replicas,
+                leader_flush_first=self.config.replica_visibility == "all-flushed")
         if version != -1 and version < part.zk_version or state.leader_epoch < part.epoch:
             return  # an older read than the one applied
         me = self.config.broker_id

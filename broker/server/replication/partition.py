@@ -51,8 +51,11 @@ class Committer:
 
 class Partition:
     def __init__(self, log: Log, broker_id: int, replicas: list[int], flusher: PartitionFlusher,
-                 min_insync: int) -> None:
+                 min_insync: int, leader_flush_first: bool = False) -> None:
         self.log = log
+        # the HW waits for the leader's own flush too (`replica.visibility=all-flushed`);
+        # by default it waits for the leader's log end and the followers' flushed ends
+        self.leader_flush_first = leader_flush_first
         self.broker_id = broker_id
         self.replicas = replicas
         self.flusher = flusher
@@ -104,6 +107,7 @@ class Partition:
         assume every in-sync follower has at least the high watermark until it fetches."""
         now = time.monotonic()
         self.role, self.state, self.zk_version, self.fenced = Role.LEADER, state, version, False
+        self.log.visible_unflushed = not self.leader_flush_first
         self.log.epochs.assign(state.leader_epoch, self.log.end_offset)
         self._fail_committers_truncated()
         hw = self.high_watermark
@@ -120,6 +124,7 @@ class Partition:
         self.role = Role.FOLLOWER if state.leader >= 0 else Role.NONE
         self.state, self.zk_version, self.fenced = state, version, False
         self.followers = {}
+        self.log.visible_unflushed = False  # a follower shows what the leader's HW and its own disk both cover
         self.fail_committers(NotLeaderForPartition(
             f"broker {self.broker_id} is no longer the leader of {self.name} (now broker {state.leader}, "
             f"epoch {state.leader_epoch}); the messages may or may not be committed"))
@@ -136,6 +141,8 @@ class Partition:
             if len(state.isr) < self.min_insync:
                 self.fail_committers(self._too_few_after_append())
             self.update_high_watermark()
+            if self._committers and self._own_term_flushed():  # the leader alone now: its flush decides
+                self.flusher.flush_to(max(c.offset for c in self._committers))
 
     def _too_few_after_append(self) -> NotEnoughReplicasAfterAppend:
         return NotEnoughReplicasAfterAppend(
@@ -176,12 +183,21 @@ class Partition:
         return [r for r in self.isr if r != self.broker_id
                 and now - self.followers.setdefault(r, FollowerPosition(caught_up_at=now)).caught_up_at > lag_seconds]
 
+    def _own_term_flushed(self) -> bool:
+        """Whether the leader's flushed end (not its log end) bounds the HW: under
+        `all-flushed`, and whenever no follower is in the ISR — an acknowledged write
+        is then on at least one disk, never only in one broker's memory."""
+        return self.leader_flush_first or all(r == self.broker_id for r in self.isr) and self.joining is None
+
     def update_high_watermark(self) -> None:
-        """HW = min flushed end over the ISR (this leader's own included); never back."""
+        """HW = min over the ISR of the followers' flushed ends and the leader's log end
+        (its flushed end under `all-flushed` or with no follower in the ISR); never
+        back (docs/replication.md, "Visibility")."""
         if not self.is_leader:
             return
         members = self.isr if self.joining is None or self.joining in self.isr else [*self.isr, self.joining]
-        ends = [self.log.flushed_offset] + [
+        own = self.log.flushed_offset if self._own_term_flushed() else self.log.end_offset
+        ends = [own] + [
             self.followers[r].flushed_offset if r in self.followers else -1 for r in members if r != self.broker_id
         ]
         hw = min(ends)
@@ -213,7 +229,8 @@ class Partition:
             return
         future = asyncio.get_running_loop().create_future()
         self._committers.append(Committer(offset, epoch, future))
-        self.flusher.flush_to(offset)  # the leader's own flushed end counts too
+        if self._own_term_flushed():
+            self.flusher.flush_to(offset)  # the leader's own flushed end counts too
         try:
             await asyncio.wait_for(future, timeout_ms / 1000 if timeout_ms > 0 else None)
         except asyncio.TimeoutError:
