@@ -92,6 +92,9 @@ SMOKES: dict[str, Smoke] = {
         r"^consume +[\d,]+ +[\d,]+ +[\d.]+$",
         r"the broker's CPU per message read \(µs\): plaintext \(sendfile\) [\d.]+, TLS [\d.]+",
         r"TLS \+ SCRAM-SHA-256 [\d.]+ ms"]),
+    "visibility": Smoke(["--rate", "200", "--seconds", "0.5", "--rounds", "1"], [
+        r"^all-flushed +1 +[\d.]+ +[\d.]+ +[\d.]+$",
+        r"^followers-flushed +-1 +[\d.]+ +[\d.]+ +[\d.]+$"], timeout=240),
     "fuzz": Smoke(["--cases", "40", "--seed", "25", "--check-every", "10"], [
         r"^40 cases in [\d.]+s: \d+ answered, \d+ closed without an answer; crashes 0; "
         r"control worst wait \d+ ms; fuzz topic holds \d+ readable messages$"]),
