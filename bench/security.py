@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import time
-from pathlib import Path
 
+from bench.replica_idle import cpu_seconds
 from broker.client.connection import BrokerConnection
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
@@ -58,12 +57,6 @@ def consume(zk: str, topic: str, count: int, security: ClientSecurity) -> float:
         while got < count:
             got += len(consumer.fetch_columns())
         return got / (time.perf_counter() - start)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def handshakes(address: tuple[str, int], security: ClientSecurity, n: int) -> float:

@@ -3,7 +3,8 @@ moves partition leadership when brokers come and go (docs/replication.md).
 
 Every broker runs a `Controller`; the one whose create of `/controller` succeeds is
 active, bumps `/controller_epoch` (compare-and-set) and, on every change of
-`/brokers/ids` or `/brokers/topics` (and every `recheck_interval` as a safety net),
+`/brokers/ids` or `/brokers/topics` (and, as a safety net, every `recheck_interval`
+when the live brokers differ from the last pass's, and every minute anyway),
 re-decides every partition with a state node (`broker.server.election.elect`). It only writes
 state nodes, each with compare-and-set on the node's version inside a transaction that
 also checks `/controller_epoch` is still ours, so a deposed controller cannot write;
@@ -33,6 +34,7 @@ from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, 
 logger = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 20
+FULL_PASS_INTERVAL_S = 60.0  # the safety net re-decides every partition at least this often
 
 
 class Deposed(Exception):
@@ -58,6 +60,7 @@ class Controller:
         self.recheck_interval = recheck_interval
         self.imbalance_percentage = imbalance_percentage  # leader.imbalance.per.broker.percentage
         self._next_rebalance = 0.0
+        self._next_full_pass = 0.0
         self.active = False
         self.epoch = 0
         self._epoch_version = -1  # zk version of /controller_epoch when we bumped it
@@ -105,7 +108,7 @@ class Controller:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._wake.wait(self._until_next_check())
+            woken = self._wake.wait(self._until_next_check())
             self._wake.clear()
             if self._stopping:
                 return
@@ -113,7 +116,7 @@ class Controller:
                 if not self.active:
                     self._try_to_become_controller()
                 if self.active:
-                    self._pass()
+                    self._pass(full=woken or time.monotonic() >= self._next_full_pass)
                     if self.rebalance_interval is not None and time.monotonic() >= self._next_rebalance:
                         self._rebalance()
             except Deposed:
@@ -175,9 +178,15 @@ class Controller:
 
     # ---------------------------------------------------------------- decisions
 
-    def _pass(self) -> None:
-        """Re-decide every partition against the live brokers."""
+    def _pass(self, full: bool = True) -> None:
+        """Re-decide every partition against the live brokers. The safety net's timer
+        (`full` false) re-decides only when the live brokers differ from the last
+        pass's, and otherwise every FULL_PASS_INTERVAL_S: a full pass reads every state
+        node, which at thousands of partitions was the idle broker's main cost."""
         live = self._live_brokers()
+        if not full and live == self._live:
+            return
+        self._next_full_pass = time.monotonic() + FULL_PASS_INTERVAL_S
         back = bounced(self._live, live)
         for gone in sorted(set(self._live) - set(live)):
             logger.info("controller: broker %d is gone", gone)

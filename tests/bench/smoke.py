@@ -95,6 +95,10 @@ SMOKES: dict[str, Smoke] = {
     "visibility": Smoke(["--rate", "200", "--seconds", "0.5", "--rounds", "1"], [
         r"^all-flushed +1 +[\d.]+ +[\d.]+ +[\d.]+$",
         r"^followers-flushed +-1 +[\d.]+ +[\d.]+ +[\d.]+$"], timeout=240),
+    "scale": Smoke(["--partitions", "5", "--connections", "3", "--messages", "500", "--rounds", "2",
+                    "--idle-seconds", "0.2"], [
+        r"^ +5 +[\d.]+ +\d+ +[\d.]+ +[\d,]+ +[\d.]+ +-?[\d.]+$",
+        r"^ +3 +[\d,]+ +[\d.]+ +\d+$"]),
     "fuzz": Smoke(["--cases", "40", "--seed", "25", "--check-every", "10"], [
         r"^40 cases in [\d.]+s: \d+ answered, \d+ closed without an answer; crashes 0; "
         r"control worst wait \d+ ms; fuzz topic holds \d+ readable messages$"]),
