@@ -37,8 +37,8 @@ venv: $(STAMP)
 test: system-deps $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
-# The replication history checker again and again, both schedules (faults; leadership
-# ping-pong), a fresh random seed each run (make test plays one fixed seed); stops at the
+# The replication history checker again and again, its schedules (faults; leadership
+# ping-pong; faults on a secured cluster), a fresh random seed each run (make test plays one fixed seed); stops at the
 # first failure, whose seed it prints.
 RUNS ?= 10
 soak: system-deps $(STAMP)
@@ -46,7 +46,8 @@ soak: system-deps $(STAMP)
 		echo "soak run $$i of $(RUNS)"; \
 		HISTORY_SEED=random $(PY) -m pytest -x -q -s -p no:cacheprovider \
 			tests/replication/test_history.py::test_acknowledged_writes_survive_thirty_faults \
-			tests/replication/test_history.py::test_acknowledged_writes_survive_leadership_ping_pong || exit 1; \
+			tests/replication/test_history.py::test_acknowledged_writes_survive_leadership_ping_pong \
+			tests/replication/test_history.py::test_acknowledged_writes_survive_faults_on_a_secured_cluster || exit 1; \
 	done
 
 demo: system-deps $(STAMP)
