@@ -1,7 +1,7 @@
 """The provider's handle on a logbus cluster (plain Python: no Airflow, no Spark).
 
 `LogbusCluster` is a thin facade over the client library: one watched metadata view
-and one connection pool (`broker.client.cluster`), offsets (`broker.client.offsets`),
+(`broker.client.metadata`) and one connection pool (`broker.client.cluster`), offsets (`broker.client.offsets`),
 exact byte-range reads (`broker.client.ranges`), group offsets in ZooKeeper
 (`broker.common.zklayout`) and monitoring events (`broker.client.monitoring`). The hook wraps it for Airflow; the Spark data source uses it on
 executors, where Airflow is not importable.
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from broker.client import monitoring, offsets, ranges
-from broker.client.cluster import ClusterMetadata, ConnectionPool, ZooKeeperMetadata, open_metadata, parse_broker_list
+from broker.client.cluster import ConnectionPool
+from broker.client.metadata import ClusterMetadata, ZooKeeperMetadata, open_metadata, parse_broker_list
 from broker.client.errors import ZooKeeperUnavailable
 from broker.client.offsets import PartitionOffsets
 from broker.client.ranges import DEFAULT_FETCH_BYTES

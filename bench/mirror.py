@@ -22,7 +22,7 @@ import statistics
 import threading
 import time
 
-from broker.client.cluster import open_metadata
+from broker.client.metadata import open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.mirror import Mirror, MirrorSource
 from broker.client.producer import Producer

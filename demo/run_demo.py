@@ -64,7 +64,8 @@ def start_mirror(offline: str, live: dict[str, str], topic: str, log: Path) -> s
 def wait_mirrored(live: dict[str, str], topics: list[str], timeout: float = 120) -> None:
     """Until the mirror's committed offsets on every live cluster leave no lag
     (`broker.client.offsets.lag`: a partition it never committed counts from its start)."""
-    from broker.client.cluster import ConnectionPool, open_metadata
+    from broker.client.cluster import ConnectionPool
+    from broker.client.metadata import open_metadata
     from broker.client.offsets import group_offsets, lag, partition_offsets
 
     handles = [(metadata, ConnectionPool(metadata, "demo", 10)) for metadata in map(open_metadata, live.values())]

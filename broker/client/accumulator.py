@@ -28,7 +28,7 @@ from collections import deque
 from itertools import repeat
 from typing import Callable, Iterable
 
-from broker.client.cluster import ClusterMetadata, available
+from broker.client.metadata import ClusterMetadata, available
 from broker.client.errors import ProducerClosed, QueueFull
 from broker.client.partitioner import choose_partition
 from broker.client.results import BatchResult, ManyFuture, RecordFuture

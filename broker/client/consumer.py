@@ -26,7 +26,8 @@ import logging
 import time
 from typing import Iterator
 
-from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, open_metadata
+from broker.client.cluster import LEADER_MOVED, ConnectionPool
+from broker.client.metadata import ClusterMetadata, open_metadata
 from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable, confirm_corrupt
 from broker.client.security import OPEN, ClientSecurity
 from broker.client.settings import require_at_least

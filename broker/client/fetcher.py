@@ -24,7 +24,8 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from broker.client.cluster import ClusterMetadata, ConnectionPool
+from broker.client.cluster import ConnectionPool
+from broker.client.metadata import ClusterMetadata
 from broker.client.errors import FetchSizeTooSmall, confirm_corrupt
 from broker.client.stream import Chunk, MessageStream
 from broker.common.errors import InvalidRequest, LogbusError, OffsetOutOfRange, error_for

@@ -39,7 +39,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
-from broker.client.cluster import ZooKeeperMetadata, connect_zookeeper
+from broker.client.metadata import ZooKeeperMetadata, connect_zookeeper
 from broker.client.fetcher import Fetcher, PartitionFetch
 from broker.client.rebalance import Subscriptions, assignment_for, stream_id
 from broker.client.security import OPEN, ClientSecurity

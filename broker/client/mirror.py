@@ -49,7 +49,8 @@ from itertools import groupby
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NodeExistsError
 
-from broker.client.cluster import ClusterMetadata, ConnectionPool, connect_zookeeper, open_metadata
+from broker.client.cluster import ConnectionPool
+from broker.client.metadata import ClusterMetadata, connect_zookeeper, open_metadata
 from broker.client.errors import PartitionUnavailable
 from broker.client.monitoring import DEFAULT_WINDOW_MS, MIRROR_TIER, MONITORING_TOPIC, MonitoringCounter
 from broker.client.offsets import advance_group_offsets, earliest, latest

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable
 
-from broker.client.cluster import ClusterMetadata, open_metadata
+from broker.client.metadata import ClusterMetadata, open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.security import OPEN, ClientSecurity
 from broker.common.message import now_ms

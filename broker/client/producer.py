@@ -56,7 +56,8 @@ import weakref
 from typing import Callable, Sequence
 
 from broker.client.accumulator import RecordAccumulator
-from broker.client.cluster import ClusterMetadata, ConnectionPool, open_metadata
+from broker.client.cluster import ConnectionPool
+from broker.client.metadata import ClusterMetadata, open_metadata
 from broker.client.errors import ProducerClosed
 from broker.client.idempotence import IDEMPOTENT_BATCH_BYTES, MAX_IN_FLIGHT_PER_PARTITION, ProducerIdentity
 from broker.client.monitoring import DEFAULT_WINDOW_MS, MONITORING_TOPIC, MonitoringCounter

@@ -32,7 +32,8 @@ import time
 from typing import Callable, NamedTuple
 
 from broker.client.accumulator import ProducerBatch, RecordAccumulator
-from broker.client.cluster import LEADER_MOVED, ClusterMetadata, ConnectionPool, ensure_topic
+from broker.client.cluster import LEADER_MOVED, ConnectionPool, ensure_topic
+from broker.client.metadata import ClusterMetadata
 from broker.client.errors import PartitionUnavailable
 from broker.client.idempotence import ProducerIdentity
 from broker.client.monitoring import MonitoringCounter

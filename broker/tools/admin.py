@@ -16,7 +16,8 @@ import time
 
 from kazoo.exceptions import KazooException, NoNodeError
 
-from broker.client.cluster import LEADER_MOVED, ConnectionPool, ZooKeeperMetadata, connect_zookeeper
+from broker.client.cluster import LEADER_MOVED, ConnectionPool
+from broker.client.metadata import ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
 from broker.client.offsets import PartitionOffsets, lag, offsets_before
 from broker.common.errors import LogbusError, UnknownTopic

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from broker.client.cluster import open_metadata
+from broker.client.metadata import open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import ConsumerTimeout
 from broker.client.group import ConsumerGroup

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client.cluster import open_metadata
+from broker.client.metadata import open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.mirror import Mirror, MirrorSource
 from broker.client.monitoring import MIRROR_TIER, read_events, sum_by_source

@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from broker.client import offsets, ranges
-from broker.client.cluster import ConnectionPool, open_metadata
+from broker.client.cluster import ConnectionPool
+from broker.client.metadata import open_metadata
 from broker.client.producer import Producer
 from harness.process import wait_until
 from broker.common.message import iter_messages

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from broker.client.cluster import open_metadata
+from broker.client.metadata import open_metadata
 from broker.client.errors import ProduceError
 from broker.client.partitioner import partition_for_key
 from broker.client.producer import Producer

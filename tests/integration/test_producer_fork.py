@@ -7,7 +7,7 @@ import json
 import os
 from collections import Counter
 
-from broker.client.cluster import open_metadata
+from broker.client.metadata import open_metadata
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from tests.integration.clientutil import wait_visible

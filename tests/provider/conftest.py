@@ -108,8 +108,8 @@ class CountingSessions:
 
 @pytest.fixture
 def sessions(monkeypatch) -> CountingSessions:
-    import broker.client.cluster as cluster_module
+    import broker.client.metadata as metadata_module
 
-    counter = CountingSessions(cluster_module.connect_zookeeper)
-    monkeypatch.setattr(cluster_module, "connect_zookeeper", counter)
+    counter = CountingSessions(metadata_module.connect_zookeeper)
+    monkeypatch.setattr(metadata_module, "connect_zookeeper", counter)
     return counter

@@ -335,7 +335,7 @@ class ConsumerWorker(threading.Thread):
         self.offsets = [0] * partitions
 
     def run(self) -> None:
-        from broker.client.cluster import open_metadata
+        from broker.client.metadata import open_metadata
         from broker.client.consumer import SimpleConsumer
         from broker.common.errors import OffsetOutOfRange
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.client.cluster import connect_zookeeper
+from broker.client.metadata import connect_zookeeper
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import ZooKeeperUnavailable
 from broker.client.producer import Producer
