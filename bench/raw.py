@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import socket
 import struct
 import sys
 import tempfile

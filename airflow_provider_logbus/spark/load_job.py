@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import decimal
-import json
 import logging
 import os
 import shutil

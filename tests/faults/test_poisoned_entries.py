@@ -8,7 +8,6 @@ or in batches."""
 from __future__ import annotations
 
 import gzip
-import struct
 
 import pytest
 

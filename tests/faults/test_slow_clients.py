@@ -17,7 +17,6 @@ from broker.client.connection import BrokerConnection
 from broker.common.message import encode_message_set, iter_messages
 from broker.common.protocol import ApiKey, MetadataRequest, ProduceRequest, encode_request
 from harness.cluster import BrokerProcess
-from harness.process import wait_until
 
 MiB = 1 << 20
 

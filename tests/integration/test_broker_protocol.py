@@ -5,7 +5,6 @@ import pytest
 from broker.common.errors import OffsetOutOfRange
 from broker.common.message import encode_message_set, iter_messages
 from broker.common.protocol import FetchRequest
-from harness.process import wait_until
 
 from .brokerutil import connect, produce, read_partition, wait_flushed
 

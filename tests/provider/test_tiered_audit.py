@@ -6,7 +6,6 @@ brokers, producers and a load on Spark."""
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
 from datetime import timedelta
 from pathlib import Path

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from kazoo.recipe.watchers import DataWatch
 
 from broker.client.connection import BrokerConnection

@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.common.errors import StorageError
 from broker.common.message import HEADER, MAGICS, MIN_ENTRY_SIZE, ScanResult, ScanStop, scan
 from broker.server.log.files import SHARED, FileCache, SegmentFile
 
