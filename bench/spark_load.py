@@ -2,7 +2,7 @@
 against plain Spark reading the same records from a JSON-lines file (same schema, same
 output columns and partitioning), both on `local[*]`.
 
-    .venv/bin/python -m bench.spark_load --messages 1000000
+    .venv/bin/python -m bench.spark_load --messages 1000000 --rounds 3
 
 N messages of 200 bytes of JSON go to a 2-partition topic on one local broker (the
 producing is not timed). Timed: (a) the load job's own `run_load` with the declared
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -64,8 +65,9 @@ def produce(conn: BrokerConnection, topic: str, count: int, partitions: int = 2,
             conn.produce(topic, p, encode_message_set(rest))
 
 
-def measure(spark, work: Path, zookeeper: str, ranges: list, jsonl: Path, messages: int) -> dict[str, float]:
-    """messages/s of each path, warmed up first."""
+def measure(spark, work: Path, zookeeper: str, ranges: list, jsonl: Path, messages: int,
+            rounds: int = 1) -> dict[str, list[float]]:
+    """messages/s of each path in each round, warmed up first."""
     from pyspark.sql import functions as F
 
     from airflow_provider_logbus.plan import Range
@@ -90,17 +92,19 @@ def measure(spark, work: Path, zookeeper: str, ranges: list, jsonl: Path, messag
     spark.read.json(str(jsonl)).limit(10).collect()
     from_broker(str(work / "warm-up"), [Range(r.topic, r.partition, r.start, min(r.end, r.start + 100 * ENTRY))
                                         for r in ranges])  # 100 whole entries
-    rates = {}
-    for name, fn in (("plain Spark from JSON-lines", from_file), ("load job from logbus", from_broker)):
-        out = str(work / name.replace(" ", "_"))
-        start = time.perf_counter()
-        fn(out)
-        elapsed = time.perf_counter() - start
-        rows = spark.read.parquet(out).count()
-        if rows != messages:
-            raise RuntimeError(f"{name}: {rows} rows written of {messages}")
-        rates[name] = messages / elapsed
-        print(f"{name:<30} {elapsed:7.1f} s  {rates[name]:>10,.0f} messages/s  ({rows} rows)", flush=True)
+    rates: dict[str, list[float]] = {}
+    paths = [("plain Spark from JSON-lines", from_file), ("load job from logbus", from_broker)]
+    for round_ in range(rounds):
+        for name, fn in (paths if round_ % 2 == 0 else paths[::-1]):  # alternating: both see the same machine
+            out = str(work / f"{name.replace(' ', '_')}-{round_}")
+            start = time.perf_counter()
+            fn(out)
+            elapsed = time.perf_counter() - start
+            rows = spark.read.parquet(out).count()
+            if rows != messages:
+                raise RuntimeError(f"{name}: {rows} rows written of {messages}")
+            rates.setdefault(name, []).append(messages / elapsed)
+            print(f"{name:<30} {elapsed:7.1f} s  {messages / elapsed:>10,.0f} messages/s  ({rows} rows)", flush=True)
     return rates
 
 
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each path, alternating which goes first")
     args = parser.parse_args(argv)
     from airflow_provider_logbus.cluster import LogbusCluster
     from airflow_provider_logbus.plan import Range
@@ -128,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.messages} messages, {total / 1e6:.1f} MB in the broker, {jsonl.stat().st_size / 1e6:.1f} MB "
               f"JSON-lines", flush=True)
         with local_session(conf={"spark.driver.memory": "4g"}) as spark:
-            rates = measure(spark, work, cluster.zookeeper, ranges, jsonl, args.messages)
-    print(f"ratio logbus / plain = {rates['load job from logbus'] / rates['plain Spark from JSON-lines']:.2f}")
+            rates = measure(spark, work, cluster.zookeeper, ranges, jsonl, args.messages, args.rounds)
+    ratios = [b / p for b, p in zip(rates["load job from logbus"], rates["plain Spark from JSON-lines"])]
+    print(f"ratio logbus / plain = {statistics.median(ratios):.2f}"
+          + (f" (median of {len(ratios)}: {', '.join(f'{r:.2f}' for r in ratios)})" if len(ratios) > 1 else ""))
     return 0
 
 
