@@ -31,8 +31,8 @@ SEGMENT = 256 << 20
 PRODUCERS = 20
 
 
-def build(directory: Path, size: int, batch: int) -> None:
-    log = Log(directory, "bench", 0, LogConfig(segment_bytes=SEGMENT))
+def build(directory: Path, size: int, batch: int, segment_bytes: int = SEGMENT) -> None:
+    log = Log(directory, "bench", 0, LogConfig(segment_bytes=segment_bytes))
     value = b"x" * 200
     sequences = [0] * PRODUCERS
     i = 0
@@ -47,9 +47,9 @@ def build(directory: Path, size: int, batch: int) -> None:
     log.close()
 
 
-def open_time(directory: Path, recover: bool) -> float:
+def open_time(directory: Path, recover: bool, segment_bytes: int = SEGMENT) -> float:
     start = time.perf_counter()
-    log = Log(directory, "bench", 0, LogConfig(segment_bytes=SEGMENT), recover=recover)
+    log = Log(directory, "bench", 0, LogConfig(segment_bytes=segment_bytes), recover=recover)
     elapsed = time.perf_counter() - start
     assert len(log.producers.entries) == PRODUCERS
     for segment in log.segments:
@@ -62,12 +62,14 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=50, help="messages per producer batch (default 50)")
+    parser.add_argument("--segment-mib", type=int, default=SEGMENT >> 20, help="segment size (default 256)")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="logbus-bench-producer-state-"))
     try:
         directory = scratch / "bench-0"
         built = time.perf_counter()
-        build(directory, int(args.gib * (1 << 30)) + SEGMENT // 2, args.batch)
+        build(directory, int(args.gib * (1 << 30)) + args.segment_mib * (1 << 20) // 2, args.batch,
+              args.segment_mib << 20)
         print(f"built {sum(p.stat().st_size for p in directory.glob('*.kafka')) / (1 << 30):.2f} GiB in "
               f"{len(list(directory.glob('*.kafka')))} segments in {time.perf_counter() - built:.0f} s")
         snapshots = {p.name: p.read_bytes() for p in directory.glob("*.producers")}
@@ -81,7 +83,8 @@ def main() -> None:
                 for file, data in snapshots.items():
                     if name.startswith("clean") or (name.startswith("kill -9 (") and file != end_snapshot):
                         (directory / file).write_bytes(data)
-                times[name].append(open_time(directory, recover=not name.startswith("clean")))
+                times[name].append(open_time(directory, recover=not name.startswith("clean"),
+                                             segment_bytes=args.segment_mib << 20))
         for name, values in times.items():
             print(f"{name:36} median {statistics.median(values):7.2f} s  ({', '.join(f'{v:.2f}' for v in values)})")
     finally:

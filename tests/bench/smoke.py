@@ -99,6 +99,19 @@ SMOKES: dict[str, Smoke] = {
                     "--idle-seconds", "0.2"], [
         r"^ +5 +[\d.]+ +\d+ +[\d.]+ +[\d,]+ +[\d.]+ +-?[\d.]+$",
         r"^ +3 +[\d,]+ +[\d.]+ +\d+$"]),
+    "idempotence": Smoke(["--count", "500", "--rounds", "1"], [
+        r"^batch  1, acks  1 +\d+ +\d+ +[\d.]+$",
+        r"^batch 50, acks -1 +\d+ +\d+ +[\d.]+$"]),
+    "producer_state": Smoke(["--gib", "0.001", "--rounds", "1", "--segment-mib", "1"], [
+        r"^clean \(snapshot at the end\) +median +[\d.]+ s",
+        r"^kill -9, no snapshots \(full scan\) +median +[\d.]+ s"]),
+    "mirror": Smoke(["--messages", "2000", "--rounds", "1"], [
+        r"partition\(s\): mirror +\d+ msg/s +consumer->producer loop +\d+ msg/s",
+        r"end-to-end lag through the mirror"], timeout=240),
+    "spark_stages": Smoke(["--messages", "500", "--rounds", "1"], [
+        r"^round 1 logbus data source +[\d.]+ s$",
+        r"^round 1 the whole run_load +[\d.]+ s$",
+        r"^round 1 plain Spark: read and parse the file +[\d.]+ s$"], timeout=300),
     "fuzz": Smoke(["--cases", "40", "--seed", "25", "--check-every", "10"], [
         r"^40 cases in [\d.]+s: \d+ answered, \d+ closed without an answer; crashes 0; "
         r"control worst wait \d+ ms; fuzz topic holds \d+ readable messages$"]),
