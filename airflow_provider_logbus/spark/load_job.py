@@ -61,6 +61,7 @@ LAYOUTS = ("directory", "iceberg")
 PARTITION_COLUMNS = {"directory": ("event_date", "event_hour"), "iceberg": ("logbus_hour",)}
 CORRUPT = "_logbus_corrupt_record"
 ERROR = "_logbus_error"
+UNEXPLAINED = "\x00unexplained"  # a value from_json could not parse, until `explain_rejects` says why
 RAW = "_logbus_raw_value"
 PARSED = "_logbus_parsed"
 FIRST_ERRORS = 3
@@ -220,10 +221,11 @@ def _variant_path(name: str) -> str | None:
 def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
     """Parse `value` with `schema`: every row gets the value fields (renamed `value_<name>`
     when they clash with a logbus or partition column), `_logbus_error` (null for a good
-    value, else what was wrong) and `_logbus_raw_value` (the bytes of a rejected value).
+    value, else what was wrong — `UNEXPLAINED` for a value that did not parse, until
+    `explain_rejects` says why) and `_logbus_raw_value` (the bytes of a rejected value).
     Returns (frame, [(field, output column)])."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import StructType
 
     struct: StructType = schema.struct
     fields = [f.name for f in struct.fields]
@@ -235,6 +237,57 @@ def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
 
     text = F.col("value").cast("string")
     parsed = F.col(PARSED)
+    required: list[tuple[str, object]] = []
+    if schema.arrow is not None:
+        for f in schema.arrow:
+            column = parsed.getField(f.name)
+            if not f.nullable:
+                required.append((f.name, column.isNull()))
+            required += [(p, column.isNotNull() & c) for p, c in _nested_nulls(column, f.type, f.name)]
+    missing = F.concat(F.lit("required field missing or null: "),
+                       F.concat_ws(", ", *[F.when(c, F.lit(p)) for p, c in required])) if required else None
+
+    error = (F.when(F.col("value").isNull() | (F.length("value") == 0), F.lit("empty value"))
+             .when(parsed.isNull(), F.lit("empty value"))  # only whitespace
+             .when(parsed.getField(CORRUPT).isNotNull(), F.lit(UNEXPLAINED)))
+    if required:
+        error = error.when(reduce(lambda a, b: a | b, [c for _, c in required]), missing)
+
+    frame = df.select(*META_COLUMNS, "value", _parse(text, struct).alias(PARSED))
+    frame = frame.select(*META_COLUMNS, F.col("value").alias(RAW),
+                         *[parsed.getField(f).alias(out) for f, out in outputs], error.alias(ERROR))
+    # the error is computed once; only a rejected value keeps its bytes
+    frame = frame.select(*META_COLUMNS, F.when(F.col(ERROR).isNotNull(), F.col(RAW)).alias(RAW),
+                         *[out for _, out in outputs], ERROR)
+    return frame, outputs
+
+
+def _parse(text, struct):
+    """`from_json` that keeps what does not parse in the CORRUPT field."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    with_corrupt = StructType([*struct.fields, StructField(CORRUPT, StringType())])
+    return F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+
+
+def explain_rejects(rejected, schema: JsonSchema):
+    """Replace `UNEXPLAINED` in the error column of rejected rows by why the value did
+    not parse: not JSON, not an object, or which field had the wrong type. Done on the
+    rejected rows only, after the split: the diagnosis parses the value a second time
+    (as a variant), and inside the main projection Spark evaluated that parse on every
+    row (BENCHMARKS.md, "Issue 25: the Spark load")."""
+    from pyspark.sql import functions as F
+
+    text = F.col(RAW).cast("string")
+    reason = _corrupt_reason(text, _parse(text, schema.struct), schema.struct)
+    return rejected.withColumn(ERROR, F.when(F.col(ERROR) == UNEXPLAINED, reason).otherwise(F.col(ERROR)))
+
+
+def _corrupt_reason(text, parsed, struct):
+    """Why a value from_json kept as corrupt (`parsed`) failed, as text."""
+    from pyspark.sql import functions as F
+
     variant = F.try_parse_json(text)
     first = F.regexp_extract(text, r"^\s*(.)", 1)
     kind = (F.when(first == "[", "an array").when(first == '"', "a string").when(first == "n", "null")
@@ -252,35 +305,9 @@ def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
     mismatch = F.concat(F.lit("does not fit the schema: "),
                         F.when(detail != "", detail).otherwise(
                             F.concat(F.lit("value is "), F.lower(F.schema_of_variant(variant)))))
-    corrupt = (F.when(variant.isNull(), F.lit("not valid JSON"))
-               .when(first != "{", F.concat(F.lit("not a JSON object: "), kind))
-               .otherwise(mismatch))
-
-    required: list[tuple[str, object]] = []
-    if schema.arrow is not None:
-        for f in schema.arrow:
-            column = parsed.getField(f.name)
-            if not f.nullable:
-                required.append((f.name, column.isNull()))
-            required += [(p, column.isNotNull() & c) for p, c in _nested_nulls(column, f.type, f.name)]
-    missing = F.concat(F.lit("required field missing or null: "),
-                       F.concat_ws(", ", *[F.when(c, F.lit(p)) for p, c in required])) if required else None
-
-    error = (F.when(F.col("value").isNull() | (F.length("value") == 0), F.lit("empty value"))
-             .when(parsed.isNull(), F.lit("empty value"))  # only whitespace
-             .when(parsed.getField(CORRUPT).isNotNull(), corrupt))
-    if required:
-        error = error.when(reduce(lambda a, b: a | b, [c for _, c in required]), missing)
-
-    with_corrupt = StructType([*struct.fields, StructField(CORRUPT, StringType())])
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-    frame = df.select(*META_COLUMNS, "value", F.from_json(text, with_corrupt, options).alias(PARSED))
-    frame = frame.select(*META_COLUMNS, F.col("value").alias(RAW),
-                         *[parsed.getField(f).alias(out) for f, out in outputs], error.alias(ERROR))
-    # the error is computed once; only a rejected value keeps its bytes
-    frame = frame.select(*META_COLUMNS, F.when(F.col(ERROR).isNotNull(), F.col(RAW)).alias(RAW),
-                         *[out for _, out in outputs], ERROR)
-    return frame, outputs
+    return (F.when(variant.isNull(), F.lit("not valid JSON"))
+            .when(first != "{", F.concat(F.lit("not a JSON object: "), kind))
+            .otherwise(mismatch))
 
 
 def add_partition_columns(df, layout: str):
@@ -389,7 +416,7 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
                 for _, out in outputs])
             add_partition_columns(accepted, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
                 "errorifexists").parquet(str(staging_path))
-            rejected = cached.filter(F.col(ERROR).isNotNull()).select(  # few rows: one file
+            rejected = explain_rejects(cached.filter(F.col(ERROR).isNotNull()), decoded).select(  # few rows: one file
                 *META_COLUMNS, F.col(RAW).alias("value"), F.col(ERROR).alias("error")).repartition(1)
             rejected.write.mode("errorifexists").parquet(str(rejects_path))
     finally:
