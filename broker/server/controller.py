@@ -3,8 +3,7 @@ moves partition leadership when brokers come and go (docs/replication.md).
 
 Every broker runs a `Controller`; the one whose create of `/controller` succeeds is
 active, bumps `/controller_epoch` (compare-and-set) and, on every change of
-`/brokers/ids` or `/brokers/topics` (and, as a safety net, every `recheck_interval`
-when the live brokers differ from the last pass's, and every minute anyway),
+`/brokers/ids` or `/brokers/topics` (and every `recheck_interval` as a safety net),
 re-decides every partition with a state node (`broker.server.election.elect`). It only writes
 state nodes, each with compare-and-set on the node's version inside a transaction that
 also checks `/controller_epoch` is still ours, so a deposed controller cannot write;
@@ -34,7 +33,6 @@ from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, 
 logger = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 20
-FULL_PASS_INTERVAL_S = 60.0  # the safety net re-decides every partition at least this often
 
 
 class Deposed(Exception):
@@ -60,7 +58,6 @@ class Controller:
         self.recheck_interval = recheck_interval
         self.imbalance_percentage = imbalance_percentage  # leader.imbalance.per.broker.percentage
         self._next_rebalance = 0.0
-        self._next_full_pass = 0.0
         self.active = False
         self.epoch = 0
         self._epoch_version = -1  # zk version of /controller_epoch when we bumped it
@@ -108,7 +105,7 @@ class Controller:
 
     def _run(self) -> None:
         while not self._stopping:
-            woken = self._wake.wait(self._until_next_check())
+            self._wake.wait(self._until_next_check())
             self._wake.clear()
             if self._stopping:
                 return
@@ -116,7 +113,7 @@ class Controller:
                 if not self.active:
                     self._try_to_become_controller()
                 if self.active:
-                    self._pass(full=woken or time.monotonic() >= self._next_full_pass)
+                    self._pass()
                     if self.rebalance_interval is not None and time.monotonic() >= self._next_rebalance:
                         self._rebalance()
             except Deposed:
@@ -178,15 +175,9 @@ class Controller:
 
     # ---------------------------------------------------------------- decisions
 
-    def _pass(self, full: bool = True) -> None:
-        """Re-decide every partition against the live brokers. The safety net's timer
-        (`full` false) re-decides only when the live brokers differ from the last
-        pass's, and otherwise every FULL_PASS_INTERVAL_S: a full pass reads every state
-        node, which at thousands of partitions was the idle broker's main cost."""
+    def _pass(self) -> None:
+        """Re-decide every partition against the live brokers."""
         live = self._live_brokers()
-        if not full and live == self._live:
-            return
-        self._next_full_pass = time.monotonic() + FULL_PASS_INTERVAL_S
         back = bounced(self._live, live)
         for gone in sorted(set(self._live) - set(live)):
             logger.info("controller: broker %d is gone", gone)
