@@ -1,5 +1,6 @@
-"""One handler per API (docs/protocol.md). Every handler decodes its request and returns one
-shape: a `Reply`, the future of its response body (`protocol.Body`, encoded by
+"""One handler per API (docs/protocol.md); METADATA and CREATE_TOPIC, which read
+only the cluster's view, are `topics.py`'s. Every handler decodes its request and
+returns one shape: a `Reply`, the future of its response body (`protocol.Body`, encoded by
 `broker.common.protocol`), already resolved unless the request must wait (acks=-1, long-poll
 fetch, topic creation). A body of None means no response at all (acks=0).
 
@@ -19,18 +20,14 @@ from typing import Callable, Coroutine, NamedTuple
 
 from broker.common.acls import Operation
 from broker.common.errors import (
-    BrokerShuttingDown, ErrorCode, IllegalSaslState, InvalidMessage,
-    InvalidReplicationFactor, InvalidRequest, LogbusError, NotLeaderForPartition, TopicCreationDisabled,
+    BrokerShuttingDown, ErrorCode, IllegalSaslState, InvalidMessage, LogbusError, NotLeaderForPartition,
     UnknownPartition, UnknownTopic, UnsupportedApi,
 )
 from broker.common.message import batch_identity, validate_message_set
-from broker.common.partitionstates import live_leader
 from broker.common.protocol import (
-    AUTO_PARTITIONS, METADATA_VERSION, ApiKey, Body, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse,
-    InitProducerIdRequest, LeaderEpochEndRequest, MetadataRequest, MetadataResponse, MultiFetchRequest,
-    MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult, ProduceRequest, ProduceResponse,
-    ProducerIdResponse, Reader, ReplicaFetchRequest, RequestHeader, TopicMetadata, check_topic_name, encode_offsets,
-    encode_results,
+    METADATA_VERSION, ApiKey, Body, FetchRequest, FetchResponse, InitProducerIdRequest, LeaderEpochEndRequest,
+    MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
+    ProducerIdResponse, Reader, ReplicaFetchRequest, RequestHeader, check_topic_name, encode_offsets, encode_results,
 )
 from broker.server.auth.authorizer import Authorizer
 from broker.server.auth.rules import RequestRules
@@ -45,10 +42,10 @@ from broker.server.registration import BrokerRegistry
 from broker.server.replication.manager import ReplicaManager
 from broker.server.replication.partition import Partition
 from broker.server.replies import Reply, answered, later
+from broker.server.topics import TopicRequests
 
 logger = logging.getLogger(__name__)
 
-MAX_PARTITIONS = 10_000
 MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
 _HANDSHAKE = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 
@@ -79,14 +76,15 @@ class RequestHandler:
         self.shutting_down = False
         self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
         self.authentication = Authentication(config, registry.zk)
+        self.topics = TopicRequests(config, registry, logs, self.rules)
         self._handlers: dict[int, Callable[[Reader, Session], Reply]] = {
             ApiKey.PRODUCE: self.produce,
             ApiKey.FETCH: self.fetch,
             ApiKey.MULTIFETCH: self.multifetch,
             ApiKey.MULTIPRODUCE: self.multiproduce,
             ApiKey.OFFSETS: self.offsets,
-            ApiKey.METADATA: self.metadata,
-            ApiKey.CREATE_TOPIC: self.create_topic,
+            ApiKey.METADATA: self.topics.metadata,
+            ApiKey.CREATE_TOPIC: self.topics.create_topic,
             ApiKey.REPLICA_FETCH: self.replica_fetch,
             ApiKey.LEADER_EPOCH_END: self.leader_epoch_end,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
@@ -104,7 +102,7 @@ class RequestHandler:
         if self.shutting_down:
             raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
         if header.api_key == ApiKey.METADATA:
-            return self.metadata(reader, session, header.api_version)
+            return self.topics.metadata(reader, session, header.api_version)
         return handler(reader, session)
 
     @functools.cached_property
@@ -149,14 +147,6 @@ class RequestHandler:
     def _leader(self, topic: str, partition: int, replicas: list[int]) -> int:
         return self.replicas.leader_of(topic, partition, replicas) if len(replicas) > 1 else replicas[0]
 
-    async def _auto_create(self, topic: str) -> None:
-        check_topic_name(topic)
-        if not self.config.auto_create_topics:
-            raise TopicCreationDisabled(f"unknown topic {topic!r} (auto.create.topics is off)")
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions,
-                                   self.config.default_replication_factor)
-
     def _append(self, topic: str, partition: int, messages, acks: int) -> Appended:
         """Validate and append. An acknowledged append is in the page cache before its
         answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
@@ -200,7 +190,7 @@ class RequestHandler:
         return self._produce(req)
 
     async def _produce_after_create(self, req: ProduceRequest) -> Body | None:
-        await self._auto_create(req.topic)
+        await self.topics.auto_create(req.topic)
         return await self._produce(req)
 
     def _produce(self, req: ProduceRequest) -> Reply:
@@ -312,60 +302,13 @@ class RequestHandler:
             results = self._multifetch_results(req, session)[1]
         return encode_results(results)
 
-    # ------------------------------------------------------------ offsets, metadata
+    # ------------------------------------------------------------ offsets, producer ids
 
     def offsets(self, reader: Reader, session: Session) -> Reply:
         req = OffsetsRequest.decode(reader)
         self.rules.topic(session, Operation.DESCRIBE, req.topic)
         log = self.leader_log(req.topic, req.partition)
         return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
-
-    def metadata(self, reader: Reader, session: Session, version: int = 0) -> Reply:
-        """Leaders come from the partition state nodes (the controller's decisions): -1
-        for an offline partition or a leader that is not registered. Version 1 adds
-        each partition's leader epoch and ISR. Brokers are given at the addresses of
-        the listener asked on; topics the principal may not describe are left out of
-        a list of all, and refused by name when asked for."""
-        req = MetadataRequest.decode(reader)
-        view = self.registry.view
-        topics = []
-        for topic in req.topics or sorted(view.topics):
-            if not self.rules.describes(session, topic):
-                if req.topics:
-                    topics.append(TopicMetadata(topic, ErrorCode.TOPIC_AUTHORIZATION_FAILED, []))
-                continue
-            assignment = view.topics.get(topic)
-            if assignment is None:
-                try:
-                    check_topic_name(topic)
-                except LogbusError as exc:  # a name no topic can have is not merely unknown
-                    topics.append(TopicMetadata(topic, exc.code, []))
-                else:
-                    topics.append(TopicMetadata(topic, ErrorCode.UNKNOWN_TOPIC, []))
-                continue
-            partitions = []
-            for partition, replicas in sorted(assignment.items()):
-                state = self.registry.states.get(topic, partition, replicas)
-                leader = live_leader(state, view.brokers)
-                log = self.logs.get(topic, partition) if leader == self.config.broker_id else None
-                earliest, latest = (log.start_offset, log.visible_offset) if log else (-1, -1)
-                partitions.append(PartitionMetadata(partition, leader, replicas, earliest, latest,
-                                                    state.leader_epoch, list(state.isr)))
-            topics.append(TopicMetadata(topic, 0, partitions))
-        brokers = [self._reachable(b, session.listener.name) for b in sorted(view.brokers.values(),
-                                                                          key=lambda b: b.broker_id)]
-        return answered([MetadataResponse([b for b in brokers if b is not None], topics).encode(version)])
-
-    @staticmethod
-    def _reachable(broker: BrokerInfo, listener: str) -> BrokerInfo | None:
-        """A broker as reached on `listener` (brokers registered before listeners have
-        one address); None when it does not serve that listener."""
-        if not broker.endpoints:
-            return broker
-        try:
-            return broker.at(listener)
-        except ConnectionError:
-            return None
 
     def init_producer_id(self, reader: Reader, session: Session) -> Reply:
         """A new idempotent producer's identity: an id no producer had, epoch 0."""
@@ -390,33 +333,3 @@ class RequestHandler:
         req = LeaderEpochEndRequest.decode(reader)
         self.rules.replica(session, None)
         return answered(self.replicas.leader_epoch_end(req))
-
-    def create_topic(self, reader: Reader, session: Session) -> Reply:
-        req = CreateTopicRequest.decode(reader)
-        check_topic_name(req.topic)
-        self.rules.create(session, req.topic)
-        if req.partitions == AUTO_PARTITIONS:
-            return later(self._auto_create_topic(req.topic))
-        if not 1 <= req.partitions <= MAX_PARTITIONS:
-            raise InvalidRequest(
-                f"partitions must be 1..{MAX_PARTITIONS}, or {AUTO_PARTITIONS} for the broker's num.partitions, "
-                f"not {req.partitions}"
-            )
-        if req.replication_factor < -1:
-            raise InvalidReplicationFactor(
-                f"replication factor {req.replication_factor}: must be >= 1, or 0/-1 for default.replication.factor")
-        return later(self._create_topic(req))
-
-    async def _auto_create_topic(self, topic: str) -> Body:
-        """Clients that learn a topic is missing ask for it to be created exactly as a
-        first produce would: num.partitions, only if auto.create.topics is on, and an
-        existing topic is success."""
-        if topic not in self.registry.view.topics:
-            await self._auto_create(topic)
-        return []
-
-    async def _create_topic(self, req: CreateTopicRequest) -> Body:
-        loop = asyncio.get_running_loop()
-        factor = req.replication_factor if req.replication_factor > 0 else self.config.default_replication_factor
-        await loop.run_in_executor(None, self.registry.create_topic, req.topic, req.partitions, factor)
-        return []
