@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from airflow_provider_logbus.cluster import LogbusCluster
     from airflow_provider_logbus.plan import Range
-    from airflow_provider_logbus.spark import load_job
+    from airflow_provider_logbus.spark import decode, load_job
 
     with scratch_cluster("logbus-bench-stages-", {"log.flush.interval.ms": 100}) as (_, cluster):
         work = cluster.workdir
@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                 return load_job.read_ranges(spark, ranges, cluster.zookeeper)
 
             def decoded(keep_error: bool):
-                frame, _ = load_job.decode_json(source(), load_job.json_schema(spark, source(), SCHEMA),
+                frame, _ = decode.decode_json(source(), decode.json_schema(spark, source(), SCHEMA),
                                                 load_job.PARTITION_COLUMNS["directory"])
-                return frame if keep_error else frame.drop(load_job.ERROR, load_job.RAW)
+                return frame if keep_error else frame.drop(decode.ERROR, decode.RAW)
 
             def noop(frame) -> None:
                 frame.write.format("noop").mode("overwrite").save()
