@@ -109,7 +109,7 @@ def table_schema():
     """The columns the load job writes (and the Iceberg table holds), with their types."""
     import pyarrow as pa
 
-    from airflow_provider_logbus.targets.iceberg import logbus_columns
+    from airflow_provider_logbus.targets.iceberg_tables import logbus_columns
 
     return pa.schema([*logbus_columns(), *value_schema()])
 
@@ -201,7 +201,7 @@ def open_kind(kind: str, warehouse: Path, table: str):
 
 def metadata_files(target) -> dict[str, int]:
     """Every file under the Iceberg table's metadata/ directory, with its size."""
-    from airflow_provider_logbus.targets.iceberg import local_path
+    from airflow_provider_logbus.targets.iceberg_tables import local_path
 
     root = Path(local_path(target.table_or_fail().location())) / "metadata"
     return {str(p): p.stat().st_size for p in root.iterdir()} if root.is_dir() else {}
@@ -512,7 +512,7 @@ class ManifestCounter:
 
 
 def iceberg_reader(target, snapshots: int, when: datetime, note: str, run: int) -> dict:
-    from airflow_provider_logbus.targets.iceberg import local_path
+    from airflow_provider_logbus.targets.iceberg_tables import local_path
 
     end = when + timedelta(hours=1)
     row_filter = f"timestamp >= '{when.isoformat()}' and timestamp < '{end.isoformat()}'"

@@ -23,7 +23,7 @@ def read_iceberg(spark, table, row_filter: str | None = None):
     from pyspark.sql import functions as F
 
     from airflow_provider_logbus.schema import ddl_type
-    from airflow_provider_logbus.targets.iceberg import small_types
+    from airflow_provider_logbus.targets.iceberg_tables import small_types
 
     schema = small_types(table.schema().as_arrow())
     files = planned_files(table, row_filter)

@@ -13,7 +13,8 @@ import pytest
 
 from airflow_provider_logbus.plan import BatchPlan
 from airflow_provider_logbus.schema import SchemaError
-from airflow_provider_logbus.targets.iceberg import IcebergTarget, embedded_catalog
+from airflow_provider_logbus.targets.iceberg import IcebergTarget
+from airflow_provider_logbus.targets.iceberg_tables import embedded_catalog
 
 from .stagingutil import child_command, create_table_command, offsets, plan, wait_all, write_staging
 

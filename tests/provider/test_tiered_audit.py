@@ -23,7 +23,7 @@ from airflow_provider_logbus.completeness import build_report, judge
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.plan import BatchPlan
 from airflow_provider_logbus.targets import CommitTarget, open_target
-from airflow_provider_logbus.targets.iceberg import local_path
+from airflow_provider_logbus.targets.iceberg_tables import local_path
 from harness.cluster import LocalCluster
 from harness.process import wait_until
 

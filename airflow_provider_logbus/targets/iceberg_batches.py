@@ -1,0 +1,107 @@
+"""A batch record inside an Iceberg snapshot: the commit writes it into the snapshot's
+summary (`summary_of`), and everything that asks which batches a table holds reads it
+back from the snapshots of the current lineage (`batch_snapshots`, `record_of`). The
+audit's table tier ties each data file to the batch of the snapshot that added it
+(`table_files`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from airflow_provider_logbus.plan import ranges_from_json, ranges_to_json
+from airflow_provider_logbus.staged import StagedBatch
+from airflow_provider_logbus.targets.base import BatchRecord, TableFile, TargetError
+
+PREFIX = "logbus."
+BATCH_ID = PREFIX + "batch-id"
+HOUR_MS = 3_600_000
+
+
+def summary(snapshot) -> dict[str, str]:
+    return dict(snapshot.summary.additional_properties) if snapshot.summary else {}
+
+
+def batch_snapshots(table) -> list:
+    """Snapshots of the current lineage that carry a batch, oldest first."""
+    if table is None or table.current_snapshot() is None:
+        return []
+    from pyiceberg.table.snapshots import ancestors_of
+
+    chain = list(ancestors_of(table.current_snapshot(), table.metadata))
+    return [s for s in reversed(chain) if BATCH_ID in summary(s)]
+
+
+def record_of(table: str, snapshot) -> BatchRecord:
+    """The batch record a commit wrote into `snapshot`'s summary."""
+    s = summary(snapshot)
+    planned = s.get(PREFIX + "planned-ranges")
+    return BatchRecord(
+        table=table, batch_id=s[PREFIX + "batch-id"], interval_start=s.get(PREFIX + "interval-start", ""),
+        interval_end=s.get(PREFIX + "interval-end", ""), run_id=s.get(PREFIX + "run-id", ""),
+        ranges=ranges_from_json(s.get(PREFIX + "ranges", "[]")), counts=json.loads(s.get(PREFIX + "counts", "[]")),
+        row_count=int(s.get(PREFIX + "row-count", 0)), committed_at=s.get(PREFIX + "committed-at", ""),
+        attempt=s.get(PREFIX + "attempt", ""), window_ms=int(s.get(PREFIX + "window-ms", 600_000)),
+        rejected=json.loads(s.get(PREFIX + "rejected", "[]")),
+        rejected_count=int(s.get(PREFIX + "rejected-count", 0)), schema=s.get(PREFIX + "schema"),
+        schema_source=s.get(PREFIX + "schema-source"), planned_ranges=ranges_from_json(planned) if planned else None,
+        extra={"snapshot_id": snapshot.snapshot_id, "staging": s.get(PREFIX + "staging", "")})
+
+
+def summary_of(record: BatchRecord, staged: StagedBatch) -> dict[str, str]:
+    """The snapshot summary that carries `record` (the inverse of `record_of`)."""
+    summary = {
+        "batch-id": record.batch_id, "interval-start": record.interval_start,
+        "interval-end": record.interval_end, "run-id": record.run_id, "ranges": ranges_to_json(record.ranges),
+        "counts": json.dumps(record.counts), "row-count": str(record.row_count),
+        "rejected": json.dumps(record.rejected), "rejected-count": str(record.rejected_count),
+        "committed-at": record.committed_at, "attempt": record.attempt, "window-ms": str(record.window_ms),
+        "staging": str(staged.root),
+    }
+    if record.schema:
+        summary["schema"] = record.schema
+    if record.schema_source:
+        summary["schema-source"] = record.schema_source
+    if record.planned_ranges is not None:
+        summary["planned-ranges"] = ranges_to_json(record.planned_ranges)
+    return {PREFIX + k: v for k, v in summary.items()}
+
+def table_files(table, identifier: str, batch_of: dict[int, str]) -> list[TableFile]:
+    """The current snapshot's data files (position deletes counted negative), each with
+    its hour and the batch (`batch_of`: snapshot id -> batch id) that added it."""
+    from pyiceberg.manifest import DataFileContent
+
+    current = table.current_snapshot() if table is not None else None
+    files = []
+    for manifest in current.manifests(table.io) if current is not None else ():
+        hour_of = hour_reader(table, manifest.partition_spec_id)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            data = entry.data_file
+            if data.content == DataFileContent.EQUALITY_DELETES:
+                raise TargetError(f"{identifier} has equality deletes ({data.file_path}): the audit cannot "
+                                  "count the rows they remove without reading the data; compact the table")
+            sign = -1 if data.content == DataFileContent.POSITION_DELETES else 1
+            files.append(TableFile(data.file_path, hour_of(data), sign * data.record_count,
+                                   batch_of.get(entry.snapshot_id)))
+    return files
+
+
+def hour_reader(table, spec_id: int):
+    """A data file's hour (ms): its `hour(timestamp)` partition value under spec
+    `spec_id`, else (a file of an unpartitioned spec) its lower bound of `timestamp`."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.transforms import HourTransform
+
+    field_id = table.schema().find_field("timestamp").field_id
+    spec = table.specs()[spec_id]
+    position = next((i for i, f in enumerate(spec.fields)
+                     if f.source_id == field_id and isinstance(f.transform, HourTransform)), None)
+    kind = table.schema().find_type(field_id)
+
+    def hour_of(data) -> int:
+        if position is not None and data.partition[position] is not None:
+            return int(data.partition[position]) * HOUR_MS
+        micros = from_bytes(kind, data.lower_bounds[field_id])
+        return micros // 1000 - micros // 1000 % HOUR_MS
+
+    return hour_of

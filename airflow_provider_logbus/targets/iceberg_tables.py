@@ -1,0 +1,229 @@
+"""The catalog and the two tables a logbus Iceberg target owns — `<namespace>.<table>`
+and `<namespace>.<table>_rejects`: loading the catalog (also while another load is
+creating its tables), creating the tables (also while another load creates them),
+their schema and its evolution, and the properties every logbus table carries. The
+commit protocol on top of them is `targets/iceberg.py`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from airflow_provider_logbus.targets.base import TargetError
+
+logger = logging.getLogger(__name__)
+
+NO_REBASE = {"commit.retry.num-retries": "0"}
+# Properties every logbus table gets (at creation, or added by the next load): no rebase
+# of a refused commit (targets/iceberg.py); old metadata files deleted after a commit, or
+# a year of hourly batches leaves ~60 GB of them (BENCHMARKS.md); manifests merged on
+# append, so planning and commits do not open one manifest per batch ever written.
+TABLE_PROPERTIES = {**NO_REBASE, "write.metadata.delete-after-commit.enabled": "true",
+                    "write.metadata.previous-versions-max": "100", "commit.manifest-merge.enabled": "true"}
+
+
+def embedded_catalog(warehouse: str) -> dict[str, str]:
+    """A SQL catalog on a SQLite file under the warehouse: no server to run."""
+    root = Path(warehouse).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return {"type": "sql", "uri": f"sqlite:///{root / '_iceberg_catalog.db'}", "warehouse": f"file://{root}"}
+
+
+def logbus_columns():
+    import pyarrow as pa
+
+    return [pa.field("topic", pa.string()), pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
+            pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("key", pa.binary())]
+
+
+def rejects_schema():
+    import pyarrow as pa
+
+    return pa.schema([*logbus_columns(), pa.field("value", pa.binary()), pa.field("error", pa.string())])
+
+
+def small_types(schema):
+    """The table's schema as plain Arrow types (pyiceberg reads strings, binaries and
+    lists as their `large_` variants), without field ids, for comparing with a
+    declaration."""
+    import pyarrow as pa
+
+    def plain(t):
+        if pa.types.is_large_string(t):
+            return pa.string()
+        if pa.types.is_large_binary(t):
+            return pa.binary()
+        if pa.types.is_large_list(t) or pa.types.is_list(t):
+            return pa.list_(plain(t.value_type))
+        if pa.types.is_map(t):
+            return pa.map_(plain(t.key_type), plain(t.item_type))
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, plain(f.type), f.nullable) for f in t])
+        return t
+
+    return pa.schema([pa.field(f.name, plain(f.type), f.nullable) for f in schema])
+
+
+def nested_optional(schema):
+    """Top-level required fields stay required; fields inside structs, lists and maps
+    become optional, because the load job enforces nested requirements while decoding
+    but Spark writes nested Parquet fields as optional (pyiceberg's file check would
+    refuse a required table field over an optional file field)."""
+    import pyarrow as pa
+
+    def relax(t):
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, relax(f.type), True) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.list_(pa.field("element", relax(t.value_type), True))
+        if pa.types.is_map(t):
+            return pa.map_(t.key_type, pa.field("value", relax(t.item_type), True))
+        return t
+
+    return pa.schema([pa.field(f.name, relax(f.type), f.nullable) for f in schema])
+
+
+def local_path(location: str) -> str:
+    return location[len("file://"):] if location.startswith("file://") else location
+
+
+def load_catalog_retrying(name: str, properties: dict[str, str], attempts: int = 3):
+    """The catalog. A SQL catalog's first use creates its own tables, and loads starting
+    at once on a new database race to create them: PostgreSQL refuses all but one (a
+    duplicate row of its type catalog, or a relation that already exists). Whoever
+    lost finds the tables made when it tries again."""
+    from pyiceberg.catalog import load_catalog
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return load_catalog(name, **properties)
+        except Exception as exc:
+            if attempt == attempts or not _lost_catalog_creation_race(exc):
+                raise
+            logger.info("catalog %s: its tables were being created by another load (%s); trying again", name,
+                        type(exc).__name__)
+            time.sleep(0.2 * attempt)
+
+
+def _lost_catalog_creation_race(exc: Exception) -> bool:
+    """PostgreSQL says IntegrityError or ProgrammingError when two loads create the
+    catalog's tables at once; SQLite says OperationalError ("already exists", or
+    "database is locked" while the other holds the write lock)."""
+    try:
+        from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+    except ImportError:  # not a SQL catalog's error
+        return False
+    if isinstance(exc, OperationalError):
+        return "already exists" in str(exc) or "locked" in str(exc)
+    return isinstance(exc, (IntegrityError, ProgrammingError))
+
+
+class IcebergTables:
+    """The catalog connection and the target's tables, by identifier."""
+
+    def __init__(self, catalog_name: str, catalog_properties: dict[str, str], namespace: str, identifier: str) -> None:
+        self.namespace = namespace
+        self.identifier = identifier
+        self.rejects_identifier = f"{identifier}_rejects"
+        self.catalog = load_catalog_retrying(catalog_name, catalog_properties)
+
+    def load(self, identifier: str | None = None):
+        """The table (by default the main one), or None when it does not exist."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table(identifier or self.identifier)
+        except NoSuchTableError:
+            return None
+
+    def table_or_fail(self):
+        table = self.load()
+        if table is None:
+            raise TargetError(f"Iceberg table {self.identifier} does not exist yet: the load task creates it from "
+                              "the declared schema")
+        return table
+
+    def create(self, identifier: str, schema, partitioned: bool) -> None:
+        """Create the table, or accept the one a concurrent first load created meanwhile:
+        several runs of a new table start at once (a backfill, a manual trigger beside
+        the schedule), and each found no table a moment ago. The catalog refuses all
+        creations but one — the SQL catalog with `CommitFailedException("Table already
+        exists")` (the create transaction's assert-create requirement), a lost insert
+        race with `TableAlreadyExistsError` — so a refusal with the table now there is
+        success; the caller checks that table against the declaration."""
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+        from pyiceberg.transforms import HourTransform
+
+        self.create_namespace()
+        try:
+            with self.catalog.create_table_transaction(identifier, schema=schema, properties=TABLE_PROPERTIES) as tx:
+                if partitioned:
+                    with tx.update_spec() as spec:
+                        spec.add_field("timestamp", HourTransform(), "timestamp_hour")
+            logger.info("created Iceberg table %s", identifier)
+        except (TableAlreadyExistsError, CommitFailedException) as exc:
+            if self.load(identifier) is None:
+                raise
+            logger.info("Iceberg table %s was created by a concurrent load (%s); using it", identifier, exc)
+
+    def create_namespace(self) -> None:
+        """`create_namespace_if_not_exists`, also when another load creates it between
+        the SQL catalog's existence check and its insert (which then fails on the
+        catalog's primary key rather than with `NamespaceAlreadyExistsError`)."""
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+        except Exception:
+            if not self.catalog.namespace_exists(self.namespace):
+                raise
+
+    def ensure_schema(self, value_schema) -> None:
+        import pyarrow as pa
+
+        from airflow_provider_logbus.schema import check_evolution
+
+        if value_schema is None:
+            raise TargetError(f"the Iceberg table {self.identifier} needs a declared value schema (Spark DDL or a "
+                              "JSON schema file): a table's schema is not inferred from a sample")
+        declared = nested_optional(pa.schema([*logbus_columns(), *value_schema]))
+        table = self.load()
+        if table is None:
+            self.create(self.identifier, declared, partitioned=True)
+            table = self.table_or_fail()
+        added = check_evolution(small_types(table.schema().as_arrow()), declared)
+        if added:
+            from pyiceberg.exceptions import CommitFailedException
+
+            for _ in range(10):
+                try:
+                    with table.update_schema() as update:
+                        update.union_by_name(pa.schema([declared.field(n) for n in added]))
+                    logger.info("Iceberg table %s gained optional field(s) %s", self.identifier, ", ".join(added))
+                    break
+                except CommitFailedException:
+                    table = self.table_or_fail()
+                    if not check_evolution(small_types(table.schema().as_arrow()), declared):
+                        break
+        if self.load(self.rejects_identifier) is None:
+            self.create(self.rejects_identifier, rejects_schema(), partitioned=False)
+        for identifier in (self.identifier, self.rejects_identifier):
+            self.ensure_properties(identifier)
+
+    def ensure_properties(self, identifier: str) -> None:
+        """Tables created by an earlier version get today's `TABLE_PROPERTIES`."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        table = self.load(identifier)
+        missing = {k: v for k, v in TABLE_PROPERTIES.items() if table.properties.get(k) != v}
+        if missing:
+            try:
+                with table.transaction() as tx:
+                    tx.set_properties(missing)
+            except CommitFailedException:
+                pass  # a concurrent load is doing the same; the next one checks again
+
+    def close(self) -> None:
+        engine = getattr(self.catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
