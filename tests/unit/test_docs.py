@@ -77,6 +77,11 @@ def missing(reference: str) -> str | None:
     (or is not a kind of reference this checks: settings, file names, code snippets)."""
     if " " in reference:  # a command or a snippet
         return None
+    if "::" in reference:  # path/to/module.py::Class, as the architecture document's size table names classes
+        path, cls = reference.split("::", 1)
+        if not (ROOT / path).is_file():
+            return "no such file or directory"
+        return None if cls in defined(parsed(ROOT / path).body) else f"{path} defines no {cls}"
     top = reference.split("/")[0]
     if "/" in reference or reference.endswith((".py", ".md")):
         if (ROOT / top).exists() or reference.endswith((".py", ".md")):
