@@ -107,10 +107,12 @@ def test_controller_failover_moves_the_dead_brokers_leaderships_to_the_isr(zooke
                 assert first not in map(int, rows[p]["isr"].split(","))
 
             live = next(b for b in cluster.brokers.values() if b.broker_id != first)
+            expected = {p: (s.leader, s.leader_epoch, s.isr) for p, s in after.items()}
             with BrokerConnection(*live.address, timeout=30) as conn:  # METADATA v1 carries the same state
-                for meta in conn.metadata(["events"]).topics[0].partitions:
-                    state = after[meta.partition]
-                    assert (meta.leader, meta.leader_epoch, meta.isr) == (state.leader, state.leader_epoch, state.isr)
+                # once its watched cache has caught up with ZooKeeper: a moment behind it, under load
+                shown = lambda: {m.partition: (m.leader, m.leader_epoch, m.isr)  # noqa: E731
+                                 for m in conn.metadata(["events"]).topics[0].partitions}
+                wait_until(lambda: shown() == expected, MOVE_S, "the broker's metadata to show ZooKeeper's state")
                 v0 = conn.metadata(["events"], version=0).topics[0].partitions
                 assert [p.leader for p in v0] == [after[p.partition].leader for p in v0]
 
