@@ -20,6 +20,11 @@ system-deps:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends zookeeper default-jre-headless >/dev/null; \
 	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		echo "installing Debian packages: chromium (the Airflow page's browser tests)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	fi
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 		echo "installing Debian packages: postgresql (the tests run a private server)"; \
 		$(SUDO) apt-get update -qq && \

@@ -124,10 +124,12 @@ class AuditInputs:
 
 
 def audit_inputs(cluster: LogbusCluster, target: CommitTarget, monitoring_topic: str | None = None,
-                 since_ms: int | None = None) -> AuditInputs:
+                 since_ms: int | None = None, events_since_ms: int | None = None) -> AuditInputs:
     """Read every tier: the monitoring events, then the table's contents (files of hours
-    before `since_ms` may be left out)."""
-    events = cluster.monitoring_events(monitoring_topic or MONITORING_TOPIC)
+    before `since_ms` may be left out). `events_since_ms` skips the monitoring topic's
+    segments before that time (a report of recent hours, such as the Airflow page's, does
+    not scan the topic's history); its counts are exact for windows from then on only."""
+    events = cluster.monitoring_events(monitoring_topic or MONITORING_TOPIC, since_ms=events_since_ms)
     counts = {source: {key: w.count for key, w in windows.items()}
               for source, windows in sum_by_source(events, MIRROR_TIER).items()}
     contents = target.contents(since_ms)

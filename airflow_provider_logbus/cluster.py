@@ -116,9 +116,11 @@ class LogbusCluster:
 
     # ------------------------------------------------------------------ monitoring
 
-    def monitoring_events(self, monitoring_topic: str = monitoring.MONITORING_TOPIC) -> list[dict]:
-        """Every monitoring event in the cluster, of every tier, read on this handle's metadata."""
-        return monitoring.read_events(monitoring_topic=monitoring_topic, metadata=self.metadata)
+    def monitoring_events(self, monitoring_topic: str = monitoring.MONITORING_TOPIC,
+                          since_ms: int | None = None) -> list[dict]:
+        """Every monitoring event in the cluster, of every tier, read on this handle's
+        metadata (with `since_ms`: from the segment holding that time on)."""
+        return monitoring.read_events(monitoring_topic=monitoring_topic, metadata=self.metadata, since_ms=since_ms)
 
     # ------------------------------------------------------------------ metadata
 

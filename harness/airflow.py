@@ -79,8 +79,11 @@ class AirflowDeployment:
     bounds the LocalExecutor's concurrent tasks (the machine has 2 cores)."""
 
     def __init__(self, home: Path, db_url: str, dags_folder: Path, env: dict[str, str] | None = None,
-                 parallelism: int = 4) -> None:
+                 parallelism: int = 4, users: dict[str, tuple[str, str]] | None = None) -> None:
         self.home = Path(home)
+        # username -> (role, password) for the simple auth manager; None: everyone is an
+        # admin without logging in
+        self.users = users
         self.db_url = db_url
         self.dags_folder = Path(dags_folder)
         self.extra_env = dict(env or {})
@@ -106,8 +109,10 @@ class AirflowDeployment:
                 "dags_are_paused_at_creation": True,
                 # task runners report to the execution API of our API server
                 "execution_api_server_url": f"{self.api_url}/execution/",
-                # loopback only and throw-away: no logins
-                "simple_auth_manager_all_admins": True,
+                # loopback only and throw-away: no logins, unless the test is about them
+                "simple_auth_manager_all_admins": self.users is None,
+                **({"simple_auth_manager_users": ",".join(f"{u}:{role}" for u, (role, _) in self.users.items()),
+                    "simple_auth_manager_passwords_file": self.home / "passwords.json"} if self.users else {}),
             },
             "database": {"sql_alchemy_conn": self.db_url},
             "api": {
@@ -133,7 +138,17 @@ class AirflowDeployment:
             lines.append("")
         path = self.home / "airflow.cfg"
         path.write_text("\n".join(lines))
+        if self.users:
+            (self.home / "passwords.json").write_text(json.dumps({u: pw for u, (_, pw) in self.users.items()}))
         return path
+
+    def token(self, username: str) -> str:
+        """A JWT for `username` (one of `users`), from the API server's login endpoint."""
+        body = json.dumps({"username": username, "password": self.users[username][1]}).encode()
+        request = urllib.request.Request(f"{self.api_url}/auth/token", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.load(answer)["access_token"]
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__") and k != "AIRFLOW_HOME"}

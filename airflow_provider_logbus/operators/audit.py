@@ -48,7 +48,10 @@ class LogbusAuditOperator(BaseOperator):
     past it (a compare-and-swap: two audits never announce the same hour).
     """
 
-    template_fields: Sequence[str] = ("warehouse", "table", "topic", "threshold", "target")
+    # every setting that decides the report: the Airflow page (`ui/`) reads them from the
+    # serialized DAG to compute the same numbers
+    template_fields: Sequence[str] = ("warehouse", "table", "topic", "threshold", "target", "grace",
+                                      "monitoring_topic", "catalog_conn_id", "logbus_conn_id")
 
     def __init__(self, *, table: str, topic: str, warehouse: str | None = None, threshold: float = 0.999,
                  grace: timedelta = timedelta(hours=1), fail_under_threshold: bool = True,

@@ -293,6 +293,11 @@ class CommitTarget(ABC):
         """Replace the announcement `expected` by `new` — a compare-and-swap, so that of
         two audits finding the same hours complete only one announces them."""
 
+    @abstractmethod
+    def reject_files(self, batch_id: str) -> list[str]:
+        """The Parquet files holding the values committed batch `batch_id` rejected
+        (topic, partition, offset, timestamp, key, value, error); [] when it rejected none."""
+
     def complete_through(self) -> int | None:
         """The `logbus.complete-through` watermark in ms, or None."""
         current = self.announcement()

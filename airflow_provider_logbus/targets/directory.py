@@ -42,7 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from airflow_provider_logbus.plan import BatchPlan, Range
-from airflow_provider_logbus.staged import StagedBatch, write_json_atomic
+from airflow_provider_logbus.staged import StagedBatch, reject_files, write_json_atomic
 from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableFile, TableState,
                                                   TargetError, committed_ends)
 
@@ -117,6 +117,9 @@ class DirectoryTarget(CommitTarget):
     def batches(self) -> list[BatchRecord]:
         records = [r for r in (self.batch(b) for b in self._batch_ids()) if r is not None]
         return sorted(records, key=lambda r: (r.interval_end, r.batch_id))
+
+    def reject_files(self, batch_id: str) -> list[str]:
+        return [str(p) for p in reject_files(self.batch_dir(batch_id))]
 
     def state(self) -> TableState:
         ids = self._batch_ids()

@@ -44,7 +44,7 @@ from airflow_provider_logbus.staged import StagedBatch, reject_files, write_json
 from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableState, TargetError,
                                                   committed_ends)
 from airflow_provider_logbus.targets.iceberg_batches import (
-    BATCH_ID, PREFIX, batch_snapshots, record_of, summary, summary_of, table_files,
+    BATCH_ID, PREFIX, batch_snapshots, files_added_by, record_of, summary, summary_of, table_files,
 )
 from airflow_provider_logbus.targets.iceberg_tables import IcebergTables, embedded_catalog, local_path
 
@@ -136,6 +136,9 @@ class IcebergTarget(CommitTarget):
         records = sorted((record_of(self.table, s) for s in snapshots), key=lambda r: (r.interval_end, r.batch_id))
         batch_of = {s.snapshot_id: summary(s)[BATCH_ID] for s in snapshots}
         return TableContents(records, table_files(table, self.identifier, batch_of))
+
+    def reject_files(self, batch_id: str) -> list[str]:
+        return [local_path(p) for p in files_added_by(self._load(self.rejects_identifier), batch_id)]
 
     # ----------------------------------------------------------------- writing
 

@@ -66,6 +66,17 @@ def summary_of(record: BatchRecord, staged: StagedBatch) -> dict[str, str]:
         summary["planned-ranges"] = ranges_to_json(record.planned_ranges)
     return {PREFIX + k: v for k, v in summary.items()}
 
+def files_added_by(table, batch_id: str) -> list[str]:
+    """The data files the snapshot of batch `batch_id` added to `table` (of the current
+    lineage; [] when no such snapshot)."""
+    snapshot = next((s for s in batch_snapshots(table) if summary(s)[BATCH_ID] == batch_id), None)
+    if snapshot is None:
+        return []
+    return [entry.data_file.file_path for manifest in snapshot.manifests(table.io)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+            if entry.snapshot_id == snapshot.snapshot_id]
+
+
 def table_files(table, identifier: str, batch_of: dict[int, str]) -> list[TableFile]:
     """The current snapshot's data files (position deletes counted negative), each with
     its hour and the batch (`batch_of`: snapshot id -> batch id) that added it."""

@@ -198,9 +198,12 @@ def sum_counts(events: Iterable[dict], tier: str = PRODUCER_TIER) -> dict[tuple[
 
 def read_events(zookeeper: str | None = None, brokers: list[str] | str | None = None,
                 monitoring_topic: str = MONITORING_TOPIC, metadata: ClusterMetadata | None = None,
-                security: ClientSecurity = OPEN) -> list[dict]:
+                security: ClientSecurity = OPEN, since_ms: int | None = None) -> list[dict]:
     """Every decodable event in the monitoring topic, read from earliest to the latest
-    offset at the time of the call; an absent topic has no events."""
+    offset at the time of the call; an absent topic has no events. With `since_ms`, each
+    partition is read from the start of the segment holding that time (OFFSETS), so
+    every event published at or after it is read — and usually some before it — while
+    older segments are skipped: a reader of recent hours does not scan the history."""
     own = metadata is None
     metadata = metadata or open_metadata(zookeeper, brokers, security=security)
     events = []
@@ -209,6 +212,8 @@ def read_events(zookeeper: str | None = None, brokers: list[str] | str | None = 
         for partition in sorted(leaders or {}):
             consumer = SimpleConsumer(monitoring_topic, partition, metadata=metadata, offset="smallest", max_wait_ms=0)
             try:
+                if since_ms is not None:
+                    consumer.seek(max([consumer.earliest(), *consumer.offsets_before(since_ms)]))
                 end = consumer.latest()
                 while consumer.offset < end:
                     batch = consumer.fetch()

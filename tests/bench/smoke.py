@@ -112,6 +112,10 @@ SMOKES: dict[str, Smoke] = {
         r"^round 1 logbus data source +[\d.]+ s$",
         r"^round 1 the whole run_load +[\d.]+ s$",
         r"^round 1 plain Spark: read and parse the file +[\d.]+ s$"], timeout=300),
+    "ui_page": Smoke(["--batches", "4", "--rounds", "1"], [
+        r"^directory +hours, last 48 h +[\d.]+ +[\d.]+ +[\d,]+$",
+        r"^iceberg +hours, all 4 h +[\d.]+ +[\d.]+ +[\d,]+$",
+        r"^iceberg +lag +[\d.]+ +[\d.]+ +[\d,]+$"]),
     "fuzz": Smoke(["--cases", "40", "--seed", "25", "--check-every", "10"], [
         r"^40 cases in [\d.]+s: \d+ answered, \d+ closed without an answer; crashes 0; "
         r"control worst wait \d+ ms; fuzz topic holds \d+ readable messages$"]),

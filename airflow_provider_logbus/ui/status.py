@@ -1,0 +1,152 @@
+"""The numbers the Airflow page shows, computed by the code the audit operator runs.
+
+`hours` is the audit's report (`batch.audit_inputs`, `completeness.build_report`,
+`completeness.judge`) for a range of hours, plus, per hour, the batches that loaded it;
+`lag` is the table's committed end per partition (`CommitTarget.state`) against the
+broker's latest offset. Nothing here counts rows its own way, so the page and the
+audit cannot disagree.
+
+Bounded work per view: the monitoring topic is read from the segment holding the
+range's start (minus `EVENTS_SLACK_MS`), not from its beginning; the table's contents
+come from its metadata (the current snapshot's manifests, or the batch records).
+No Airflow import: the page's API calls this, and tests call it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from airflow_provider_logbus.batch import audit_inputs
+from airflow_provider_logbus.cluster import LogbusCluster
+from airflow_provider_logbus.completeness import HOUR_MS, judge
+from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget
+
+EVENTS_SLACK_MS = 2 * HOUR_MS  # monitoring events about an hour are published during it or soon after
+REJECT_ROWS = 100  # rows of a batch's rejects the page shows
+
+
+@dataclass(frozen=True)
+class AuditedTable:
+    """A table an audit task checks, as the task is configured: what the page needs to
+    compute the numbers exactly as that task does."""
+
+    dag_id: str
+    task_id: str
+    table: str
+    topic: str
+    target: str  # "directory" or "iceberg"
+    warehouse: str | None
+    catalog_conn_id: str
+    logbus_conn_id: str
+    threshold: float
+    grace_ms: int
+    monitoring_topic: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.dag_id}.{self.task_id}"
+
+
+def display_status(hour: dict) -> str:
+    """The audit's verdict of an hour (`completeness.judge`), with "no data" for an hour
+    no tier counted anything in."""
+    if hour["status"] == "complete" and not (hour["produced"] or hour["loaded"] or hour["rejected"]):
+        return "no data"
+    return hour["status"]
+
+
+def hours(table: AuditedTable, cluster: LogbusCluster, target: CommitTarget, start_ms: int, end_ms: int,
+          now_ms: int) -> dict:
+    """The audit's report of [start_ms, end_ms) with each hour's batches and display
+    status, and the table's complete-through watermark."""
+    start_ms -= start_ms % HOUR_MS
+    inputs = audit_inputs(cluster, target, table.monitoring_topic, since_ms=start_ms,
+                          events_since_ms=start_ms - EVENTS_SLACK_MS)
+    report = judge(inputs.report(table.table, table.topic, start_ms, end_ms, table.threshold), now_ms,
+                   table.grace_ms)
+    by_hour = batches_by_hour(inputs.batches, table.topic)
+    for hour in report["hours"]:
+        hour["display_status"] = display_status(hour)
+        hour["batches"] = by_hour.get(hour["hour_ms"], [])
+    report["complete_through_ms"] = target.complete_through()
+    return report
+
+
+def batches_by_hour(batches: list[BatchRecord], topic: str) -> dict[int, list[dict]]:
+    """hour (ms) -> the batches with rows (loaded or rejected) of `topic` in that hour."""
+    out: dict[int, list[dict]] = {}
+    for record in batches:
+        rows = _hourly(record.counts, topic)
+        rejected = _hourly(record.rejected, topic)
+        for hour in sorted(set(rows) | set(rejected)):
+            out.setdefault(hour, []).append({
+                "batch_id": record.batch_id, "run_id": record.run_id,
+                "interval_start": record.interval_start, "interval_end": record.interval_end,
+                "snapshot_id": record.extra.get("snapshot_id"), "committed_at": record.committed_at,
+                "rows": rows.get(hour, 0), "rejected": rejected.get(hour, 0),
+                "batch_rows": record.row_count, "batch_rejected": record.rejected_count,
+                "ranges": [{"partition": r.partition, "start": r.start, "end": r.end}
+                           for r in record.ranges if r.topic == topic],
+            })
+    return out
+
+
+def _hourly(windows: list[dict], topic: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for w in windows:
+        if w["topic"] == topic:
+            hour = int(w["window_start"]) - int(w["window_start"]) % HOUR_MS
+            out[hour] = out.get(hour, 0) + int(w["count"])
+    return out
+
+
+def lag(table: AuditedTable, cluster: LogbusCluster, target: CommitTarget, now_ms: int) -> list[dict]:
+    """Per partition of the topic: the table's committed end against the broker's latest
+    offset (bytes behind), and how far behind in time — now minus the end of the last
+    interval a batch loaded of that partition, when bytes are left to load."""
+    ends = target.state().ends
+    loaded_through: dict[int, int] = {}
+    for record in target.batches():
+        end_ms = _iso_ms(record.interval_end)
+        for r in record.ranges:
+            if r.topic == table.topic and end_ms is not None:
+                loaded_through[r.partition] = max(loaded_through.get(r.partition, 0), end_ms)
+    rows = []
+    for partition, offsets in sorted(cluster.partition_offsets(table.topic).items()):
+        committed = ends.get((table.topic, partition))
+        behind = offsets.latest - (offsets.earliest if committed is None else committed)
+        through = loaded_through.get(partition)
+        rows.append({
+            "partition": partition, "leader": offsets.leader, "committed": committed, "latest": offsets.latest,
+            "lag_bytes": max(behind, 0), "loaded_through_ms": through,
+            "behind_ms": (max(now_ms - through, 0) if through is not None else None) if behind > 0 else 0,
+        })
+    return rows
+
+
+def reject_rows(target: CommitTarget, batch_id: str, limit: int = REJECT_ROWS) -> dict:
+    """The first `limit` values batch `batch_id` rejected, with why, and where they are."""
+    import pyarrow.parquet as pq
+
+    files = target.reject_files(batch_id)
+    rows: list[dict] = []
+    for path in files:
+        if len(rows) >= limit:
+            break
+        data = pq.read_table(path, columns=["partition", "offset", "timestamp", "value", "error"])
+        for row in data.slice(0, limit - len(rows)).to_pylist():
+            value = row["value"]
+            rows.append({"partition": row["partition"], "offset": row["offset"],
+                         "timestamp": row["timestamp"].isoformat() if row["timestamp"] else None,
+                         "value": value.decode("utf-8", "replace")[:200] if value is not None else None,
+                         "error": row["error"]})
+    return {"batch_id": batch_id, "files": files, "rows": rows}
+
+
+def _iso_ms(text: str) -> int | None:
+    from datetime import datetime
+
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except (TypeError, ValueError):
+        return None

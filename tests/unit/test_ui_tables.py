@@ -1,0 +1,119 @@
+"""The Airflow page's pure parts: which tables a serialized DAG's audit tasks define
+(`ui/tables.py`), and how the audit's hours and batch records become the page's cells
+and batch rows (`ui/status.py`). The page against a real api-server and browser is
+tests/provider/test_airflow_page.py."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_logbus.plan import Range
+from airflow_provider_logbus.targets.base import BatchRecord
+from airflow_provider_logbus.ui.status import batches_by_hour, display_status
+from airflow_provider_logbus.ui.tables import parse_timedelta, tables_of
+
+HOUR_MS = 3_600_000
+
+
+def serialized_example(monkeypatch, **env: str) -> dict:
+    """The example hourly DAG as Airflow stores it (DagSerialization, through JSON)."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from tests.provider.conftest import load_dag
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    dag = load_dag("logbus_hourly_load.py", env)
+    return json.loads(json.dumps(DagSerialization.to_dict(dag)))
+
+
+def test_the_audit_task_of_a_serialized_dag_is_a_table_with_its_settings(monkeypatch):
+    data = serialized_example(monkeypatch, LOGBUS_TARGET="directory", LOGBUS_TABLE="clicks", LOGBUS_TOPIC="clicks_topic",
+                              LOGBUS_WAREHOUSE="/wh", LOGBUS_AUDIT_GRACE_MINUTES="90")
+    [table] = tables_of("logbus_hourly_load", data)
+    assert (table.dag_id, table.task_id, table.table, table.topic, table.target, table.warehouse) == (
+        "logbus_hourly_load", "audit", "clicks", "clicks_topic", "directory", "/wh")
+    assert table.grace_ms == 90 * 60_000 and table.threshold == 0.999
+    assert (table.logbus_conn_id, table.catalog_conn_id, table.monitoring_topic) == (
+        "logbus_default", "logbus_iceberg_default", "_logbus_monitoring")
+    assert table.key == "logbus_hourly_load.audit"
+
+
+def test_templated_settings_and_other_operators_are_not_tables(monkeypatch):
+    data = serialized_example(monkeypatch)
+    audit = next(t["__var"] for t in data["dag"]["tasks"] if t["__var"]["task_id"] == "audit")
+    audit["table"] = "{{ var.value.table }}"
+    assert tables_of("d", data) == []
+    assert tables_of("d", {"dag": {"tasks": []}}) == [] and tables_of("d", {}) == []
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("1:00:00", timedelta(hours=1)), ("2 days, 0:30:00", timedelta(days=2, minutes=30)),
+    ("0:00:00", timedelta(0)), (90, timedelta(seconds=90)), ({"__type": "timedelta", "__var": 60.0}, timedelta(minutes=1)),
+    (None, timedelta(hours=1)), ("soon", timedelta(hours=1)),
+])
+def test_serialized_grace_periods_are_read(value, expected):
+    assert parse_timedelta(value) == expected
+
+
+def test_an_hour_nobody_counted_is_no_data_and_verdicts_stay_the_audits():
+    quiet = {"status": "complete", "produced": 0, "loaded": 0, "rejected": 0}
+    assert display_status(quiet) == "no data"
+    assert display_status({**quiet, "rejected": 3}) == "complete"
+    for status in ("incomplete", "pending", "duplicated", "unrecorded"):
+        assert display_status({**quiet, "status": status}) == status
+
+
+def record(batch_id: str, counts: list[dict], rejected: list[dict] = ()) -> BatchRecord:
+    return BatchRecord(table="t", batch_id=batch_id, interval_start="2024-01-01T00:00:00+00:00",
+                       interval_end="2024-01-01T01:00:00+00:00", run_id=f"run-{batch_id}",
+                       ranges=[Range("web", 0, 0, 100), Range("other", 0, 0, 5)], counts=counts,
+                       row_count=sum(c["count"] for c in counts), rejected=list(rejected),
+                       rejected_count=sum(c["count"] for c in rejected), extra={"snapshot_id": 7})
+
+
+def test_a_batch_is_listed_under_every_hour_it_loaded_rows_or_rejects_of():
+    window = lambda hour, minute, n, topic="web": {"topic": topic, "window_start": hour * HOUR_MS + minute * 60_000,  # noqa: E731
+                                                   "count": n}
+    one = record("a", [window(0, 0, 5), window(0, 50, 5), window(1, 0, 2), window(0, 0, 9, "other")])
+    two = record("b", [window(1, 10, 7)], rejected=[window(2, 0, 1)])
+    hours = batches_by_hour([one, two], "web")
+    assert {h: [(b["batch_id"], b["rows"], b["rejected"]) for b in rows] for h, rows in hours.items()} == {
+        0: [("a", 10, 0)], HOUR_MS: [("a", 2, 0), ("b", 7, 0)], 2 * HOUR_MS: [("b", 0, 1)]}
+    first = hours[0][0]
+    assert (first["run_id"], first["snapshot_id"], first["ranges"]) == ("run-a", 7, [{"partition": 0, "start": 0,
+                                                                                       "end": 100}])
+
+
+def test_a_batchs_rejects_are_read_from_its_reject_files(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_logbus.targets.directory import DirectoryTarget
+    from airflow_provider_logbus.targets.iceberg_tables import rejects_schema
+    from airflow_provider_logbus.ui.status import reject_rows
+
+    target = DirectoryTarget(tmp_path, "clicks")
+    rejects = target.batch_dir("b1") / "_rejects"
+    rejects.mkdir(parents=True)
+    values = [b"not json", b"[1, 2]", "caf\u00e9 {".encode()] + [b"x" * 500] * 200
+    pq.write_table(pa.table({
+        "topic": ["web"] * len(values), "partition": pa.array([1] * len(values), pa.int32()),
+        "offset": pa.array(range(0, 10 * len(values), 10), pa.int64()),
+        "timestamp": pa.array([0] * len(values), pa.timestamp("us", tz="UTC")), "key": pa.array([None] * len(values),
+                                                                                                 pa.binary()),
+        "value": values, "error": ["not valid JSON", "not a JSON object: an array", "not valid JSON"] + ["big"] * 200,
+    }, schema=rejects_schema()), rejects / "part-0.parquet")
+    answer = reject_rows(target, "b1")
+    assert answer["files"] == [str(rejects / "part-0.parquet")]
+    assert len(answer["rows"]) == 100  # the page shows the first ones
+    assert answer["rows"][:2] == [
+        {"partition": 1, "offset": 0, "timestamp": "1970-01-01T00:00:00+00:00", "value": "not json",
+         "error": "not valid JSON"},
+        {"partition": 1, "offset": 10, "timestamp": "1970-01-01T00:00:00+00:00", "value": "[1, 2]",
+         "error": "not a JSON object: an array"}]
+    assert answer["rows"][2]["value"] == "caf\u00e9 {" and len(answer["rows"][3]["value"]) == 200
+    assert reject_rows(target, "no-such-batch") == {"batch_id": "no-such-batch", "files": [], "rows": []}
