@@ -109,6 +109,16 @@ def test_wheel_carries_the_examples_and_the_broker_properties(wheel):
         assert f"airflow_provider_logbus/examples/{name}" in names
 
 
+def test_wheel_carries_the_pages_assets_and_registers_its_plugin(wheel):
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    for name in ("page.html", "logbus.js", "logbus.css"):  # built by hand: no build step at install
+        assert f"airflow_provider_logbus/ui/static/{name}" in names
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "[airflow.plugins]\nlogbus = airflow_provider_logbus.ui.plugin:LogbusPlugin" in archive.read(
+        entry_points).decode()
+
+
 def test_wheel_leaves_the_test_and_demo_harness_out(wheel):
     """harness/ (ZooKeeper, brokers, PostgreSQL, Airflow for tests, demo and bench) stays in the checkout."""
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if not name.split("/")[0].endswith(".dist-info")}
@@ -120,6 +130,9 @@ def test_lowest_airflow_lists_the_provider(min_venv, tmp_path):
     env = airflow_env(tmp_path)
     assert run([str(min_venv / "bin" / "airflow"), "version"], env).strip() == "3.2.0"
     assert "logbus" in run([str(min_venv / "bin" / "airflow"), "providers", "list"], env)
+    plugins = json.loads(run([str(min_venv / "bin" / "airflow"), "plugins", "--output", "json"], env))
+    [page] = [p for p in plugins if p["name"] == "logbus"]  # installing the wheel is enough for the Logbus page
+    assert "logbus" in str(page["fastapi_apps"]) and "Logbus" in str(page["external_views"])
 
 
 def parse_examples(python: Path, tmp_path: Path) -> dict:
