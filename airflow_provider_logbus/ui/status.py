@@ -41,6 +41,7 @@ class AuditedTable:
     threshold: float
     grace_ms: int
     monitoring_topic: str
+    load_dag_id: str = ""  # the DAG whose commit task loads the table (its runs are the batches' runs)
 
     @property
     def key(self) -> str:

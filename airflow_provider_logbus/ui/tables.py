@@ -7,6 +7,7 @@ the table's).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import timedelta
 
 from broker.client.monitoring import MONITORING_TOPIC
@@ -16,6 +17,7 @@ from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.ui.status import AuditedTable
 
 AUDIT_OPERATOR = ("airflow_provider_logbus.operators.audit", "LogbusAuditOperator")
+COMMIT_OPERATOR = ("airflow_provider_logbus.operators.commit", "LogbusCommitOperator")
 DEFAULT_GRACE = timedelta(hours=1)
 _TIMEDELTA = re.compile(r"^(?:(-?\d+) days?, )?(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
 
@@ -28,17 +30,36 @@ def audited_tables(dag_ids: set[str]) -> list[AuditedTable]:
 
     with create_session() as session:
         rows = SerializedDagModel.get_latest_serialized_dags(dag_ids=sorted(dag_ids), session=session)
-        found = [t for row in rows for t in tables_of(row.dag_id, row.data or {})]
-    return sorted(found, key=lambda t: (t.table, t.key))
+        dags = {row.dag_id: row.data or {} for row in rows}
+    return with_loading_dags([t for dag_id, data in dags.items() for t in tables_of(dag_id, data)], dags)
+
+
+def with_loading_dags(tables: list[AuditedTable], dags: dict[str, dict]) -> list[AuditedTable]:
+    """Each table with the DAG that commits its batches (a daily audit DAG checks what an
+    hourly DAG loaded: the batches' run ids are that DAG's runs); its own DAG when no
+    other commits it."""
+    committing: dict[tuple, list[str]] = {}
+    for dag_id, data in dags.items():
+        for fields in _tasks(data, COMMIT_OPERATOR):
+            key = (fields.get("table"), fields.get("target") or "directory", fields.get("warehouse"))
+            committing.setdefault(key, []).append(dag_id)
+    out = []
+    for table in tables:
+        loaders = committing.get((table.table, table.target, table.warehouse), [])
+        load_dag = table.dag_id if table.dag_id in loaders or not loaders else sorted(loaders)[0]
+        out.append(replace(table, load_dag_id=load_dag))
+    return sorted(out, key=lambda t: (t.table, t.key))
+
+
+def _tasks(serialized: dict, operator: tuple[str, str]) -> list[dict]:
+    tasks = (task.get("__var", task) for task in serialized.get("dag", {}).get("tasks", []))
+    return [fields for fields in tasks if (fields.get("_task_module"), fields.get("task_type")) == operator]
 
 
 def tables_of(dag_id: str, serialized: dict) -> list[AuditedTable]:
     """The audit tasks in one serialized DAG (`SerializedDagModel.data`)."""
     tables = []
-    for task in serialized.get("dag", {}).get("tasks", []):
-        fields = task.get("__var", task)
-        if (fields.get("_task_module"), fields.get("task_type")) != AUDIT_OPERATOR:
-            continue
+    for fields in _tasks(serialized, AUDIT_OPERATOR):
         values = [fields.get(k) for k in ("table", "topic", "target", "warehouse")]
         if any(isinstance(v, str) and "{{" in v for v in values):
             continue
@@ -49,7 +70,7 @@ def tables_of(dag_id: str, serialized: dict) -> list[AuditedTable]:
             logbus_conn_id=fields.get("logbus_conn_id") or LogbusHook.default_conn_name,
             threshold=float(fields.get("threshold") or 0.999),
             grace_ms=int(parse_timedelta(fields.get("grace")).total_seconds() * 1000),
-            monitoring_topic=fields.get("monitoring_topic") or MONITORING_TOPIC,
+            monitoring_topic=fields.get("monitoring_topic") or MONITORING_TOPIC, load_dag_id=dag_id,
         ))
     return tables
 

@@ -13,20 +13,20 @@ import pytest
 from airflow_provider_logbus.plan import Range
 from airflow_provider_logbus.targets.base import BatchRecord
 from airflow_provider_logbus.ui.status import batches_by_hour, display_status
-from airflow_provider_logbus.ui.tables import parse_timedelta, tables_of
+from airflow_provider_logbus.ui.tables import parse_timedelta, tables_of, with_loading_dags
 
 HOUR_MS = 3_600_000
 
 
-def serialized_example(monkeypatch, **env: str) -> dict:
-    """The example hourly DAG as Airflow stores it (DagSerialization, through JSON)."""
+def serialized_example(monkeypatch, file_name: str = "logbus_hourly_load.py", **env: str) -> dict:
+    """An example DAG as Airflow stores it (DagSerialization, through JSON)."""
     from airflow.serialization.serialized_objects import DagSerialization
 
     from tests.provider.conftest import load_dag
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    dag = load_dag("logbus_hourly_load.py", env)
+    dag = load_dag(file_name, env)
     return json.loads(json.dumps(DagSerialization.to_dict(dag)))
 
 
@@ -40,6 +40,18 @@ def test_the_audit_task_of_a_serialized_dag_is_a_table_with_its_settings(monkeyp
     assert (table.logbus_conn_id, table.catalog_conn_id, table.monitoring_topic) == (
         "logbus_default", "logbus_iceberg_default", "_logbus_monitoring")
     assert table.key == "logbus_hourly_load.audit"
+
+
+def test_a_table_audited_by_another_dag_links_to_the_runs_of_the_dag_that_loads_it(monkeypatch):
+    env = {"LOGBUS_TARGET": "iceberg", "LOGBUS_TABLE": "clicks", "LOGBUS_WAREHOUSE": "/wh"}
+    dags = {"logbus_hourly_load": serialized_example(monkeypatch, **env),
+            "logbus_daily_audit": serialized_example(monkeypatch, "logbus_daily_audit.py", **env)}
+    found = with_loading_dags([t for d, data in dags.items() for t in tables_of(d, data)], dags)
+    assert [(t.dag_id, t.table, t.load_dag_id) for t in found] == [
+        ("logbus_daily_audit", "clicks", "logbus_hourly_load"), ("logbus_hourly_load", "clicks", "logbus_hourly_load")]
+    alone = with_loading_dags(tables_of("logbus_daily_audit", dags["logbus_daily_audit"]),
+                              {"logbus_daily_audit": dags["logbus_daily_audit"]})
+    assert [t.load_dag_id for t in alone] == ["logbus_daily_audit"]  # no DAG it may read commits the table
 
 
 def test_templated_settings_and_other_operators_are_not_tables(monkeypatch):

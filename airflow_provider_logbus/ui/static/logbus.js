@@ -146,7 +146,8 @@ function drawChart() {
 
 function runLink(t, runId) {
   if (!runId) return "";
-  return el("a", { href: `${airflowRoot}/dags/${encodeURIComponent(t.dag_id)}/runs/${encodeURIComponent(runId)}`,
+  const dag = t.load_dag_id || t.dag_id;  // the DAG that commits the table's batches
+  return el("a", { href: `${airflowRoot}/dags/${encodeURIComponent(dag)}/runs/${encodeURIComponent(runId)}`,
                    target: "_top", class: "run-link" }, runId);
 }
 
