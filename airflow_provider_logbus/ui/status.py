@@ -83,7 +83,9 @@ def batches_by_hour(batches: list[BatchRecord], topic: str) -> dict[int, list[di
             out.setdefault(hour, []).append({
                 "batch_id": record.batch_id, "run_id": record.run_id,
                 "interval_start": record.interval_start, "interval_end": record.interval_end,
-                "snapshot_id": record.extra.get("snapshot_id"), "committed_at": record.committed_at,
+                # a string: Iceberg's 64-bit ids lose digits as JavaScript numbers
+                "snapshot_id": None if record.extra.get("snapshot_id") is None else str(record.extra["snapshot_id"]),
+                "committed_at": record.committed_at,
                 "rows": rows.get(hour, 0), "rejected": rejected.get(hour, 0),
                 "batch_rows": record.row_count, "batch_rejected": record.rejected_count,
                 "ranges": [{"partition": r.partition, "start": r.start, "end": r.end}

@@ -217,6 +217,8 @@ def test_the_lag_matches_the_brokers_offsets(browser, page_scenario, tmp_path):
 
 
 def test_the_run_link_opens_the_run_that_loaded_the_hour(browser, page_scenario, tmp_path):
+    from airflow_provider_logbus.targets.iceberg import IcebergTarget
+
     deployment = page_scenario["deployment"]
     page = open_page(browser, page_scenario, tmp_path / "hour.png")
     page.click(f'#grid .cell[data-hour="{hour_label(1)}"]')
@@ -232,7 +234,12 @@ def test_the_run_link_opens_the_run_that_loaded_the_hour(browser, page_scenario,
     assert status == 200 and run["data_interval_start"].startswith(f"{FIRST_HOUR + timedelta(hours=1):%Y-%m-%dT%H}")
     ranges = row.query_selector_all("td")[3].inner_text()
     assert ranges.startswith("p0 [") or ranges.startswith("p1 [")
-    assert row.query_selector_all("td")[2].inner_text().isdigit()  # the Iceberg snapshot id
+    snapshot = int(row.query_selector_all("td")[2].inner_text())  # the Iceberg snapshot id, every digit of it
+    target = IcebergTarget(TABLE, warehouse=str(page_scenario["warehouse"]))
+    try:
+        assert snapshot == target.batch(row.get_attribute("data-batch-id")).extra["snapshot_id"]
+    finally:
+        target.close()
     page.click("a.run-link")
     page.wait_for_url(f"**/dags/{DAG_ID}/runs/**", timeout=30_000)
 
