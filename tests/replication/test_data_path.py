@@ -109,9 +109,11 @@ def test_a_restarted_leader_truncates_its_unreplicated_tail_by_leader_epoch(clus
     assert tail.base_offset == committed.next_offset
     # the controller's move, made by hand: `new` leads epoch 1 with the replicas that have everything committed
     set_state(zk, "diverge", 0, PartitionState(new, 1, [new, third]))
+    # `new` first, alone: a controller on `third` that saw `new` not yet registered would move
+    # the lead to `third` (a CI flake); with `new` registered and leading, it keeps it
     cluster.start_broker(new)
-    cluster.start_broker(third)
     wait_leading(cluster, new, "diverge")
+    cluster.start_broker(third)
     with connect(cluster.brokers[new], timeout=60) as conn:
         after = produce(conn, "diverge", 0, [b"epoch 1 message"], acks=-1)
         assert after.base_offset == committed.next_offset  # the same offset the tail had on the old leader
