@@ -48,30 +48,25 @@ class Unreachable(Exception):
 
 
 class AnswerCache:
-    """Answers by key for `ttl` seconds; one computation per key at a time."""
+    """Answers by key for `ttl` seconds. Two requests that miss at once both compute
+    (a view is bounded work); expired answers are dropped at every store."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self._answers: dict[tuple, tuple[float, Any]] = {}
         self._lock = threading.Lock()
-        self._computing: dict[tuple, threading.Lock] = {}
 
     def get(self, key: tuple, compute: Callable[[], Any]) -> Any:
         with self._lock:
             hit = self._answers.get(key)
-            if hit and time.monotonic() - hit[0] < self.ttl:
-                return hit[1]
-            lock = self._computing.setdefault(key, threading.Lock())
-        with lock:
-            with self._lock:
-                hit = self._answers.get(key)
-                if hit and time.monotonic() - hit[0] < self.ttl:
-                    return hit[1]
-            answer = compute()
-            with self._lock:
-                self._answers = {k: v for k, v in self._answers.items() if time.monotonic() - v[0] < self.ttl}
-                self._answers[key] = (time.monotonic(), answer)
-            return answer
+        if hit and time.monotonic() - hit[0] < self.ttl:
+            return hit[1]
+        answer = compute()
+        now = time.monotonic()
+        with self._lock:
+            self._answers = {k: v for k, v in self._answers.items() if now - v[0] < self.ttl}
+            self._answers[key] = (now, answer)
+        return answer
 
 
 def open_cluster(table: AuditedTable):
