@@ -44,8 +44,10 @@ from airflow_provider_logbus.staged import StagedBatch, reject_files, write_json
 from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableState, TargetError,
                                                   committed_ends)
 from airflow_provider_logbus.targets.iceberg_batches import (
-    BATCH_ID, PREFIX, batch_snapshots, files_added_by, record_of, summary, summary_of, table_files,
+    BATCH_ID, COMPACTION, PREFIX, batch_snapshots, compaction_snapshots, files_added_by, record_of, summary,
+    summary_of, table_files,
 )
+from airflow_provider_logbus.targets.iceberg_ledger import BATCH, Ledger, LedgerEntry
 from airflow_provider_logbus.targets.iceberg_tables import IcebergTables, embedded_catalog, local_path
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ class IcebergTarget(CommitTarget):
                                     self.namespace, self.identifier)
         self.catalog = self.tables.catalog
         self.rejects_identifier = self.tables.rejects_identifier
+        self.ledger = Ledger(self.tables)
 
     def dataset(self) -> tuple[str, str]:
         """The catalog's warehouse location (else its URI without credentials) and the
@@ -102,6 +105,7 @@ class IcebergTarget(CommitTarget):
 
     def ensure_schema(self, value_schema) -> None:
         self.tables.ensure_schema(value_schema)
+        self.ledger.ensure()
 
     # ----------------------------------------------------------------- reading
 
@@ -116,26 +120,47 @@ class IcebergTarget(CommitTarget):
         else:  # a table written before the property existed: fold the history once
             ends = committed_ends([record_of(self.table, s) for s in snapshots])
         current = table.current_snapshot()
-        return TableState(ends=ends, batch_ids=frozenset(summary(s)[BATCH_ID] for s in snapshots),
-                          token=current.snapshot_id if current else None, exists=bool(snapshots))
+        ids = {summary(s)[BATCH_ID] for s in snapshots} | self.ledger.ids(BATCH)
+        return TableState(ends=ends, batch_ids=frozenset(ids), token=current.snapshot_id if current else None,
+                          exists=bool(ids))
 
     def batch(self, batch_id: str) -> BatchRecord | None:
         for snapshot in batch_snapshots(self._load()):
             if summary(snapshot)[BATCH_ID] == batch_id:
                 return record_of(self.table, snapshot)
-        return None
+        entry = next((e for e in self.ledger.entries(BATCH) if e.id == batch_id), None)
+        return BatchRecord.from_dict(entry.record) if entry is not None else None
 
     def batches(self) -> list[BatchRecord]:
-        records = [record_of(self.table, s) for s in batch_snapshots(self._load())]
-        return sorted(records, key=lambda r: (r.interval_end, r.batch_id))
+        return self._records(self._load())
+
+    def _records(self, table) -> list[BatchRecord]:
+        """One record per batch: from the current lineage's snapshot summaries, and from
+        the ledger for the batches whose snapshots were expired (module docstring)."""
+        records = {r.batch_id: r for r in (BatchRecord.from_dict(e.record) for e in self.ledger.entries(BATCH))}
+        records.update((summary(s)[BATCH_ID], record_of(self.table, s)) for s in batch_snapshots(table))
+        return sorted(records.values(), key=lambda r: (r.interval_end, r.batch_id))
+
+    def compactions(self, table=None) -> dict[str, dict[str, int]]:
+        """Rows per batch in every file a compaction wrote ({path: {batch id: rows}}),
+        from the lineage's compaction snapshots and from the ledger."""
+        files: dict[str, dict[str, int]] = {}
+        for entry in self.ledger.entries(COMPACTION):
+            files.update(entry.record["files"])
+        for snapshot in compaction_snapshots(table if table is not None else self._load()):
+            files.update(json.loads(summary(snapshot)[COMPACTION])["files"])
+        return files
 
     def contents(self, since_ms: int | None = None) -> TableContents:
-        """Batch records and data files of one snapshot: both come from the table read once."""
-        table = self._load()
-        snapshots = batch_snapshots(table)
-        records = sorted((record_of(self.table, s) for s in snapshots), key=lambda r: (r.interval_end, r.batch_id))
-        batch_of = {s.snapshot_id: summary(s)[BATCH_ID] for s in snapshots}
-        return TableContents(records, table_files(table, self.identifier, batch_of))
+        """Batch records and data files of one snapshot: both come from the table read once
+        (and the ledger, which only ever grows)."""
+        return self.contents_of(self._load())
+
+    def contents_of(self, table) -> TableContents:
+        """`contents` of a table already loaded (the compaction's snapshot)."""
+        records = self._records(table)
+        batch_of = {int(r.extra["snapshot_id"]): r.batch_id for r in records if r.extra.get("snapshot_id")}
+        return TableContents(records, table_files(table, self.identifier, batch_of, self.compactions(table)))
 
     def reject_files(self, batch_id: str) -> list[str]:
         return [local_path(p) for p in files_added_by(self._load(self.rejects_identifier), batch_id)]
@@ -193,7 +218,15 @@ class IcebergTarget(CommitTarget):
         return True
 
     def finish(self, record: BatchRecord) -> None:
-        """Publish the batch's rejects into `<table>_rejects`, once."""
+        """Publish the batch's rejects into `<table>_rejects`, then its record into the
+        ledger, each once."""
+        self._finish_rejects(record)
+        committed = self.batch(record.batch_id)
+        if committed is not None and committed.extra.get("snapshot_id"):
+            self.ledger.ensure()
+            self.ledger.append([ledger_entry(committed)])
+
+    def _finish_rejects(self, record: BatchRecord) -> None:
         staging = record.extra.get("staging")
         rejects_table = self._load(self.rejects_identifier)
         if not staging or rejects_table is None or not os.path.isdir(staging):
@@ -252,3 +285,9 @@ class IcebergTarget(CommitTarget):
 
     def close(self) -> None:
         self.tables.close()
+
+
+def ledger_entry(record: BatchRecord) -> LedgerEntry:
+    """The ledger's copy of a committed batch's record (read from its snapshot)."""
+    return LedgerEntry(BATCH, record.batch_id, int(record.extra["snapshot_id"]), record.committed_at,
+                       record.to_dict())

@@ -15,6 +15,8 @@ from airflow_provider_logbus.targets.base import BatchRecord, TableFile, TargetE
 
 PREFIX = "logbus."
 BATCH_ID = PREFIX + "batch-id"
+# a compaction snapshot's account of its files: {"hour_ms", "files": {path: {batch id: rows}}}
+COMPACTION = PREFIX + "compaction"
 HOUR_MS = 3_600_000
 
 
@@ -30,6 +32,15 @@ def batch_snapshots(table) -> list:
 
     chain = list(ancestors_of(table.current_snapshot(), table.metadata))
     return [s for s in reversed(chain) if BATCH_ID in summary(s)]
+
+
+def compaction_snapshots(table) -> list:
+    """Snapshots of the current lineage written by a compaction (`iceberg_compaction`)."""
+    if table is None or table.current_snapshot() is None:
+        return []
+    from pyiceberg.table.snapshots import ancestors_of
+
+    return [s for s in ancestors_of(table.current_snapshot(), table.metadata) if COMPACTION in summary(s)]
 
 
 def record_of(table: str, snapshot) -> BatchRecord:
@@ -77,9 +88,13 @@ def files_added_by(table, batch_id: str) -> list[str]:
             if entry.snapshot_id == snapshot.snapshot_id]
 
 
-def table_files(table, identifier: str, batch_of: dict[int, str]) -> list[TableFile]:
+def table_files(table, identifier: str, batch_of: dict[int, str],
+                compacted: dict[str, dict[str, int]] | None = None) -> list[TableFile]:
     """The current snapshot's data files (position deletes counted negative), each with
-    its hour and the batch (`batch_of`: snapshot id -> batch id) that added it."""
+    its hour and the batch (`batch_of`: snapshot id -> batch id) that added it. A file a
+    compaction wrote holds several batches' rows: it counts once per batch, with the rows
+    the compaction accounted to each (`compacted`: path -> {batch id: rows}); rows its
+    account does not cover (it cannot, unless the file was changed) count as outside."""
     from pyiceberg.manifest import DataFileContent
 
     current = table.current_snapshot() if table is not None else None
@@ -92,8 +107,15 @@ def table_files(table, identifier: str, batch_of: dict[int, str]) -> list[TableF
                 raise TargetError(f"{identifier} has equality deletes ({data.file_path}): the audit cannot "
                                   "count the rows they remove without reading the data; compact the table")
             sign = -1 if data.content == DataFileContent.POSITION_DELETES else 1
-            files.append(TableFile(data.file_path, hour_of(data), sign * data.record_count,
-                                   batch_of.get(entry.snapshot_id)))
+            account = (compacted or {}).get(data.file_path) if sign == 1 else None
+            if account is None:
+                files.append(TableFile(data.file_path, hour_of(data), sign * data.record_count,
+                                       batch_of.get(entry.snapshot_id)))
+                continue
+            for batch_id, rows in sorted(account.items()):
+                files.append(TableFile(data.file_path, hour_of(data), rows, batch_id))
+            if data.record_count != sum(account.values()):
+                files.append(TableFile(data.file_path, hour_of(data), data.record_count - sum(account.values()), None))
     return files
 
 

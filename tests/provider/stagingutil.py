@@ -30,8 +30,10 @@ def offsets(start: int, end: int) -> range:
     return range(start, end, ENTRY)
 
 
-def write_staging(staging: str | os.PathLike, ranges: list[dict], layout: str = "directory") -> int:
-    """Rows for every message of `ranges` (timestamp = T0 + offset ms), counts file beside."""
+def write_staging(staging: str | os.PathLike, ranges: list[dict], layout: str = "directory", *, t0: int = T0,
+                  files: int = 1) -> int:
+    """Rows for every message of `ranges` (timestamp = t0 + offset ms; t0 an hour's start)
+    in `files` Parquet files, counts file beside."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -39,21 +41,24 @@ def write_staging(staging: str | os.PathLike, ranges: list[dict], layout: str = 
 
     staging = Path(staging)
     rows = [(r["topic"], int(r["partition"]), o) for r in ranges for o in offsets(int(r["start"]), int(r["end"]))]
-    directory = staging / ("event_date=2024-01-01/event_hour=0" if layout == "directory" else "logbus_hour=473352")
+    directory = staging / ("event_date=2024-01-01/event_hour=0" if layout == "directory"
+                           else f"logbus_hour={t0 // 3_600_000}")
     directory.mkdir(parents=True, exist_ok=True)
     if rows:
         table = pa.table({
             "topic": pa.array([r[0] for r in rows], pa.string()),
             "partition": pa.array([r[1] for r in rows], pa.int32()),
             "offset": pa.array([r[2] for r in rows], pa.int64()),
-            "timestamp": pa.array([T0 + r[2] for r in rows], pa.timestamp("ms", tz="UTC")).cast(
+            "timestamp": pa.array([t0 + r[2] for r in rows], pa.timestamp("ms", tz="UTC")).cast(
                 pa.timestamp("us", tz="UTC")),
             "key": pa.array([None] * len(rows), pa.binary()),
             # directory layout: the raw value; iceberg layout: a declared value field `n`
             **({"value": pa.array([b"{}"] * len(rows), pa.binary())} if layout == "directory"
                else {"n": pa.array([r[2] for r in rows], pa.int64())}),
         })
-        pq.write_table(table, directory / f"part-{uuid.uuid4().hex}.parquet")
+        size = -(-table.num_rows // files)
+        for start in range(0, table.num_rows, size):
+            pq.write_table(table.slice(start, size), directory / f"part-{uuid.uuid4().hex}.parquet")
     counts, n = count_windows(sorted(staging.rglob("*.parquet")))
     (staging / COUNTS_FILE).write_text(json.dumps({"counts": counts, "row_count": n, "window_ms": 600_000,
                                                    "rejected": [], "rejected_count": 0}))

@@ -1,0 +1,138 @@
+"""The ledger: `<table>_batches`, an Iceberg table that keeps every batch record, and
+every compaction's account of which batch's rows its files hold, after the snapshots
+whose summaries carried them first are expired.
+
+A commit writes the batch record into its snapshot's summary — atomically with the data,
+which is what makes the commit exactly-once — and then, like the rejects, appends it
+here (`IcebergTarget.finish`, idempotent). A commit killed between the two leaves the
+record in the summary only; readers take the union of summaries and ledger, and the
+maintenance copies whatever the ledger lacks (`sync`) before it expires a snapshot, so
+no record is ever only in an expired snapshot.
+
+One row per entry: kind (`batch` or `compaction`), id (the batch id, or the compaction's
+id), the snapshot that carried it, when, and the record as JSON — the same dictionary the
+summary holds, so the two can never describe a batch differently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from airflow_provider_logbus.targets.iceberg_tables import IcebergTables
+
+logger = logging.getLogger(__name__)
+
+BATCH = "batch"
+COMPACTION = "compaction"
+APPEND_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    kind: str  # BATCH or COMPACTION
+    id: str
+    snapshot_id: int
+    committed_at: str
+    record: dict  # BatchRecord.to_dict(), or a compaction's {"hour_ms", "files": {path: {batch id: rows}}}
+
+
+def ledger_schema():
+    import pyarrow as pa
+
+    return pa.schema([pa.field("kind", pa.string(), nullable=False), pa.field("id", pa.string(), nullable=False),
+                      pa.field("snapshot_id", pa.int64(), nullable=False), pa.field("committed_at", pa.string()),
+                      pa.field("record", pa.string(), nullable=False)])
+
+
+class Ledger:
+    """The `<table>_batches` table of one logbus Iceberg table."""
+
+    def __init__(self, tables: IcebergTables) -> None:
+        self.tables = tables
+        self.identifier = f"{tables.identifier}_batches"
+
+    def ensure(self) -> None:
+        if self.tables.load(self.identifier) is None:
+            self.tables.create(self.identifier, ledger_schema(), partitioned=False)
+        self.tables.ensure_properties(self.identifier)
+
+    def entries(self, kind: str | None = None) -> list[LedgerEntry]:
+        """Every entry (of `kind`), one per (kind, id): a row appended twice by two
+        racing writers would count once."""
+        table = self.tables.load(self.identifier)
+        if table is None or table.current_snapshot() is None:
+            return []
+        rows = table.scan().to_arrow().to_pylist()
+        seen: dict[tuple[str, str], LedgerEntry] = {}
+        for row in rows:
+            if kind is None or row["kind"] == kind:
+                seen.setdefault((row["kind"], row["id"]), LedgerEntry(
+                    row["kind"], row["id"], int(row["snapshot_id"]), row["committed_at"] or "",
+                    json.loads(row["record"])))
+        return sorted(seen.values(), key=lambda e: (e.kind, e.committed_at, e.id))
+
+    def ids(self, kind: str = BATCH) -> set[str]:
+        table = self.tables.load(self.identifier)
+        if table is None or table.current_snapshot() is None:
+            return set()
+        found = table.scan(selected_fields=("kind", "id")).to_arrow()
+        return {i for k, i in zip(found["kind"].to_pylist(), found["id"].to_pylist()) if k == kind}
+
+    def append(self, entries: list[LedgerEntry]) -> int:
+        """Add the entries the ledger lacks, in one snapshot; the number added. A commit
+        refused by the catalog (another writer came first) reads the ledger again, so
+        two writers of one entry add it once."""
+        import pyarrow as pa
+        from pyiceberg.exceptions import CommitFailedException
+
+        for _ in range(APPEND_ATTEMPTS):
+            table = self.tables.load(self.identifier)
+            if table is None:
+                raise RuntimeError(f"the ledger {self.identifier} does not exist; the next load creates it")
+            present = self._present(table)
+            missing = {(e.kind, e.id): e for e in entries if (e.kind, e.id) not in present}
+            if not missing:
+                return 0
+            rows = pa.Table.from_pylist([{
+                "kind": e.kind, "id": e.id, "snapshot_id": e.snapshot_id, "committed_at": e.committed_at,
+                "record": json.dumps(e.record, sort_keys=True)} for e in missing.values()], schema=ledger_schema())
+            tx = table.transaction()
+            tx.append(rows)
+            try:
+                tx.commit_transaction()  # asserts the ledger is still at the snapshot read
+                return len(missing)
+            except CommitFailedException:
+                continue
+        raise RuntimeError(f"could not append to {self.identifier}: {APPEND_ATTEMPTS} concurrent commits in a row")
+
+    @staticmethod
+    def _present(table) -> set[tuple[str, str]]:
+        if table.current_snapshot() is None:
+            return set()
+        found = table.scan(selected_fields=("kind", "id")).to_arrow()
+        return set(zip(found["kind"].to_pylist(), found["id"].to_pylist()))
+
+    def compact(self) -> bool:
+        """Rewrite the ledger's files into one (an append per batch leaves a small file
+        per batch). True when it rewrote; a concurrent append makes it give up until the
+        next run: nothing is lost, the ledger only stays in more files."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        table = self.tables.load(self.identifier)
+        if table is None or table.current_snapshot() is None:
+            return False
+        if len(list(table.scan().plan_files())) <= 1:
+            return False
+        import pyarrow as pa
+
+        unique = {(r["kind"], r["id"]): r for r in table.scan().to_arrow().to_pylist()}
+        tx = table.transaction()
+        tx.overwrite(pa.Table.from_pylist(list(unique.values()), schema=ledger_schema()))
+        try:
+            tx.commit_transaction()
+        except CommitFailedException:
+            logger.info("ledger %s: a load appended meanwhile; compacting it next time", self.identifier)
+            return False
+        return True
