@@ -14,7 +14,8 @@ import shutil
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DAG_FILES = ("logbus_hourly_load.py", "logbus_daily_audit.py", "logbus_complete_hours.py")
+DAG_FILES = ("logbus_hourly_load.py", "logbus_daily_audit.py", "logbus_complete_hours.py",
+             "logbus_table_maintenance.py")
 SIMULATOR = "simulate_web_servers.py"
 BROKER_PROPERTIES = "broker.properties"
 

@@ -27,25 +27,25 @@ commit protocol.
 
 Rejected values go to `<table>_rejects` (topic, partition, offset, timestamp, value,
 error), one snapshot per batch with the same `logbus.batch-id`, after the main commit
-and idempotently (a retry that finds the batch committed finishes its rejects).
+and idempotently (a retry that finds the batch committed finishes its rejects). Then the
+batch record goes into the ledger `<table>_batches` (`iceberg_ledger`), which keeps it
+once the snapshot is expired; every reader of batch records takes summaries ∪ ledger.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_logbus.staged import StagedBatch, reject_files, write_json_atomic
+from airflow_provider_logbus.staged import StagedBatch, write_json_atomic
 from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableState, TargetError,
                                                   committed_ends)
 from airflow_provider_logbus.targets.iceberg_batches import (
-    BATCH_ID, COMPACTION, PREFIX, batch_snapshots, compaction_snapshots, files_added_by, record_of, summary,
-    summary_of, table_files,
+    BATCH_ID, batch_snapshots, files_added_by, publish_rejects, record_of, summary, summary_of, table_files,
 )
 from airflow_provider_logbus.targets.iceberg_ledger import BATCH, Ledger, LedgerEntry
 from airflow_provider_logbus.targets.iceberg_tables import IcebergTables, embedded_catalog, local_path
@@ -132,24 +132,7 @@ class IcebergTarget(CommitTarget):
         return BatchRecord.from_dict(entry.record) if entry is not None else None
 
     def batches(self) -> list[BatchRecord]:
-        return self._records(self._load())
-
-    def _records(self, table) -> list[BatchRecord]:
-        """One record per batch: from the current lineage's snapshot summaries, and from
-        the ledger for the batches whose snapshots were expired (module docstring)."""
-        records = {r.batch_id: r for r in (BatchRecord.from_dict(e.record) for e in self.ledger.entries(BATCH))}
-        records.update((summary(s)[BATCH_ID], record_of(self.table, s)) for s in batch_snapshots(table))
-        return sorted(records.values(), key=lambda r: (r.interval_end, r.batch_id))
-
-    def compactions(self, table=None) -> dict[str, dict[str, int]]:
-        """Rows per batch in every file a compaction wrote ({path: {batch id: rows}}),
-        from the lineage's compaction snapshots and from the ledger."""
-        files: dict[str, dict[str, int]] = {}
-        for entry in self.ledger.entries(COMPACTION):
-            files.update(entry.record["files"])
-        for snapshot in compaction_snapshots(table if table is not None else self._load()):
-            files.update(json.loads(summary(snapshot)[COMPACTION])["files"])
-        return files
+        return self.ledger.records(self.table, self._load())
 
     def contents(self, since_ms: int | None = None) -> TableContents:
         """Batch records and data files of one snapshot: both come from the table read once
@@ -158,9 +141,9 @@ class IcebergTarget(CommitTarget):
 
     def contents_of(self, table) -> TableContents:
         """`contents` of a table already loaded (the compaction's snapshot)."""
-        records = self._records(table)
+        records = self.ledger.records(self.table, table)
         batch_of = {int(r.extra["snapshot_id"]): r.batch_id for r in records if r.extra.get("snapshot_id")}
-        return TableContents(records, table_files(table, self.identifier, batch_of, self.compactions(table)))
+        return TableContents(records, table_files(table, self.identifier, batch_of, self.ledger.compactions(table)))
 
     def reject_files(self, batch_id: str) -> list[str]:
         return [local_path(p) for p in files_added_by(self._load(self.rejects_identifier), batch_id)]
@@ -220,35 +203,11 @@ class IcebergTarget(CommitTarget):
     def finish(self, record: BatchRecord) -> None:
         """Publish the batch's rejects into `<table>_rejects`, then its record into the
         ledger, each once."""
-        self._finish_rejects(record)
+        publish_rejects(lambda: self._load(self.rejects_identifier), record)
         committed = self.batch(record.batch_id)
         if committed is not None and committed.extra.get("snapshot_id"):
             self.ledger.ensure()
             self.ledger.append([ledger_entry(committed)])
-
-    def _finish_rejects(self, record: BatchRecord) -> None:
-        staging = record.extra.get("staging")
-        rejects_table = self._load(self.rejects_identifier)
-        if not staging or rejects_table is None or not os.path.isdir(staging):
-            return
-        staged_rejects = reject_files(Path(staging))
-        for _ in range(10):
-            rejects_table = self._load(self.rejects_identifier)
-            done = any(summary(s).get(BATCH_ID) == record.batch_id
-                       for s in rejects_table.metadata.snapshots)
-            if done or not staged_rejects:
-                return
-            from pyiceberg.exceptions import CommitFailedException
-
-            tx = rejects_table.transaction()
-            tx.add_files([str(p) for p in staged_rejects],
-                         snapshot_properties={BATCH_ID: record.batch_id,
-                                              PREFIX + "rejected-count": str(record.rejected_count)})
-            try:
-                tx.commit_transaction()
-                return
-            except CommitFailedException:
-                continue
 
     # ----------------------------------------------------------------- audit
 

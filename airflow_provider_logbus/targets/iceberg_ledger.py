@@ -20,6 +20,11 @@ import json
 import logging
 from dataclasses import dataclass
 
+from airflow_provider_logbus.targets.base import BatchRecord
+from airflow_provider_logbus.targets.iceberg_batches import (
+    BATCH_ID, batch_snapshots, compaction_snapshots, record_of, summary,
+)
+from airflow_provider_logbus.targets.iceberg_batches import COMPACTION as COMPACTION_SUMMARY
 from airflow_provider_logbus.targets.iceberg_tables import IcebergTables
 
 logger = logging.getLogger(__name__)
@@ -72,6 +77,23 @@ class Ledger:
                     row["kind"], row["id"], int(row["snapshot_id"]), row["committed_at"] or "",
                     json.loads(row["record"])))
         return sorted(seen.values(), key=lambda e: (e.kind, e.committed_at, e.id))
+
+    def records(self, table_name: str, table) -> list[BatchRecord]:
+        """One record per batch of `table`: from the current lineage's snapshot summaries,
+        and from the ledger for the batches whose snapshots were expired."""
+        records = {r.batch_id: r for r in (BatchRecord.from_dict(e.record) for e in self.entries(BATCH))}
+        records.update((summary(s)[BATCH_ID], record_of(table_name, s)) for s in batch_snapshots(table))
+        return sorted(records.values(), key=lambda r: (r.interval_end, r.batch_id))
+
+    def compactions(self, table) -> dict[str, dict[str, int]]:
+        """Rows per batch in every file a compaction wrote ({path: {batch id: rows}}),
+        from the lineage's compaction snapshots and from the ledger."""
+        files: dict[str, dict[str, int]] = {}
+        for entry in self.entries(COMPACTION):
+            files.update(entry.record["files"])
+        for snapshot in compaction_snapshots(table):
+            files.update(json.loads(summary(snapshot)[COMPACTION_SUMMARY])["files"])
+        return files
 
     def ids(self, kind: str = BATCH) -> set[str]:
         table = self.tables.load(self.identifier)

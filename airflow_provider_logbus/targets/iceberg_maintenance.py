@@ -27,6 +27,7 @@ from airflow_provider_logbus.targets.iceberg_ledger import LedgerEntry
 logger = logging.getLogger(__name__)
 
 EXPIRE_ATTEMPTS = 10
+METADATA_FILES = (".avro", ".metadata.json")
 DAY_MS = 86_400_000
 
 
@@ -102,6 +103,8 @@ def referenced_files(*tables) -> set[str]:
             continue
         keys.add(_key(table.metadata_location))
         keys.update(_key(m.metadata_file) for m in table.metadata.metadata_log)
+        keys.update(_key(s.statistics_path) for s in table.metadata.statistics)
+        keys.update(_key(s.statistics_path) for s in table.metadata.partition_statistics)
         seen_manifests: set[str] = set()
         for snapshot in table.metadata.snapshots:
             keys.add(_key(snapshot.manifest_list))
@@ -116,40 +119,43 @@ def referenced_files(*tables) -> set[str]:
 
 
 def remove_orphans(target, older_than_s: float) -> list[str]:
-    """Delete the files under the table's data directory that no snapshot references
-    (of the table, its rejects or its ledger) and that were last written more than
-    `older_than_s` ago: attempts that died, files a compaction replaced once their
-    snapshots expired. A load still writing its staging is younger than the margin;
-    listing comes before reading the references, so a file committed meanwhile is seen
-    as referenced. Empty directories left behind go too. Returns the deleted paths."""
+    """Delete the files of the table, its rejects and its ledger that no snapshot of
+    theirs references and that were last written more than `older_than_s` ago: under
+    `data/`, attempts that died and files a compaction replaced once their snapshots
+    expired; under `metadata/`, the manifests and metadata files of refused or killed
+    commits (only `*.avro` and `*.metadata.json`: what a commit writes). A load still
+    writing its staging is younger than the margin; listing comes before reading the
+    references, so a file committed meanwhile is seen as referenced. Empty directories
+    left behind go too. Returns the deleted paths."""
     from pyarrow.fs import FileSelector, FileType, FileSystem
 
-    table = target.table_or_fail()
-    location = table.location().rstrip("/")
-    fs, root = FileSystem.from_uri(location)
-    data_root = root.rstrip("/") + "/data"
-    listing = fs.get_file_info(FileSelector(data_root, recursive=True, allow_not_found=True))
-    references = referenced_files(target.tables.load(target.identifier),
-                                  target.tables.load(target.rejects_identifier),
-                                  target.tables.load(target.ledger.identifier))
+    tables = [target.tables.load(i) for i in (target.identifier, target.rejects_identifier, target.ledger.identifier)]
+    listings = []
+    for table in (t for t in tables if t is not None):
+        fs, root = FileSystem.from_uri(table.location().rstrip("/"))
+        for part in ("data", "metadata"):
+            listings.append((fs, part, fs.get_file_info(FileSelector(f"{root.rstrip('/')}/{part}", recursive=True,
+                                                                     allow_not_found=True))))
+    references = referenced_files(*(t.refresh() if t is not None else None for t in tables))
     horizon = time.time() - older_than_s
     removed = []
-    for info in listing:
-        if info.type != FileType.File or info.mtime is None or info.mtime.timestamp() > horizon:
-            continue
-        if _key(info.path) in references:
-            continue
-        try:
-            fs.delete_file(info.path)
-            removed.append(info.path)
-        except FileNotFoundError:  # a concurrent run deleted it first
-            pass
-    if fs.type_name == "local":  # object stores have no directories to leave behind
-        for info in sorted((i for i in listing if i.type == FileType.Directory), key=lambda i: -len(i.path)):
+    for fs, part, listing in listings:
+        for info in listing:
+            if info.type != FileType.File or info.mtime is None or info.mtime.timestamp() > horizon:
+                continue
+            if _key(info.path) in references or (part == "metadata" and not info.path.endswith(METADATA_FILES)):
+                continue
             try:
-                os.rmdir(info.path)  # only if empty: a load writing into it keeps it
-            except OSError:
+                fs.delete_file(info.path)
+                removed.append(info.path)
+            except FileNotFoundError:  # a concurrent run deleted it first
                 pass
+        if fs.type_name == "local":  # object stores have no directories to leave behind
+            for info in sorted((i for i in listing if i.type == FileType.Directory), key=lambda i: -len(i.path)):
+                try:
+                    os.rmdir(info.path)  # only if empty: a load writing into it keeps it
+                except OSError:
+                    pass
     if removed:
         logger.info("%s: removed %d orphan file(s) older than %.0f s", target.identifier, len(removed), older_than_s)
     return removed

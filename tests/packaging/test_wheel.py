@@ -30,7 +30,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+ reads pyproject.toml wi
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_VENV = ROOT / ".venv-min"
-EXAMPLE_DAGS = {"logbus_hourly_load", "logbus_daily_audit", "logbus_complete_hours"}
+EXAMPLE_DAGS = {"logbus_hourly_load", "logbus_daily_audit", "logbus_complete_hours", "logbus_table_maintenance"}
 
 pytestmark = pytest.mark.slow
 

@@ -46,6 +46,11 @@ def test_the_three_example_dags_open_one_table_on_one_target(target, tmp_path, m
     assert tables_opened(dags["logbus_hourly_load.py"]) == expected
     assert tables_opened(dags["logbus_daily_audit.py"]) == expected  # on Iceberg it audited a directory before
     assert dags["logbus_complete_hours.py"].timetable.asset_condition == complete_hours_asset("clicks")
+    if target is None:  # the maintenance DAG keeps the same Iceberg table healthy
+        assert tables_opened(load_dag("logbus_table_maintenance.py", {})) == expected
+    else:  # a directory table has nothing to maintain: no DAG
+        with pytest.raises(AttributeError):
+            load_dag("logbus_table_maintenance.py", {})
 
 
 def test_the_examples_default_to_iceberg_with_the_simulators_schema():

@@ -4,8 +4,9 @@ ZooKeeper and brokers, Airflow `dag.test()`, Spark through spark-submit.
 One scenario for the module, on yesterday's hours: interval 1 with its first spark-submit
 killed after Spark started writing into the table's staging; interval 2 with a few values
 that do not parse; then interval 2 run again. Each test checks one behaviour of it; the
-last ones run the example daily audit, configured as the hourly DAG was, over that day,
-then again once an hour of it holds messages no load took.
+last ones run the example maintenance DAG (compacting the audited hours), then the
+example daily audit, configured as the hourly DAG was, over that day, then again once an
+hour of it holds messages no load took.
 """
 
 from __future__ import annotations
@@ -144,7 +145,31 @@ def test_the_audit_accounts_for_rejected_values_and_announces_complete_hours(sce
 
 
 @pytest.fixture(scope="module")
-def daily_audits(scenario) -> dict:
+def maintained(scenario) -> dict:
+    """The example maintenance DAG (`dag.test()`) over the table the hourly DAG loaded,
+    then interval 2 of the hourly DAG once more."""
+    target = IcebergTarget(TABLE, warehouse=str(scenario["warehouse"]))
+    files_before = {f.path for f in target.contents().files}
+    run = load_dag("logbus_table_maintenance.py", scenario["env"]).test(logical_date=utc(scenario["ends"][1]))
+    out = {"state": str(run.state), "states": task_states(run), "files_before": files_before,
+           "files_after": {f.path for f in target.contents().files}, "rows": table_offsets(target)}
+    out["rerun"] = load_dag("logbus_hourly_load.py", scenario["env"]).test(logical_date=utc(scenario["ends"][1]))
+    out["rows_after_rerun"] = table_offsets(target)
+    out["batches"] = target.batches()
+    target.close()
+    return out
+
+
+def test_the_maintenance_dag_compacts_the_audited_hours_changing_no_row(maintained, scenario):
+    assert maintained["state"] == "success", maintained["states"]
+    assert len(maintained["files_after"]) < len(maintained["files_before"])  # hours in several files now in one each
+    assert maintained["rows"] == maintained["rows_after_rerun"] == scenario["rows_after_2"]
+    assert str(maintained["rerun"].state) == "success"
+    assert [b.batch_id for b in maintained["batches"]] == [b.batch_id for b in scenario["batches"]]
+
+
+@pytest.fixture(scope="module")
+def daily_audits(scenario, maintained) -> dict:
     """The example daily audit over the day the hourly DAG loaded into Iceberg, then over
     the same day once 20 messages stamped 15:00-15:20 — an hour no load ran for — were
     produced."""

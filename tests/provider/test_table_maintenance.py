@@ -207,7 +207,15 @@ def age(paths, seconds: float) -> None:
 
 
 def test_orphans_are_removed_and_referenced_files_never_touched(target, tmp_path):
-    load_three_hours(target)
+    from pyiceberg.exceptions import CommitFailedException
+
+    loader = load_three_hours(target)
+    stale = target.tables.load(target.ledger.identifier)
+    loader.commit("h2b9", H0 + 2 * HOUR_MS, messages=10, files=1)  # appends to the ledger: `stale` is behind
+    refused = stale.transaction()  # a commit the catalog refuses leaves its files behind
+    refused.append(stale.scan(limit=1).to_arrow())
+    with pytest.raises(CommitFailedException):
+        refused.commit_transaction()
     dead = []
     for attempt in (2, 3):  # attempts that died after Spark wrote their files
         staging = Path(target.prepare_staging("h0b0", attempt))
@@ -219,13 +227,14 @@ def test_orphans_are_removed_and_referenced_files_never_touched(target, tmp_path
     replaced = [Path(f.path.removeprefix("file://")) for f in target.contents().files]  # before expiry: referenced
     expire_snapshots(target, older_than_ms=int(time.time() * 1000) + 1)
     data = Path(local_path(target.table_or_fail().location())) / "data"
-    all_files = [p for p in data.rglob("*") if p.is_file()]
+    all_files = [p for p in (tmp_path / "wh").rglob("*") if p.is_file() and "_iceberg_catalog" not in p.name]
     age([p for p in all_files if not str(p).startswith(str(young))], 7200)
     before_rows = rows(target)
 
     removed = remove_orphans(target, older_than_s=3600)
 
     assert set(dead) <= {Path(p) for p in removed}
+    assert any("/metadata/" in p and p.endswith(".avro") for p in removed)  # the refused commit's manifests
     assert young.is_dir() and any(young.rglob("*.parquet"))  # younger than the margin
     references = referenced_files(target.table_or_fail(), target.tables.load(target.rejects_identifier),
                                   target.tables.load(target.ledger.identifier))

@@ -1,0 +1,1 @@
+../../airflow_provider_logbus/examples/logbus_table_maintenance.py
