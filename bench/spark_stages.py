@@ -6,8 +6,9 @@ JSON-lines file; `--rounds` passes, the first of which warms everything up.
 
 Stages: the logbus data source alone (fetch and decode to Arrow in the Python
 workers); with the JSON parse and the reject diagnosis (`decode_json`); the same with
-the diagnosis column dropped; the whole `run_load`; `window_counts` (the counts read
-back from the written files); plain Spark's read and parse of the file.
+the diagnosis column dropped; the whole `run_load`; the decoded rows written by Spark's
+own Parquet writer and by the load job's pyarrow writer (`spark/parquet_writer.py`, which
+also counts them); plain Spark's read and parse of the file.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             def noop(frame) -> None:
                 frame.write.format("noop").mode("overwrite").save()
 
+            columns = load_job.PARTITION_COLUMNS["directory"]
             for round_ in range(args.rounds):
                 out = str(work / f"load-{round_}")
                 stages = [
@@ -62,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
                     ("+ JSON parse, diagnosis dropped", lambda: noop(decoded(False))),
                     ("the whole run_load", lambda: load_job.run_load(spark, ranges, out, zookeeper=cluster.zookeeper,
                                                                      value_format="json", schema=SCHEMA)),
-                    ("window_counts of its output", lambda: load_job.window_counts(spark, out, load_job.WINDOW_MS)),
+                    ("decoded -> Spark's Parquet writer", lambda: decoded(False).write.partitionBy(*columns).parquet(
+                        str(work / f"spark-writer-{round_}"))),
+                    ("decoded -> pyarrow writer (logbus-parquet)", lambda: load_job.write_parquet(
+                        decoded(False), str(work / f"pyarrow-writer-{round_}"), columns, int96=True)),
                     ("plain Spark: read and parse the file",
                      lambda: noop(spark.read.schema(SCHEMA).json(str(work / "input.jsonl")))),
                 ]

@@ -1,6 +1,8 @@
 """The load job: read a batch's ranges with the `logbus` data source, decode, write
-Parquet into a fresh staging directory, the values that do not decode into
-`_rejects/`, and the counts per (topic, 10-minute window) beside them. Run with
+Parquet into a fresh staging directory with the `logbus-parquet` data source (pyarrow on
+the executors, no Hadoop filesystem: `spark/parquet_writer.py`), the values that do not
+decode into `_rejects/`, and the counts per (topic, 10-minute window) the writer's tasks
+counted beside them. Run with
 spark-submit (LogbusSparkLoadOperator does), or call `run_load` with an existing
 SparkSession.
 
@@ -88,23 +90,20 @@ def add_partition_columns(df, layout: str):
     return df.withColumn("logbus_hour", F.floor(F.unix_micros("timestamp") / HOUR_MICROS).cast("int"))
 
 
-# ------------------------------------------------------------------ counting
+# ------------------------------------------------------------------ writing
 
 
-def window_counts(spark, path: str, window_ms: int = WINDOW_MS) -> tuple[list[dict], int]:
-    """Rows per (topic, window of the message timestamp), read back from the written files."""
-    from pyspark.sql import functions as F
+def write_parquet(df, location: str, partition_by: Sequence[str] = (), int96: bool = False,
+                  window_ms: int = WINDOW_MS) -> dict:
+    """Write `df` as Parquet under `location` with the `logbus-parquet` data source
+    (pyarrow on the executors; `spark/parquet_writer.py`); what it wrote and counted."""
+    from airflow_provider_logbus.spark.parquet_writer import ParquetDataSource, read_written
 
-    df = spark.read.parquet(path).select("topic", "timestamp")
-    start = (F.floor(F.unix_millis("timestamp") / window_ms) * window_ms).cast("long")
-    rows = df.groupBy("topic", start.alias("window_start")).count().collect()
-    counts = sorted(({"topic": r.topic, "window_start": int(r.window_start), "count": int(r["count"])} for r in rows),
-                    key=lambda c: (c["topic"], c["window_start"]))
-    return counts, sum(c["count"] for c in counts)
-
-
-def _has_files(path: Path) -> bool:
-    return path.is_dir() and any(p for p in path.rglob("*.parquet") if REJECTS_DIR not in p.relative_to(path).parts)
+    df.sparkSession.dataSource.register(ParquetDataSource)
+    (df.write.format("logbus-parquet").mode("append").option("path", location)
+     .option("partition_by", ",".join(partition_by)).option("int96", "true" if int96 else "false")
+     .option("window_ms", str(window_ms)).save())
+    return read_written(location)
 
 
 def per_topic(counts: list[dict]) -> dict[str, int]:
@@ -143,7 +142,8 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
              split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS, layout: str = "directory",
              max_reject_rate: float = 1.0, leader_wait: float = LOAD_LEADER_WAIT_S) -> dict:
     """Load `ranges` into Parquet under `staging` (which must not hold another attempt)
-    in `layout`; rejected values go to `<staging>/_rejects/`. Returns and writes the
+    in `layout`, written by pyarrow on the executors (`write_parquet`), which also count
+    the rows; rejected values go to `<staging>/_rejects/`. Returns and writes the
     counts file; raises `RejectRateError` (and writes no counts file) when a topic's
     reject rate is over `max_reject_rate`. A partition without a reachable leader is
     waited for up to `leader_wait` seconds before the read fails naming it."""
@@ -157,20 +157,18 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     if not 0.0 <= max_reject_rate <= 1.0:
         raise ValueError(f"max_reject_rate {max_reject_rate} must be a fraction between 0 and 1")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    timestamp_key = "spark.sql.parquet.outputTimestampType"
-    previous_timestamp_type = spark.conf.get(timestamp_key, None)
-    if layout == "iceberg":
-        spark.conf.set(timestamp_key, "TIMESTAMP_MICROS")  # Iceberg cannot read INT96
+    int96 = layout == "directory"  # as Spark writes timestamps by default; Iceberg reads TIMESTAMP_MICROS only
     staging_path = Path(staging)
     rejects_path = staging_path / REJECTS_DIR
     if staging_path.exists():
         shutil.rmtree(staging_path)
     source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait)
     cached = None
+    rejected_written = None
     try:
         if value_format == "raw":
-            add_partition_columns(source, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
-                "errorifexists").parquet(str(staging_path))
+            written = write_parquet(add_partition_columns(source, layout), staging, PARTITION_COLUMNS[layout], int96,
+                                    window_ms)
             schema_ddl = schema_source = None
         else:
             decoded = json_schema(spark, source, schema)
@@ -184,24 +182,19 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
             accepted = cached.filter(F.col(ERROR).isNull()).select(*META_COLUMNS, *[
                 F.coalesce(F.col(out), non_null_default(types[out])).alias(out) if out in required else F.col(out)
                 for _, out in outputs])
-            add_partition_columns(accepted, layout).write.partitionBy(*PARTITION_COLUMNS[layout]).mode(
-                "errorifexists").parquet(str(staging_path))
+            written = write_parquet(add_partition_columns(accepted, layout), staging, PARTITION_COLUMNS[layout],
+                                    int96, window_ms)
             rejected = explain_rejects(cached.filter(F.col(ERROR).isNotNull()), decoded).select(  # few rows: one file
                 *META_COLUMNS, F.col(RAW).alias("value"), F.col(ERROR).alias("error")).repartition(1)
-            rejected.write.mode("errorifexists").parquet(str(rejects_path))
+            rejected_written = write_parquet(rejected, str(rejects_path), (), int96, window_ms)
     finally:
         if cached is not None:
             cached.unpersist()
-        if layout == "iceberg":
-            if previous_timestamp_type is None:
-                spark.conf.unset(timestamp_key)
-            else:
-                spark.conf.set(timestamp_key, previous_timestamp_type)
     staging_path.mkdir(parents=True, exist_ok=True)  # an empty batch writes no files
-    counts, row_count = window_counts(spark, str(staging_path), window_ms) if _has_files(staging_path) else ([], 0)
+    counts, row_count = written["counts"], written["row_count"]
     rejected_counts, rejected_count = ([], 0)
-    if rejects_path.is_dir() and any(rejects_path.glob("*.parquet")):
-        rejected_counts, rejected_count = window_counts(spark, str(rejects_path), window_ms)
+    if rejected_written is not None:
+        rejected_counts, rejected_count = rejected_written["counts"], rejected_written["row_count"]
     if rejected_count == 0 and rejects_path.exists():
         shutil.rmtree(rejects_path)
     result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": [r.to_dict() for r in ranges],

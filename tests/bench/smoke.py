@@ -111,6 +111,7 @@ SMOKES: dict[str, Smoke] = {
     "spark_stages": Smoke(["--messages", "500", "--rounds", "1"], [
         r"^round 1 logbus data source +[\d.]+ s$",
         r"^round 1 the whole run_load +[\d.]+ s$",
+        r"^round 1 decoded -> pyarrow writer \(logbus-parquet\) +[\d.]+ s$",
         r"^round 1 plain Spark: read and parse the file +[\d.]+ s$"], timeout=300),
     "ui_page": Smoke(["--batches", "4", "--rounds", "1"], [
         r"^directory +hours, last 48 h +[\d.]+ +[\d.]+ +[\d,]+$",
