@@ -43,8 +43,8 @@ class PartitionStates:
     read it triggers (kazoo's DataWatch, done by hand): a topic's nodes are all asked
     for at once, pipelined on the session, and their first answers applied in one
     batch — a DataWatch each read them one round trip after another, and replacing
-    the dict per node made 10,000 partitions cost seconds. After a session loss every
-    node is read again (a lost session's watches are gone)."""
+    the dict per node made 10,000 partitions cost seconds. After a disconnection every
+    node is read again (`_on_session`)."""
 
     def __init__(self, zk: KazooClient, on_change: Callable[[], None] | None = None) -> None:
         self.zk = zk
@@ -54,7 +54,7 @@ class PartitionStates:
         self._lock = threading.Lock()
         self._applying = threading.Lock()
         self._mzxids: dict[Key, int] = {}  # the applied version of each node
-        self._session_lost = False
+        self._disconnected = False
         self.closed = False
         zk.add_listener(self._on_session)
 
@@ -77,7 +77,7 @@ class PartitionStates:
             except NoNodeError:
                 answers[key] = None  # a legacy partition (no node) or not yet written: watch its creation
                 self._watch_creation(key)
-            except Exception as exc:  # connection trouble: the session listener reads again
+            except Exception as exc:  # connection trouble: every node is read again once connected
                 logger.warning("cannot read the state of %s-%d: %s", *key, exc)
         self._apply(answers)
 
@@ -98,10 +98,15 @@ class PartitionStates:
         self.zk.handler.spawn(self._read, [key])
 
     def _on_session(self, state: str) -> None:
-        if state == KazooState.LOST:
-            self._session_lost = True
-        elif state == KazooState.CONNECTED and self._session_lost and not self.closed:
-            self._session_lost = False
+        """kazoo drops every one-shot watch when the connection drops — even when the
+        session survives and it reconnects to another server — telling each watcher with
+        a path-less event (it does not set them again on the new connection). So after
+        any disconnection every node is read again, which sets the watches again; until
+        then the states are as last read."""
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
+            self._disconnected = True
+        elif state == KazooState.CONNECTED and self._disconnected and not self.closed:
+            self._disconnected = False
             with self._lock:
                 keys = sorted(self._watched)
             self.zk.handler.spawn(self._read, keys)
