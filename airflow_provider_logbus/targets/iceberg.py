@@ -120,15 +120,16 @@ class IcebergTarget(CommitTarget):
         else:  # a table written before the property existed: fold the history once
             ends = committed_ends([record_of(self.table, s) for s in snapshots])
         current = table.current_snapshot()
-        ids = {summary(s)[BATCH_ID] for s in snapshots} | self.ledger.ids(BATCH)
+        ids = {summary(s)[BATCH_ID] for s in snapshots} | {e.id for e in self.ledger.expired(table, BATCH, False)}
         return TableState(ends=ends, batch_ids=frozenset(ids), token=current.snapshot_id if current else None,
                           exists=bool(ids))
 
     def batch(self, batch_id: str) -> BatchRecord | None:
-        for snapshot in batch_snapshots(self._load()):
+        table = self._load()
+        for snapshot in batch_snapshots(table):
             if summary(snapshot)[BATCH_ID] == batch_id:
                 return record_of(self.table, snapshot)
-        entry = next((e for e in self.ledger.entries(BATCH) if e.id == batch_id), None)
+        entry = next((e for e in self.ledger.expired(table, BATCH) if e.id == batch_id), None)
         return BatchRecord.from_dict(entry.record) if entry is not None else None
 
     def batches(self) -> list[BatchRecord]:
@@ -206,8 +207,7 @@ class IcebergTarget(CommitTarget):
         publish_rejects(lambda: self._load(self.rejects_identifier), record)
         committed = self.batch(record.batch_id)
         if committed is not None and committed.extra.get("snapshot_id"):
-            self.ledger.ensure()
-            self.ledger.append([ledger_entry(committed)])
+            self.ledger.append([ledger_entry(committed)], dedupe=False)  # no read: a commit stays cheap
 
     # ----------------------------------------------------------------- audit
 

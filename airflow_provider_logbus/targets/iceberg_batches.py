@@ -17,6 +17,7 @@ from airflow_provider_logbus.targets.base import BatchRecord, TableFile, TargetE
 
 PREFIX = "logbus."
 BATCH_ID = PREFIX + "batch-id"
+SNAPSHOTS_EXPIRED = PREFIX + "snapshots-expired"  # table property: some batch records live only in the ledger
 # a compaction snapshot's account of its files: {"hour_ms", "files": {path: {batch id: rows}}}
 COMPACTION = PREFIX + "compaction"
 HOUR_MS = 3_600_000
@@ -34,6 +35,22 @@ def batch_snapshots(table) -> list:
 
     chain = list(ancestors_of(table.current_snapshot(), table.metadata))
     return [s for s in reversed(chain) if BATCH_ID in summary(s)]
+
+
+def lineage_truncated(table) -> bool:
+    """Whether snapshots of the current lineage were expired, so that some batch records
+    are only in the ledger: the maintenance marks the table before it expires anything
+    (`SNAPSHOTS_EXPIRED`), and an expiry by other hands shows as a lineage whose oldest
+    snapshot is not the table's first (its sequence number is over 1; expiry clears the
+    parent id, so that cannot tell)."""
+    if table is None or table.current_snapshot() is None:
+        return False
+    if table.properties.get(SNAPSHOTS_EXPIRED) == "true":
+        return True
+    from pyiceberg.table.snapshots import ancestors_of
+
+    *_, oldest = ancestors_of(table.current_snapshot(), table.metadata)
+    return oldest.parent_snapshot_id is not None or (oldest.sequence_number or 0) > 1
 
 
 def compaction_snapshots(table) -> list:

@@ -60,13 +60,24 @@ def compact_hours(target, closed_before_ms: int, target_file_bytes: int = TARGET
                   since_ms: int | None = None) -> list[HourCompaction]:
     """Compact every hour before `closed_before_ms` (and from `since_ms`) that has more
     files than ceil(bytes / target_file_bytes). `target` is an `IcebergTarget`."""
-    done = []
-    for hour_ms in _hours_to_compact(target.table_or_fail(), closed_before_ms, target_file_bytes, since_ms):
-        done.append(compact_hour(target, hour_ms, target_file_bytes))
+    table = target.table_or_fail()
+    hours = _hours_to_compact(table, closed_before_ms, target_file_bytes, since_ms)
+    contents = target.contents_of(table) if hours else None  # one read of every file's batch for all hours
+    done, accounts = [], []
+    for hour_ms in hours:
+        done.append(compact_hour(target, hour_ms, target_file_bytes, contents=contents, accounts=accounts))
+    if accounts:  # one ledger append for the run; a crash before it is made good by the next `sync_ledger`
+        target.ledger.append(accounts)
     return done
 
 
-def compact_hour(target, hour_ms: int, target_file_bytes: int = TARGET_FILE_BYTES) -> HourCompaction:
+def compact_hour(target, hour_ms: int, target_file_bytes: int = TARGET_FILE_BYTES, *, contents=None,
+                 accounts: list[LedgerEntry] | None = None) -> HourCompaction:
+    """Compact one hour. `contents` (`IcebergTarget.contents_of` of a recent snapshot)
+    spares reading every file's batch again: other hours' compactions do not change this
+    hour's, and when a load changed it meanwhile the accounting disagrees and the hour
+    is read afresh. The ledger entry goes into `accounts` when given (appended by the
+    caller), else into the ledger at once."""
     from pyiceberg.exceptions import CommitFailedException
 
     for attempt in range(1, ATTEMPTS + 1):
@@ -76,7 +87,13 @@ def compact_hour(target, hour_ms: int, target_file_bytes: int = TARGET_FILE_BYTE
         if len(entries) <= needed:
             return HourCompaction(hour_ms, len(entries), len(entries), 0, "left: already compact")
         try:
-            rows, labels, account = _accounted_rows(target, table, hour_ms, entries)
+            try:
+                rows, labels, account = _accounted_rows(contents or target.contents_of(table), table, hour_ms, entries)
+            except NotAccountable:
+                if contents is None:
+                    raise
+                contents = None  # read before a load added to the hour: account it afresh
+                rows, labels, account = _accounted_rows(target.contents_of(table), table, hour_ms, entries)
         except NotAccountable as exc:
             logger.warning("%s: hour %d not compacted: %s", target.identifier, hour_ms, exc)
             return HourCompaction(hour_ms, len(entries), len(entries), 0, f"left: {exc}")
@@ -91,9 +108,12 @@ def compact_hour(target, hour_ms: int, target_file_bytes: int = TARGET_FILE_BYTE
         except BaseException:
             _delete(table, written)
             raise
-        files = {path: counts for path, counts in written.items()}
-        target.ledger.append([LedgerEntry(LEDGER_COMPACTION, f"{hour_ms}.{snapshot_id}", snapshot_id, "",
-                                          {"hour_ms": hour_ms, "files": files})])
+        entry = LedgerEntry(LEDGER_COMPACTION, f"{hour_ms}.{snapshot_id}", snapshot_id, "",
+                            {"hour_ms": hour_ms, "files": written})
+        if accounts is None:
+            target.ledger.append([entry])
+        else:
+            accounts.append(entry)
         logger.info("%s: hour %d compacted from %d files into %d (%d rows)", target.identifier, hour_ms,
                     len(entries), len(written), rows.num_rows)
         return HourCompaction(hour_ms, len(entries), len(written), rows.num_rows, "compacted")
@@ -122,7 +142,7 @@ def _hour_entries(table, hour_ms: int) -> list:
     return out
 
 
-def _accounted_rows(target, table, hour_ms: int, entries: list):
+def _accounted_rows(contents, table, hour_ms: int, entries: list):
     """The hour's rows (in offset order), each row's batch label, and the batches' ids
     by label; raises `NotAccountable` unless every row belongs to exactly one batch and
     the batches' counts equal what their files hold."""
@@ -133,7 +153,6 @@ def _accounted_rows(target, table, hour_ms: int, entries: list):
 
     if any(e.data_file.content != DataFileContent.DATA for e in entries):
         raise NotAccountable("it has delete files")
-    contents = target.contents_of(table)
     held: dict[str, int] = {}
     for f in contents.files:
         if f.hour_ms == hour_ms:

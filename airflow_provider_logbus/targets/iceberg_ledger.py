@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from airflow_provider_logbus.targets.base import BatchRecord
 from airflow_provider_logbus.targets.iceberg_batches import (
-    BATCH_ID, batch_snapshots, compaction_snapshots, record_of, summary,
+    BATCH_ID, batch_snapshots, compaction_snapshots, lineage_truncated, record_of, summary,
 )
 from airflow_provider_logbus.targets.iceberg_batches import COMPACTION as COMPACTION_SUMMARY
 from airflow_provider_logbus.targets.iceberg_tables import IcebergTables
@@ -63,57 +63,68 @@ class Ledger:
             self.tables.create(self.identifier, ledger_schema(), partitioned=False)
         self.tables.ensure_properties(self.identifier)
 
-    def entries(self, kind: str | None = None) -> list[LedgerEntry]:
-        """Every entry (of `kind`), one per (kind, id): a row appended twice by two
-        racing writers would count once."""
+    def entries(self, kind: str | None = None, records: bool = True) -> list[LedgerEntry]:
+        """Every entry (of `kind`), one per (kind, id): a row appended twice — a retried
+        commit, two racing writers — counts once. `records=False` leaves the records out
+        (empty), reading only the small columns."""
         table = self.tables.load(self.identifier)
         if table is None or table.current_snapshot() is None:
             return []
-        rows = table.scan().to_arrow().to_pylist()
+        columns = ("kind", "id", "snapshot_id", "committed_at") + (("record",) if records else ())
         seen: dict[tuple[str, str], LedgerEntry] = {}
-        for row in rows:
+        for row in table.scan(selected_fields=columns).to_arrow().to_pylist():
             if kind is None or row["kind"] == kind:
                 seen.setdefault((row["kind"], row["id"]), LedgerEntry(
                     row["kind"], row["id"], int(row["snapshot_id"]), row["committed_at"] or "",
-                    json.loads(row["record"])))
+                    json.loads(row["record"]) if records else {}))
         return sorted(seen.values(), key=lambda e: (e.kind, e.committed_at, e.id))
+
+    def expired(self, table, kind: str, records: bool = True) -> list[LedgerEntry]:
+        """The entries of `kind` whose snapshots `table` no longer has: expired. None —
+        and the ledger is not even read — while the table's lineage still reaches its
+        first snapshot, as the summaries then say everything. An entry whose snapshot the
+        table still has but not in its lineage (rolled back) is not the table's."""
+        if not lineage_truncated(table):
+            return []
+        known = {s.snapshot_id for s in table.metadata.snapshots}
+        return [e for e in self.entries(kind, records) if e.snapshot_id not in known]
 
     def records(self, table_name: str, table) -> list[BatchRecord]:
         """One record per batch of `table`: from the current lineage's snapshot summaries,
         and from the ledger for the batches whose snapshots were expired."""
-        records = {r.batch_id: r for r in (BatchRecord.from_dict(e.record) for e in self.entries(BATCH))}
+        records = {r.batch_id: r for r in (BatchRecord.from_dict(e.record) for e in self.expired(table, BATCH))}
         records.update((summary(s)[BATCH_ID], record_of(table_name, s)) for s in batch_snapshots(table))
         return sorted(records.values(), key=lambda r: (r.interval_end, r.batch_id))
 
     def compactions(self, table) -> dict[str, dict[str, int]]:
         """Rows per batch in every file a compaction wrote ({path: {batch id: rows}}),
-        from the lineage's compaction snapshots and from the ledger."""
+        from the lineage's compaction snapshots and, for expired ones, from the ledger."""
         files: dict[str, dict[str, int]] = {}
-        for entry in self.entries(COMPACTION):
+        for entry in self.expired(table, COMPACTION):
             files.update(entry.record["files"])
         for snapshot in compaction_snapshots(table):
             files.update(json.loads(summary(snapshot)[COMPACTION_SUMMARY])["files"])
         return files
 
     def ids(self, kind: str = BATCH) -> set[str]:
-        table = self.tables.load(self.identifier)
-        if table is None or table.current_snapshot() is None:
-            return set()
-        found = table.scan(selected_fields=("kind", "id")).to_arrow()
-        return {i for k, i in zip(found["kind"].to_pylist(), found["id"].to_pylist()) if k == kind}
+        """The ids of every entry of `kind` the ledger holds."""
+        return {e.id for e in self.entries(kind, records=False)}
 
-    def append(self, entries: list[LedgerEntry]) -> int:
+    def append(self, entries: list[LedgerEntry], dedupe: bool = True) -> int:
         """Add the entries the ledger lacks, in one snapshot; the number added. A commit
         refused by the catalog (another writer came first) reads the ledger again, so
-        two writers of one entry add it once."""
+        two writers of one entry add it once. `dedupe=False` (a load's commit) appends
+        without reading the ledger first: a retry may add a row twice, which readers
+        and the ledger's compaction count once."""
         import pyarrow as pa
         from pyiceberg.exceptions import CommitFailedException
 
         for _ in range(APPEND_ATTEMPTS):
             table = self.tables.load(self.identifier)
-            if table is None:
-                raise RuntimeError(f"the ledger {self.identifier} does not exist; the next load creates it")
-            present = self._present(table)
+            if table is None:  # a table from before the ledger: create it
+                self.ensure()
+                continue
+            present = self._present(table) if dedupe else set()
             missing = {(e.kind, e.id): e for e in entries if (e.kind, e.id) not in present}
             if not missing:
                 return 0

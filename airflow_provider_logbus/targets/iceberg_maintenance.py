@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from urllib.parse import urlparse
 
-from airflow_provider_logbus.targets.iceberg_batches import COMPACTION, batch_snapshots, compaction_snapshots, summary
+from airflow_provider_logbus.targets.iceberg_batches import (
+    COMPACTION, SNAPSHOTS_EXPIRED, batch_snapshots, compaction_snapshots, summary,
+)
 from airflow_provider_logbus.targets.iceberg_compaction import TARGET_FILE_BYTES, HourCompaction, compact_hours
 from airflow_provider_logbus.targets.iceberg_ledger import COMPACTION as LEDGER_COMPACTION
 from airflow_provider_logbus.targets.iceberg_ledger import LedgerEntry
@@ -70,9 +72,28 @@ def expire_snapshots(target, older_than_ms: int) -> int:
     of the table's snapshots expired. The rejects table keeps its snapshots: a batch's
     rejects are found by the snapshot that added them."""
     sync_ledger(target)
+    _mark_expiring(target)
     expired = _expire(target.tables.load(target.identifier), older_than_ms)
     _expire(target.tables.load(target.ledger.identifier), older_than_ms)
     return expired
+
+
+def _mark_expiring(target) -> None:
+    """Set `logbus.snapshots-expired` before the first expiry: readers look in the
+    ledger from then on (`iceberg_batches.lineage_truncated`)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    for _ in range(EXPIRE_ATTEMPTS):
+        table = target.table_or_fail()
+        if table.properties.get(SNAPSHOTS_EXPIRED) == "true":
+            return
+        try:
+            with table.transaction() as tx:
+                tx.set_properties({SNAPSHOTS_EXPIRED: "true"})
+            return
+        except CommitFailedException:  # a load committed meanwhile
+            continue
+    raise RuntimeError(f"{target.identifier}: could not mark the table before expiring its snapshots")
 
 
 def _expire(table, older_than_ms: int) -> int:

@@ -179,7 +179,7 @@ def test_expiring_all_but_the_last_snapshot_keeps_the_audit_and_the_rerun_noop(t
     real_append = target.ledger.append
     for i in range(12):
         if i == 7:  # a commit killed after its catalog commit, before the ledger append
-            monkeypatch.setattr(target.ledger, "append", lambda entries: 0)
+            monkeypatch.setattr(target.ledger, "append", lambda entries, dedupe=True: 0)
         loader.commit(f"b{i:02d}", H0 + (i // 4) * HOUR_MS, messages=40, files=2)
         monkeypatch.setattr(target.ledger, "append", real_append)
     iceberg_compaction.compact_hours(target, closed_before_ms=H0 + HOUR_MS, target_file_bytes=1 << 30)

@@ -1,0 +1,153 @@
+"""Benchmark (issue 21): hourly batches into an Iceberg table with and without the daily
+maintenance (`targets/iceberg_maintenance.maintain`: compaction of closed hours, ledger
+sync, snapshot expiry past a week of batches, orphan removal), side by side.
+
+    .venv/bin/python -m bench.maintenance --batches 720 --files 4 --checkpoints 168,720
+
+Each batch is one hour's `--files` small files (`--rows` rows each, written with pyarrow
+in the iceberg staging layout) committed through `IcebergTarget.commit` — the real
+commit, with its ledger append — into two tables: one maintained every 24 batches, one
+never. At each checkpoint, per table: data files per closed hour, the metadata
+directory's bytes and files, the median of the last 10 commits, the number of
+snapshots, and a reader of one hour (load the table, plan, read to Arrow; fastest of
+three). Nothing here asserts a time; results go to stdout and
+`bench/results/maintenance.{json,md}` (git-ignored). Scratch files are removed on the
+way out, also on failure (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.iceberg import (  # noqa: E402
+    HOUR_MS, RESULTS, YEAR_START, loadavg, markdown, plan_of, value_schema, write_staging,
+)
+
+DAY = 24
+KEEP_SNAPSHOTS = 7 * DAY  # expiry keeps a week of batches
+
+
+def commit_hour(target, h: int, files: int, rows: int) -> float:
+    hour = YEAR_START + timedelta(hours=h)
+    staging = Path(target.prepare_staging(f"h{h:05d}", 1))
+    ranges = write_staging(staging, "iceberg", files, rows, h * files * rows, int(hour.timestamp() * 1000), 1)
+    plan = plan_of(target.table, hour, ranges)
+    t0 = time.perf_counter()
+    if not target.commit(plan, str(staging), "bench").published_now:
+        raise RuntimeError(f"hour {h} was not published")
+    return time.perf_counter() - t0
+
+
+def maintain_daily(target, h: int) -> float:
+    """The daily run, in simulated time: hours before the last one are closed; snapshots
+    older than a week of batches are expired; orphans are removed at once (nothing is
+    being written meanwhile)."""
+    from airflow_provider_logbus.targets.iceberg_maintenance import maintain
+
+    table = target.table_or_fail()
+    snapshots = sorted(s.timestamp_ms for s in table.metadata.snapshots)
+    keep_from = snapshots[-KEEP_SNAPSHOTS] if len(snapshots) > KEEP_SNAPSHOTS else None
+    closed = int((YEAR_START + timedelta(hours=h)).timestamp() * 1000)
+    t0 = time.perf_counter()
+    maintain(target, closed_before_ms=closed, compact_since_ms=closed - 2 * DAY * HOUR_MS,
+             expire_older_than_ms=keep_from, orphans_older_than_s=0)
+    return time.perf_counter() - t0
+
+
+def measure(target, hours: int, recent_commits: list[float]) -> dict:
+    from airflow_provider_logbus.targets.iceberg_tables import local_path
+
+    table = target.table_or_fail()
+    per_hour: dict[int, int] = {}
+    for task in table.scan().plan_files():
+        per_hour[task.file.partition[0]] = per_hour.get(task.file.partition[0], 0) + 1
+    closed = [n for hour, n in per_hour.items() if hour < min(per_hour) + hours - 1]
+    when = YEAR_START + timedelta(hours=hours // 2)
+    row_filter = f"timestamp >= '{when.isoformat()}' and timestamp < '{(when + timedelta(hours=1)).isoformat()}'"
+    readers = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        rows = target.catalog.load_table(target.identifier).scan(row_filter=row_filter).to_arrow().num_rows
+        readers.append(time.perf_counter() - t0)
+    metadata = Path(local_path(table.location())) / "metadata"
+    return {"files_per_closed_hour": statistics.fmean(closed) if closed else 0.0,
+            "snapshots": len(table.metadata.snapshots), "metadata_bytes": sum(p.stat().st_size
+                                                                            for p in metadata.iterdir()),
+            "metadata_files": sum(1 for _ in metadata.iterdir()),
+            "commit_s_median_last10": statistics.median(recent_commits[-10:]), "reader_s": min(readers),
+            "reader_rows": rows, "batches_visible": len(target.batches())}
+
+
+def run(args, work: Path) -> list[dict]:
+    from airflow_provider_logbus.targets.iceberg import IcebergTarget
+
+    targets = {kind: IcebergTarget("t", warehouse=str(work / kind)) for kind in ("maintained", "never")}
+    commits: dict[str, list[float]] = {kind: [] for kind in targets}
+    maintenance: list[float] = []
+    rows = []
+    try:
+        for target in targets.values():
+            target.ensure_schema(value_schema())
+        started = time.perf_counter()
+        for h in range(max(args.checkpoints)):
+            for kind, target in targets.items():  # alternating: the machine's noise hits both
+                commits[kind].append(commit_hour(target, h, args.files, args.rows))
+            if (h + 1) % DAY == 0:
+                maintenance.append(maintain_daily(targets["maintained"], h + 1))
+            if h + 1 in args.checkpoints:
+                for kind, target in targets.items():
+                    row = {"batches": h + 1, "table": kind, **measure(target, h + 1, commits[kind]),
+                           "first_commits_s": statistics.median(commits[kind][:10]),
+                           "maintenance_s_median": statistics.median(maintenance) if kind == "maintained" else None,
+                           "loadavg": loadavg()}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                print(f"  {h + 1} batches after {time.perf_counter() - started:.0f} s", flush=True)
+    finally:
+        for target in targets.values():
+            target.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoints", type=lambda s: sorted(int(x) for x in s.split(",")), default=[168, 720])
+    parser.add_argument("--files", type=int, default=4, help="small files per batch")
+    parser.add_argument("--rows", type=int, default=200, help="rows per small file")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-maintenance-"))
+    try:
+        rows = run(args, work)
+    except Exception as exc:
+        print(f"benchmark failed: {exc!r}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    columns = ["batches", "table", "files_per_closed_hour", "snapshots", "metadata_bytes", "metadata_files",
+               "first_commits_s", "commit_s_median_last10", "reader_s", "reader_rows", "batches_visible",
+               "maintenance_s_median"]
+    report = markdown(f"Hourly batches of {args.files} files x {args.rows} rows, maintained daily or never "
+                      f"(`python -m bench.maintenance --checkpoints {','.join(map(str, args.checkpoints))} "
+                      f"--files {args.files} --rows {args.rows}`)", rows, columns)
+    print(report)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "maintenance.json").write_text(json.dumps(rows, indent=1))
+    (args.results / "maintenance.md").write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
