@@ -113,6 +113,9 @@ SMOKES: dict[str, Smoke] = {
         r"^round 1 the whole run_load +[\d.]+ s$",
         r"^round 1 decoded -> pyarrow writer \(logbus-parquet\) +[\d.]+ s$",
         r"^round 1 plain Spark: read and parse the file +[\d.]+ s$"], timeout=300),
+    "maintenance": Smoke(["--checkpoints", "24", "--files", "2", "--rows", "5"], [
+        r"^\| 24 \| maintained \| 1\.000 \| ",
+        r"^\| 24 \| never \| 2\.000 \| "]),
     "ui_page": Smoke(["--batches", "4", "--rounds", "1"], [
         r"^directory +hours, last 48 h +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^iceberg +hours, all 4 h +[\d.]+ +[\d.]+ +[\d,]+$",
