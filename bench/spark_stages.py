@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                                                 load_job.PARTITION_COLUMNS["directory"])
                 return frame if keep_error else frame.drop(decode.ERROR, decode.RAW)
 
+            def partitioned():
+                return load_job.add_partition_columns(decoded(False), "directory")
+
             def noop(frame) -> None:
                 frame.write.format("noop").mode("overwrite").save()
 
@@ -64,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                     ("+ JSON parse, diagnosis dropped", lambda: noop(decoded(False))),
                     ("the whole run_load", lambda: load_job.run_load(spark, ranges, out, zookeeper=cluster.zookeeper,
                                                                      value_format="json", schema=SCHEMA)),
-                    ("decoded -> Spark's Parquet writer", lambda: decoded(False).write.partitionBy(*columns).parquet(
+                    ("decoded -> Spark's Parquet writer", lambda: partitioned().write.partitionBy(*columns).parquet(
                         str(work / f"spark-writer-{round_}"))),
                     ("decoded -> pyarrow writer (logbus-parquet)", lambda: load_job.write_parquet(
-                        decoded(False), str(work / f"pyarrow-writer-{round_}"), columns, int96=True)),
+                        partitioned(), str(work / f"pyarrow-writer-{round_}"), columns, int96=True)),
                     ("plain Spark: read and parse the file",
                      lambda: noop(spark.read.schema(SCHEMA).json(str(work / "input.jsonl")))),
                 ]

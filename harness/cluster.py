@@ -77,6 +77,7 @@ class BrokerProcess:
     def start(self, wait: bool = True, timeout: float = 60) -> "BrokerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started_ms = int(time.time() * 1000)
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0  # this run's lines follow
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -87,7 +88,8 @@ class BrokerProcess:
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Wait until the broker has registered itself in ZooKeeper (it listens before
-        it registers)."""
+        it registers) and finished starting (its controller, timers): a SIGTERM before
+        that aborts the start instead of shutting down cleanly."""
         zk = KazooClient(self.zookeeper)
         try:
             zk.start(timeout)
@@ -95,11 +97,19 @@ class BrokerProcess:
             raise ClusterError(f"broker {self.broker_id}: ZooKeeper at {self.zookeeper} is unreachable") from None
         try:
             wait_until(lambda: self._registered(zk), timeout, f"broker {self.broker_id} to register")
+            wait_until(self._serving, timeout, f"broker {self.broker_id} to finish starting")
         except TimeoutError:
             raise ClusterError(f"broker {self.broker_id} did not register:\n{self.log_tail()}") from None
         finally:
             zk.stop()
             zk.close()
+
+    def _serving(self) -> bool:
+        if self.process.poll() is not None:
+            raise ClusterError(f"broker {self.broker_id} exited with {self.process.returncode}:\n{self.log_tail()}")
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return b"] broker %d serving on " % self.broker_id in log.read()
 
     def _registered(self, zk: KazooClient) -> bool:
         if self.process.poll() is not None:
