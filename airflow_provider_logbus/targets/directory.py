@@ -79,6 +79,11 @@ class DirectoryTarget(CommitTarget):
     def __init__(self, warehouse: str | os.PathLike, table: str) -> None:
         if not str(warehouse):
             raise TargetError("the warehouse path is empty")
+        if "://" in str(warehouse):
+            raise TargetError(
+                f"the directory target cannot use {str(warehouse)!r}: it publishes a batch by renaming a directory "
+                "under a file lock, which an object store cannot do atomically; use target='iceberg' for tables on "
+                "object storage, or a local or shared POSIX path here")
         if not table or "/" in table or table.startswith(("_", ".")):
             raise TargetError(f"invalid table name {table!r}: no '/', and not starting with '_' or '.'")
         super().__init__(table)

@@ -11,6 +11,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_logbus.plan import BatchPlan
+from airflow_provider_logbus.targets.base import TargetError
 from airflow_provider_logbus.targets.directory import DirectoryTarget
 
 from .stagingutil import child_command, offsets, plan, wait_all, write_staging
@@ -122,3 +123,9 @@ def test_committed_ends_come_from_the_cache_only_for_the_batches_it_folded(tmp_p
     assert target.committed_end_offsets(TOPIC) == {0: 1400, 1: 100}  # names a batch that is not there: ignored
     cache.write_text("garbage")
     assert target.committed_end_offsets(TOPIC) == {0: 1400, 1: 100}
+
+
+@pytest.mark.parametrize("warehouse", ["s3://bucket/warehouse", "gs://bucket/wh"])
+def test_the_directory_target_refuses_an_object_store_warehouse_naming_why(warehouse):
+    with pytest.raises(TargetError, match="cannot do atomically; use target='iceberg'"):
+        DirectoryTarget(warehouse, "tbl")
