@@ -141,21 +141,27 @@ def _trim_file(path: Path, keep_from: dict[tuple[str, int], int]) -> None:
 
 def count_windows(files: list[Path], window_ms: int = COUNT_WINDOW_MS) -> tuple[list[dict], int]:
     """Rows per (topic, window of the message timestamp) in Parquet `files`, sorted."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     counts: dict[tuple[str, int], int] = {}
     for path in files:
-        table = pq.read_table(path, columns=["topic", "timestamp"])
-        if table.num_rows == 0:
-            continue
-        ts = table["timestamp"]
-        ms = pc.cast(ts, pa.timestamp("ms", tz=ts.type.tz), safe=False).cast(pa.int64())
-        windows = pc.multiply(pc.divide(ms, window_ms), window_ms)
-        grouped = pa.table({"topic": table["topic"], "window": windows}).group_by(["topic", "window"]).aggregate(
-            [("window", "count")])
-        for topic, window, n in zip(*(grouped[c].to_pylist() for c in ("topic", "window", "window_count"))):
-            counts[(topic, window)] = counts.get((topic, window), 0) + n
+        add_window_counts(pq.read_table(path, columns=["topic", "timestamp"]), window_ms, counts)
     rows = [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())]
     return rows, sum(counts.values())
+
+
+def add_window_counts(table, window_ms: int, counts: dict[tuple[str, int], int]) -> None:
+    """Add the rows of `table` (topic, timestamp columns) per (topic, window start ms)
+    to `counts`: what staging files and the load job's writer both count."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return
+    ts = table["timestamp"]
+    ms = pc.cast(ts, pa.timestamp("ms", tz=ts.type.tz), safe=False).cast(pa.int64())
+    windows = pc.multiply(pc.divide(ms, window_ms), window_ms)
+    grouped = pa.table({"topic": table["topic"], "window": windows}).group_by(["topic", "window"]).aggregate(
+        [("window", "count")])
+    for topic, window, n in zip(*(grouped[c].to_pylist() for c in ("topic", "window", "window_count"))):
+        counts[(topic, window)] = counts.get((topic, window), 0) + n

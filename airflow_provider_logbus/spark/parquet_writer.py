@@ -31,8 +31,9 @@ from typing import Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
+from airflow_provider_logbus.staged import COUNT_WINDOW_MS, add_window_counts
+
 WRITTEN_FILE = "_logbus_written.json"
-WINDOW_MS = 600_000
 
 
 def filesystem(location: str):
@@ -66,7 +67,7 @@ class ParquetWriter(DataSourceArrowWriter):
         self.location = options["path"]
         self.partition_by = [c for c in options.get("partition_by", "").split(",") if c]
         self.int96 = options.get("int96", "false") == "true"
-        self.window_ms = int(options.get("window_ms", WINDOW_MS))
+        self.window_ms = int(options.get("window_ms", COUNT_WINDOW_MS))
 
     def write(self, iterator: Iterator) -> WrittenFiles:
         import pyarrow as pa
@@ -83,7 +84,7 @@ class ParquetWriter(DataSourceArrowWriter):
                 table = pa.Table.from_batches([batch])
                 if table.num_rows == 0:
                     continue
-                _count_windows(table, self.window_ms, out.counts)
+                add_window_counts(table, self.window_ms, out.counts)
                 for directory, part in self._split(table):
                     if directory not in writers:
                         path = f"{root.rstrip('/')}/{directory}part-{task}-{uuid.uuid4().hex}.parquet"
@@ -153,19 +154,6 @@ def _partition_text(value) -> str:
     if value is None:
         return "__HIVE_DEFAULT_PARTITION__"
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
-
-
-def _count_windows(table, window_ms: int, counts: dict[tuple[str, int], int]) -> None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    ts = table["timestamp"]
-    ms = pc.cast(ts, pa.timestamp("ms", tz=ts.type.tz), safe=False).cast(pa.int64())
-    windows = pc.multiply(pc.divide(ms, window_ms), window_ms)  # timestamps are never negative here
-    grouped = pa.table({"topic": table["topic"], "window": windows}).group_by(["topic", "window"]).aggregate(
-        [("window", "count")])
-    for topic, window, n in zip(*(grouped[c].to_pylist() for c in ("topic", "window", "window_count"))):
-        counts[(topic, window)] = counts.get((topic, window), 0) + n
 
 
 def read_written(location: str) -> dict:

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import uuid
+import dataclasses
 from dataclasses import dataclass
 
 from airflow_provider_logbus.targets.base import BatchRecord
@@ -48,8 +49,7 @@ class HourCompaction:
     outcome: str  # "compacted", "left: <why>"
 
     def to_dict(self) -> dict:
-        return {"hour_ms": self.hour_ms, "files_before": self.files_before, "files_after": self.files_after,
-                "rows": self.rows, "outcome": self.outcome}
+        return dataclasses.asdict(self)
 
 
 class NotAccountable(Exception):
@@ -82,8 +82,8 @@ def compact_hour(target, hour_ms: int, target_file_bytes: int = TARGET_FILE_BYTE
 
     for attempt in range(1, ATTEMPTS + 1):
         table = target.table_or_fail()
-        entries = _hour_entries(table, hour_ms)
-        needed = max(1, math.ceil(sum(e.data_file.file_size_in_bytes for e in entries) / target_file_bytes))
+        entries = _entries_by_hour(table).get(hour_ms, [])
+        needed = _files_needed(entries, target_file_bytes)
         if len(entries) <= needed:
             return HourCompaction(hour_ms, len(entries), len(entries), 0, "left: already compact")
         try:
@@ -121,24 +121,23 @@ def compact_hour(target, hour_ms: int, target_file_bytes: int = TARGET_FILE_BYTE
 
 
 def _hours_to_compact(table, closed_before_ms: int, target_file_bytes: int, since_ms: int | None) -> list[int]:
-    sizes: dict[int, list[int]] = {}
+    return sorted(hour for hour, entries in _entries_by_hour(table).items()
+                  if hour + HOUR_MS <= closed_before_ms and (since_ms is None or hour >= since_ms)
+                  and len(entries) > _files_needed(entries, target_file_bytes))
+
+
+def _files_needed(entries: list, target_file_bytes: int) -> int:
+    return max(1, math.ceil(sum(e.data_file.file_size_in_bytes for e in entries) / target_file_bytes))
+
+
+def _entries_by_hour(table) -> dict[int, list]:
+    """The current snapshot's live manifest entries, by the hour of their file."""
     current = table.current_snapshot()
+    out: dict[int, list] = {}
     for manifest in current.manifests(table.io) if current is not None else ():
         hour_of = hour_reader(table, manifest.partition_spec_id)
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            hour = hour_of(entry.data_file)
-            if hour + HOUR_MS <= closed_before_ms and (since_ms is None or hour >= since_ms):
-                sizes.setdefault(hour, []).append(entry.data_file.file_size_in_bytes)
-    return sorted(h for h, s in sizes.items() if len(s) > max(1, math.ceil(sum(s) / target_file_bytes)))
-
-
-def _hour_entries(table, hour_ms: int) -> list:
-    current = table.current_snapshot()
-    out = []
-    for manifest in current.manifests(table.io) if current is not None else ():
-        hour_of = hour_reader(table, manifest.partition_spec_id)
-        out += [e for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-                if hour_of(e.data_file) == hour_ms]
+            out.setdefault(hour_of(entry.data_file), []).append(entry)
     return out
 
 

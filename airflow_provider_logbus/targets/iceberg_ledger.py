@@ -67,7 +67,10 @@ class Ledger:
         """Every entry (of `kind`), one per (kind, id): a row appended twice — a retried
         commit, two racing writers — counts once. `records=False` leaves the records out
         (empty), reading only the small columns."""
-        table = self.tables.load(self.identifier)
+        return self._entries(self.tables.load(self.identifier), kind, records)
+
+    @staticmethod
+    def _entries(table, kind: str | None, records: bool) -> list[LedgerEntry]:
         if table is None or table.current_snapshot() is None:
             return []
         columns = ("kind", "id", "snapshot_id", "committed_at") + (("record",) if records else ())
@@ -124,7 +127,7 @@ class Ledger:
             if table is None:  # a table from before the ledger: create it
                 self.ensure()
                 continue
-            present = self._present(table) if dedupe else set()
+            present = {(e.kind, e.id) for e in self._entries(table, None, records=False)} if dedupe else set()
             missing = {(e.kind, e.id): e for e in entries if (e.kind, e.id) not in present}
             if not missing:
                 return 0
@@ -139,13 +142,6 @@ class Ledger:
             except CommitFailedException:
                 continue
         raise RuntimeError(f"could not append to {self.identifier}: {APPEND_ATTEMPTS} concurrent commits in a row")
-
-    @staticmethod
-    def _present(table) -> set[tuple[str, str]]:
-        if table.current_snapshot() is None:
-            return set()
-        found = table.scan(selected_fields=("kind", "id")).to_arrow()
-        return set(zip(found["kind"].to_pylist(), found["id"].to_pylist()))
 
     def compact(self) -> bool:
         """Rewrite the ledger's files into one (an append per batch leaves a small file
