@@ -107,6 +107,8 @@ ICEBERG = ConnectionForm(
     fields={
         "warehouse": _optional("string", "Warehouse location", "file:///data/wh, s3://bucket/wh, ..."),
         "type": _optional("string", "Catalog type", "sql (default) or rest", "sql"),
+        "aws_conn_id": _optional("string", "AWS connection", "an 'aws' connection with the object store's keys, "
+                                 "region and endpoint (for an s3:// warehouse)"),
     },
 )
 

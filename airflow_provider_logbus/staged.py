@@ -12,14 +12,13 @@ it without starting Spark again:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_provider_logbus.plan import Range
+from airflow_provider_logbus.storage import Storage, join, name_of, parent_of
 
 logger = logging.getLogger(__name__)
 
@@ -29,25 +28,14 @@ COUNT_WINDOW_MS = 600_000
 
 
 def write_json_atomic(path: Path, obj, tmp_dir: Path | None = None) -> None:
-    """Write a JSON file so that readers see the old file or the new one, never half.
-    The temporary file lives in `tmp_dir` (default: beside the target), so a writer
-    killed mid-way leaves nothing inside a directory that is about to be published."""
-    tmp = (tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # e.g. the directory of `path` removed meanwhile by a concurrent commit
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write a JSON file on a local disk so that readers see the old file or the new one,
+    never half (`Storage.write_json`)."""
+    Storage().write_json(str(path), obj, str(tmp_dir) if tmp_dir is not None else None)
 
 
-def reject_files(root: Path) -> list[Path]:
+def reject_files(root: str | os.PathLike, storage: Storage | None = None) -> list[str]:
     """The Parquet files of the values a load attempt rejected (`<root>/_rejects/`)."""
-    rejects = Path(root) / REJECTS_DIR
-    return sorted(rejects.rglob("*.parquet")) if rejects.is_dir() else []
+    return (storage or Storage()).files(join(str(root), REJECTS_DIR), ".parquet")
 
 
 class StagingError(RuntimeError):
@@ -56,9 +44,10 @@ class StagingError(RuntimeError):
 
 @dataclass
 class StagedBatch:
-    """The load job's output for one attempt, as the commit sees it."""
+    """The load job's output for one attempt, as the commit sees it: `root` is a local
+    path or an object-store URI, read through `storage`."""
 
-    root: Path
+    root: str
     counts: list[dict]
     row_count: int
     rejected: list[dict] = field(default_factory=list)
@@ -66,14 +55,15 @@ class StagedBatch:
     window_ms: int = COUNT_WINDOW_MS
     schema: str | None = None
     schema_source: str | None = None
+    storage: Storage = field(default_factory=Storage, repr=False, compare=False)
 
     @classmethod
-    def read(cls, root: str | os.PathLike) -> "StagedBatch":
-        root = Path(root)
-        if not root.is_dir():
+    def read(cls, root: str | os.PathLike, storage: Storage | None = None) -> "StagedBatch":
+        root, storage = str(root), storage or Storage()
+        if not storage.is_dir(root):
             raise StagingError(f"staging directory {root} does not exist; run the load task again")
         try:
-            info = json.loads((root / COUNTS_FILE).read_text())
+            info = storage.read_json(join(root, COUNTS_FILE))
         except FileNotFoundError:
             raise StagingError(
                 f"staging {root} has no {COUNTS_FILE}: the load job did not finish for this attempt; "
@@ -81,25 +71,30 @@ class StagedBatch:
         return cls(root=root, counts=list(info.get("counts", [])), row_count=int(info.get("row_count", 0)),
                    rejected=list(info.get("rejected", [])), rejected_count=int(info.get("rejected_count", 0)),
                    window_ms=int(info.get("window_ms", COUNT_WINDOW_MS)), schema=info.get("schema"),
-                   schema_source=info.get("schema_source"))
+                   schema_source=info.get("schema_source"), storage=storage)
 
-    def data_files(self) -> list[Path]:
-        return sorted(p for p in self.root.rglob("*.parquet") if REJECTS_DIR not in p.relative_to(self.root).parts)
+    @property
+    def name(self) -> str:
+        """The attempt's name, `<batch_id>.<attempt>`."""
+        return name_of(self.root)
 
-    def reject_files(self) -> list[Path]:
-        return reject_files(self.root)
+    def data_files(self) -> list[str]:
+        rejects = join(self.root, REJECTS_DIR) + "/"
+        return [p for p in self.storage.files(self.root, ".parquet") if not p.startswith(rejects)]
+
+    def reject_files(self) -> list[str]:
+        return reject_files(self.root, self.storage)
 
     def file_rows(self) -> dict[str, int]:
         """Rows per data file (path inside the staging directory), from the footers."""
-        import pyarrow.parquet as pq
-
-        return {p.relative_to(self.root).as_posix(): pq.read_metadata(p).num_rows for p in self.data_files()}
+        prefix = self.root.rstrip("/") + "/"
+        return {p[len(prefix):]: self.storage.parquet_rows(p) for p in self.data_files()}
 
     def write_counts(self) -> None:
-        info = json.loads((self.root / COUNTS_FILE).read_text())
+        info = self.storage.read_json(join(self.root, COUNTS_FILE))
         info.update(counts=self.counts, row_count=self.row_count, rejected=self.rejected,
                     rejected_count=self.rejected_count)
-        write_json_atomic(self.root / COUNTS_FILE, info, tmp_dir=self.root.parent)
+        self.storage.write_json(join(self.root, COUNTS_FILE), info, tmp_dir=parent_of(self.root))
 
     def trim(self, ranges: list[Range]) -> "StagedBatch":
         """Drop the rows outside `ranges` (only ever rows below a range's new start, after
@@ -108,20 +103,19 @@ class StagedBatch:
         trimmed attempt as it is on disk."""
         keep_from = {r.key: r.start for r in ranges}
         for path in self.data_files() + self.reject_files():
-            _trim_file(path, keep_from)
-        self.counts, self.row_count = count_windows(self.data_files(), self.window_ms)
-        self.rejected, self.rejected_count = count_windows(self.reject_files(), self.window_ms)
+            _trim_file(self.storage, path, keep_from)
+        self.counts, self.row_count = count_windows(self.data_files(), self.window_ms, self.storage)
+        self.rejected, self.rejected_count = count_windows(self.reject_files(), self.window_ms, self.storage)
         self.write_counts()
         logger.info("trimmed staging %s to %d rows and %d rejects", self.root, self.row_count, self.rejected_count)
         return self
 
 
-def _trim_file(path: Path, keep_from: dict[tuple[str, int], int]) -> None:
+def _trim_file(storage: Storage, path: str, keep_from: dict[tuple[str, int], int]) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    table = pq.read_table(path)  # one file alone: Hive partition columns stay in the path
+    table = storage.read_parquet(path)  # one file alone: Hive partition columns stay in the path
     if table.num_rows == 0:
         return
     keep = pa.array([True] * table.num_rows)
@@ -132,20 +126,18 @@ def _trim_file(path: Path, keep_from: dict[tuple[str, int], int]) -> None:
     if kept == table.num_rows:
         return
     if kept == 0:
-        path.unlink()
+        storage.delete_file(path)
         return
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    pq.write_table(table.filter(keep), tmp)
-    os.replace(tmp, path)
+    storage.write_parquet(path, table.filter(keep))
 
 
-def count_windows(files: list[Path], window_ms: int = COUNT_WINDOW_MS) -> tuple[list[dict], int]:
+def count_windows(files: list, window_ms: int = COUNT_WINDOW_MS,
+                  storage: Storage | None = None) -> tuple[list[dict], int]:
     """Rows per (topic, window of the message timestamp) in Parquet `files`, sorted."""
-    import pyarrow.parquet as pq
-
+    storage = storage or Storage()
     counts: dict[tuple[str, int], int] = {}
     for path in files:
-        add_window_counts(pq.read_table(path, columns=["topic", "timestamp"]), window_ms, counts)
+        add_window_counts(storage.read_parquet(str(path), columns=["topic", "timestamp"]), window_ms, counts)
     rows = [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())]
     return rows, sum(counts.values())
 

@@ -15,6 +15,7 @@ from kazoo.client import KazooClient
 
 from harness.cluster import LocalCluster
 from harness.postgres import PostgresServer
+from harness.s3 import S3Server
 from harness.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, with_chroot
 
 
@@ -47,6 +48,15 @@ def postgres(tmp_path_factory) -> PostgresServer:
     only for the tests that ask for it; `postgres.create_database(name)` gives each user
     its own database."""
     server = PostgresServer(tmp_path_factory.mktemp("postgres")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> S3Server:
+    """A real S3 API server (moto's, on 127.0.0.1), started only for the tests that ask
+    for it; each takes its own bucket (`s3_server.create_bucket(name)`)."""
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
     yield server
     server.stop()
 

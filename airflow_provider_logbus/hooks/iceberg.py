@@ -6,6 +6,11 @@ Connection type `logbus_iceberg` (default id `logbus_iceberg_default`):
   `postgresql+psycopg2://user:pw@db:5432/iceberg` (the production setup), or a REST
   catalog's `https://...` with extra `{"type": "rest"}`;
 * extra `warehouse`: where table data goes (`file:///data/wh`, `s3://bucket/wh`);
+* extra `aws_conn_id`: an Airflow connection of the Amazon provider's `aws` type
+  (login = access key id, password = secret access key, extras `region_name`,
+  `endpoint_url` and `aws_session_token`), read as a plain connection (the Amazon provider
+  is not needed) and turned into pyiceberg's `s3.*` properties, which the load job's
+  executors get too (`storage.py`); `s3.*` extras set here win over it;
 * any other extra is passed to pyiceberg's `load_catalog` as a catalog property
   (`credential`, `token`, `s3.endpoint`, ...).
 
@@ -65,11 +70,29 @@ class IcebergCatalogHook(BaseHook):
         if not uri:
             raise AirflowException(f"Airflow connection {self.catalog_conn_id!r} names no catalog: set its host "
                                    "(or extra 'uri') to the catalog URI")
+        aws_conn_id = props.pop("aws_conn_id", None)
+        if aws_conn_id:
+            props = {**self.s3_properties(aws_conn_id), **props}
         props.setdefault("type", "rest" if uri.startswith(("http://", "https://")) else "sql")
         props["uri"] = uri
         if "warehouse" not in props and warehouse:
             props["warehouse"] = warehouse if "://" in warehouse else f"file://{warehouse}"
         return props
+
+    def s3_properties(self, aws_conn_id: str) -> dict[str, str]:
+        """pyiceberg's `s3.*` properties from an `aws` connection (module docstring)."""
+        try:
+            conn = self.get_connection(aws_conn_id)
+        except AirflowNotFoundException:
+            raise AirflowException(f"Airflow connection {aws_conn_id!r} (the catalog connection "
+                                   f"{self.catalog_conn_id!r}'s aws_conn_id) is not defined") from None
+        extra = conn.extra_dejson or {}
+        endpoint = (extra.get("endpoint_url")
+                    or (extra.get("service_config") or {}).get("s3", {}).get("endpoint_url"))
+        found = {"s3.access-key-id": conn.login, "s3.secret-access-key": conn.password,
+                 "s3.session-token": extra.get("aws_session_token"), "s3.region": extra.get("region_name"),
+                 "s3.endpoint": endpoint}
+        return {k: str(v) for k, v in found.items() if v}
 
     def test_connection(self) -> tuple[bool, str]:
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, re
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
+from airflow_provider_logbus.storage import STORAGE_ENV, Storage, join, name_of
 
 LOAD_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "load_job.py")
 EMBEDDED_MASTER = "local[*]"
@@ -187,18 +187,22 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             staging = target.prepare_staging(plan.batch_id, context["ti"].try_number)
             layout = self.layout or target.layout
             table = target.dataset()
+            storage = target.storage
         finally:
             target.close()
         env = python_environment()
         security = LogbusHook(self.logbus_conn_id).security_properties()
-        if security:  # to spark-submit's environment, not its command line (docs/provider.md)
+        # secrets go to spark-submit's environment, not its command line (docs/provider.md)
+        if security:
             env[SECURITY_ENV] = json.dumps(security)
+        if storage.properties:
+            env[STORAGE_ENV] = json.dumps(storage.properties)
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
                 "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}
         # spark-submit's output goes to the task log; the job also writes its own log and
         # the traceback of its failure to this file. The job starts by emptying the
         # staging directory, so the file joins it only when the job failed.
-        fd, spark_log = tempfile.mkstemp(prefix=f"logbus-spark-{Path(staging).name}-", suffix=".log")
+        fd, spark_log = tempfile.mkstemp(prefix=f"logbus-spark-{name_of(staging)}-", suffix=".log")
         os.close(fd)
         self._hook = LogbusSparkSubmitHook(
             conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan.batch_id}",
@@ -206,26 +210,27 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         try:
             self._hook.submit(LOAD_JOB)
         except AirflowException as exc:  # spark-submit failed: say why, from what the job recorded
-            raise LogbusLoadError(self.failure_message(Path(staging), Path(spark_log), exc)) from exc
+            raise LogbusLoadError(self.failure_message(staging, Path(spark_log), exc, storage)) from exc
         finally:
             Path(spark_log).unlink(missing_ok=True)
         self.batch_lineage = {"address": LogbusHook(self.logbus_conn_id).cluster_address(), "table": table,
                               "batch_id": plan.batch_id, "ranges": plan.ranges}
-        return {"batch_id": plan.batch_id, "staging": str(staging), "committed": False}
+        return {"batch_id": plan.batch_id, "staging": staging, "committed": False}
 
-    def failure_message(self, staging: Path, spark_log: Path, exc: Exception) -> str:
+    def failure_message(self, staging: str, spark_log: Path, exc: Exception, storage: Storage | None = None) -> str:
         """`<ExceptionType>: <message> (Spark log: <path>)` from what the job recorded in
         staging; the log is kept there, beside the error (both leave with the failed
         attempt's staging when a later attempt commits)."""
-        log_path: Path | str = spark_log
+        storage = storage or Storage()
+        log_path: str = str(spark_log)
         try:
-            staging.mkdir(parents=True, exist_ok=True)
-            log_path = staging / SPARK_LOG
-            shutil.copyfile(spark_log, log_path)
+            storage.make_dirs(staging)
+            log_path = join(staging, SPARK_LOG)
+            storage.write_bytes(log_path, spark_log.read_bytes())
         except OSError as copy_error:
             self.log.warning("could not keep the Spark log in %s: %s", staging, copy_error)
             log_path = "the task log"
-        failure = read_failure(staging)
+        failure = read_failure(staging, storage)
         if failure:
             return f"{failure['type']}: {failure['message']} (Spark log: {log_path})"
         code = str(exc).rsplit("Error code is:", 1)[-1].strip().split(".")[0] if "Error code is:" in str(exc) else "?"

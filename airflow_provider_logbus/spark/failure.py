@@ -5,15 +5,16 @@ A failure inside a Spark task reaches the driver wrapped (a `PythonException` or
 and spark-submit's exit code says only that it failed. The job records its cause —
 the innermost Python exception's type and message — in `<staging>/_logbus_error.json`;
 `LogbusSparkLoadOperator` reads it and raises it with the path of the Spark log.
-No Airflow or Spark import here: the job imports it under spark-submit.
+No Airflow or Spark import here: the job imports it under spark-submit. Staging may be
+on an object store: the file goes through `Storage`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from pathlib import Path
+
+from airflow_provider_logbus.storage import Storage, join
 
 ERROR_FILE = "_logbus_error.json"
 SPARK_LOG = "_logbus_spark.log"
@@ -52,21 +53,19 @@ def _first_traceback_exception(text: str) -> tuple[str, str] | None:
     return None
 
 
-def write_failure(staging: str | Path, exc: BaseException) -> Path:
+def write_failure(staging: str | Path, exc: BaseException, storage: Storage | None = None) -> str:
     """Record `exc`'s root cause in `<staging>/_logbus_error.json` (atomically)."""
     kind, message = root_cause(exc)
-    staging = Path(staging)
-    staging.mkdir(parents=True, exist_ok=True)
-    path = staging / ERROR_FILE
-    tmp = staging / f".{ERROR_FILE}.tmp"
-    tmp.write_text(json.dumps({"type": kind, "message": message, "raised": type(exc).__name__}))
-    os.replace(tmp, path)
+    storage = storage or Storage()
+    storage.make_dirs(str(staging))
+    path = join(str(staging), ERROR_FILE)
+    storage.write_json(path, {"type": kind, "message": message, "raised": type(exc).__name__})
     return path
 
 
-def read_failure(staging: str | Path) -> dict | None:
+def read_failure(staging: str | Path, storage: Storage | None = None) -> dict | None:
     """{"type", "message", "raised"} recorded by a failed job, or None."""
     try:
-        return json.loads((Path(staging) / ERROR_FILE).read_text())
+        return (storage or Storage()).read_json(join(str(staging), ERROR_FILE))
     except (OSError, ValueError):
         return None

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -50,7 +49,8 @@ from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
 from airflow_provider_logbus.spark.decode import (
     ERROR, META_COLUMNS, RAW, decode_json, explain_rejects, json_schema, non_null_default,
 )
-from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, write_json_atomic
+from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR
+from airflow_provider_logbus.storage import Storage, join, name_of, parent_of, properties_from_environment
 
 logger = logging.getLogger("logbus.load_job")
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
@@ -94,16 +94,18 @@ def add_partition_columns(df, layout: str):
 
 
 def write_parquet(df, location: str, partition_by: Sequence[str] = (), int96: bool = False,
-                  window_ms: int = WINDOW_MS) -> dict:
+                  window_ms: int = WINDOW_MS, storage: Storage | None = None) -> dict:
     """Write `df` as Parquet under `location` with the `logbus-parquet` data source
     (pyarrow on the executors; `spark/parquet_writer.py`); what it wrote and counted."""
-    from airflow_provider_logbus.spark.parquet_writer import ParquetDataSource, read_written
+    from airflow_provider_logbus.spark.parquet_writer import (STORAGE_OPTION, ParquetDataSource, read_written,
+                                                              storage_option)
 
+    storage = storage or Storage()
     df.sparkSession.dataSource.register(ParquetDataSource)
     (df.write.format("logbus-parquet").mode("append").option("path", location)
      .option("partition_by", ",".join(partition_by)).option("int96", "true" if int96 else "false")
-     .option("window_ms", str(window_ms)).save())
-    return read_written(location)
+     .option("window_ms", str(window_ms)).option(STORAGE_OPTION, storage_option(storage)).save())
+    return read_written(location, storage)
 
 
 def per_topic(counts: list[dict]) -> dict[str, int]:
@@ -114,7 +116,7 @@ def per_topic(counts: list[dict]) -> dict[str, int]:
 
 
 def check_reject_rate(spark, counts: list[dict], rejected: list[dict], max_reject_rate: float,
-                      rejects_path: Path) -> None:
+                      rejects_path: str) -> None:
     """Raise `RejectRateError` when a topic's rejected / (accepted + rejected) is over the limit."""
     from pyspark.sql import functions as F
 
@@ -158,17 +160,16 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
         raise ValueError(f"max_reject_rate {max_reject_rate} must be a fraction between 0 and 1")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     int96 = layout == "directory"  # as Spark writes timestamps by default; Iceberg reads TIMESTAMP_MICROS only
-    staging_path = Path(staging)
-    rejects_path = staging_path / REJECTS_DIR
-    if staging_path.exists():
-        shutil.rmtree(staging_path)
+    storage = Storage(properties_from_environment())
+    rejects_path = join(staging, REJECTS_DIR)
+    storage.delete_dir(staging)
     source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait)
     cached = None
     rejected_written = None
     try:
         if value_format == "raw":
             written = write_parquet(add_partition_columns(source, layout), staging, PARTITION_COLUMNS[layout], int96,
-                                    window_ms)
+                                    window_ms, storage)
             schema_ddl = schema_source = None
         else:
             decoded = json_schema(spark, source, schema)
@@ -183,20 +184,20 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
                 F.coalesce(F.col(out), non_null_default(types[out])).alias(out) if out in required else F.col(out)
                 for _, out in outputs])
             written = write_parquet(add_partition_columns(accepted, layout), staging, PARTITION_COLUMNS[layout],
-                                    int96, window_ms)
+                                    int96, window_ms, storage)
             rejected = explain_rejects(cached.filter(F.col(ERROR).isNotNull()), decoded).select(  # few rows: one file
                 *META_COLUMNS, F.col(RAW).alias("value"), F.col(ERROR).alias("error")).repartition(1)
-            rejected_written = write_parquet(rejected, str(rejects_path), (), int96, window_ms)
+            rejected_written = write_parquet(rejected, rejects_path, (), int96, window_ms, storage)
     finally:
         if cached is not None:
             cached.unpersist()
-    staging_path.mkdir(parents=True, exist_ok=True)  # an empty batch writes no files
+    storage.make_dirs(staging)  # an empty batch writes no files
     counts, row_count = written["counts"], written["row_count"]
     rejected_counts, rejected_count = ([], 0)
     if rejected_written is not None:
         rejected_counts, rejected_count = rejected_written["counts"], rejected_written["row_count"]
-    if rejected_count == 0 and rejects_path.exists():
-        shutil.rmtree(rejects_path)
+    if rejected_count == 0:
+        storage.delete_dir(rejects_path)
     result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": [r.to_dict() for r in ranges],
               "format": value_format, "layout": layout, "rejected": rejected_counts,
               "rejected_count": rejected_count, "schema": schema_ddl, "schema_source": schema_source}
@@ -204,7 +205,7 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
         logger.warning("%d values rejected into %s (%s)", rejected_count, rejects_path,
                        ", ".join(f"{t}: {n}" for t, n in sorted(per_topic(rejected_counts).items())))
         check_reject_rate(spark, counts, rejected_counts, max_reject_rate, rejects_path)
-    write_json_atomic(staging_path / COUNTS_FILE, result, tmp_dir=staging_path.parent)
+    storage.write_json(join(staging, COUNTS_FILE), result, tmp_dir=parent_of(staging))
     logger.info("loaded %d rows (%d rejected) into %s, layout %s", row_count, rejected_count, staging, layout)
     return result
 
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from airflow_provider_logbus.schema import SchemaError
 
-    spark = SparkSession.builder.appName(f"logbus-load {Path(args.staging).name}").getOrCreate()
+    spark = SparkSession.builder.appName(f"logbus-load {name_of(args.staging)}").getOrCreate()
     try:
         run_load(spark, ranges, args.staging, args.zookeeper, args.brokers, args.format, args.schema,
                  args.fetch_bytes, args.split_bytes, args.window_ms, args.layout, args.max_reject_rate,
@@ -289,7 +290,7 @@ def _record_failure(staging: str, exc: BaseException) -> None:
     from airflow_provider_logbus.spark.failure import write_failure
 
     try:
-        write_failure(staging, exc)
+        write_failure(staging, exc, Storage(properties_from_environment()))
     except Exception:  # never hide the job's own error
         logger.exception("could not record the load's failure in %s", staging)
 

@@ -19,7 +19,9 @@ writing), then writes `<path>/_logbus_written.json`:
     {"files": [{"path", "rows"}], "row_count": N, "counts": [{"topic", "window_start", "count"}]}
 
 A job that fails has its tasks' files deleted by `abort`; the staging directory is the
-attempt's own and is removed by the commit protocol in any case.
+attempt's own and is removed by the commit protocol in any case. Object-store settings
+(`storage.py`) travel in the option `secret_storage` (JSON), whose name Spark's
+`spark.redaction.regex` matches, so plans and logs show it redacted.
 """
 
 from __future__ import annotations
@@ -29,20 +31,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, \
+    WriterCommitMessage
 
 from airflow_provider_logbus.staged import COUNT_WINDOW_MS, add_window_counts
+from airflow_provider_logbus.storage import Storage
 
 WRITTEN_FILE = "_logbus_written.json"
 
 
-def filesystem(location: str):
-    """(pyarrow filesystem, path inside it) for a local path or a URI."""
-    from pyarrow.fs import FileSystem, LocalFileSystem
+STORAGE_OPTION = "secret_storage"
 
-    if "://" not in location:
-        return LocalFileSystem(), location
-    return FileSystem.from_uri(location)
+
+def storage_option(storage: Storage) -> str:
+    return json.dumps(storage.properties)
 
 
 @dataclass
@@ -61,6 +63,39 @@ class ParquetDataSource(DataSource):
     def writer(self, schema, overwrite: bool) -> "ParquetWriter":
         return ParquetWriter(self.options)
 
+    def reader(self, schema) -> "ParquetReader":
+        return ParquetReader(self.options, schema)
+
+
+class FilePartition(InputPartition):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+class ParquetReader(DataSourceReader):
+    """Reads the Parquet files named in option `paths` (a JSON list of locations), one
+    input partition per file, through `pyarrow.fs`: what Spark's own reader cannot do on
+    an object store without Hadoop's connector. Columns the schema names and a file lacks
+    are null (a field added by schema evolution)."""
+
+    def __init__(self, options: dict, schema) -> None:
+        self.paths = json.loads(options["paths"])
+        self.columns = [f.name for f in schema.fields]
+        self.storage = Storage(json.loads(options.get(STORAGE_OPTION) or "{}"))
+
+    def partitions(self) -> list[FilePartition]:
+        return [FilePartition(p) for p in self.paths]
+
+    def read(self, partition: FilePartition) -> Iterator:
+        import pyarrow as pa
+
+        table = self.storage.read_parquet(partition.path)
+        for batch in table.to_batches():
+            yield pa.RecordBatch.from_arrays(
+                [batch.column(c) if c in batch.schema.names else pa.nulls(batch.num_rows) for c in self.columns],
+                names=self.columns)
+
 
 class ParquetWriter(DataSourceArrowWriter):
     def __init__(self, options: dict) -> None:
@@ -68,6 +103,7 @@ class ParquetWriter(DataSourceArrowWriter):
         self.partition_by = [c for c in options.get("partition_by", "").split(",") if c]
         self.int96 = options.get("int96", "false") == "true"
         self.window_ms = int(options.get("window_ms", COUNT_WINDOW_MS))
+        self.storage = Storage(json.loads(options.get(STORAGE_OPTION) or "{}"))
 
     def write(self, iterator: Iterator) -> WrittenFiles:
         import pyarrow as pa
@@ -76,7 +112,7 @@ class ParquetWriter(DataSourceArrowWriter):
 
         context = TaskContext.get()
         task = f"{context.partitionId():05d}" if context is not None else "00000"
-        fs, root = filesystem(self.location)
+        fs, root = self.storage.resolve(self.location)
         writers: dict[str, tuple[pq.ParquetWriter, str, list[int]]] = {}
         out = WrittenFiles()
         try:
@@ -88,7 +124,7 @@ class ParquetWriter(DataSourceArrowWriter):
                 for directory, part in self._split(table):
                     if directory not in writers:
                         path = f"{root.rstrip('/')}/{directory}part-{task}-{uuid.uuid4().hex}.parquet"
-                        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+                        self.storage.make_dirs(self.storage.location_of(self.location, path.rsplit("/", 1)[0]))
                         writer = pq.ParquetWriter(fs.open_output_stream(path), part.schema,
                                                   use_deprecated_int96_timestamps=self.int96)
                         writers[directory] = (writer, path, [0])
@@ -122,7 +158,7 @@ class ParquetWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WrittenFiles]) -> None:
         from pyarrow.fs import FileSelector, FileType
 
-        fs, root = filesystem(self.location)
+        fs, root = self.storage.resolve(self.location)
         files = [f for m in messages if m is not None for f in m.files]
         named = {path for path, _ in files}
         for info in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True)):
@@ -135,12 +171,12 @@ class ParquetWriter(DataSourceArrowWriter):
         written = {"files": [{"path": p, "rows": n} for p, n in sorted(files)], "row_count": sum(counts.values()),
                    "counts": [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())],
                    "window_ms": self.window_ms}
-        fs.create_dir(root, recursive=True)
+        self.storage.make_dirs(self.location)
         with fs.open_output_stream(f"{root.rstrip('/')}/{WRITTEN_FILE}") as stream:
             stream.write(json.dumps(written, sort_keys=True).encode())
 
     def abort(self, messages: list[WrittenFiles]) -> None:
-        fs, _ = filesystem(self.location)
+        fs, _ = self.storage.resolve(self.location)
         for m in messages:
             for path, _ in (m.files if m is not None else ()):
                 try:
@@ -156,8 +192,6 @@ def _partition_text(value) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def read_written(location: str) -> dict:
+def read_written(location: str, storage: Storage | None = None) -> dict:
     """The driver's record of what a `logbus-parquet` write produced (module docstring)."""
-    fs, root = filesystem(location)
-    with fs.open_input_stream(f"{root.rstrip('/')}/{WRITTEN_FILE}") as stream:
-        return json.loads(stream.read())
+    return (storage or Storage()).read_json(f"{location.rstrip('/')}/{WRITTEN_FILE}")

@@ -30,6 +30,7 @@ from typing import Any
 
 from airflow_provider_logbus.plan import BatchPlan, Range, rebase
 from airflow_provider_logbus.staged import COUNT_WINDOW_MS, StagedBatch, StagingError
+from airflow_provider_logbus.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -146,13 +147,19 @@ def committed_ends(records: list[BatchRecord]) -> dict[tuple[str, int], int]:
 
 
 class CommitTarget(ABC):
-    """One table of one target kind. `layout` tells the Spark load job how to write."""
+    """One table of one target kind. `layout` tells the Spark load job how to write;
+    `storage` reaches the target's files (staging included) on disk or object store."""
 
     layout: str = "directory"
     max_commit_rounds: int = 50
 
-    def __init__(self, table: str) -> None:
+    def __init__(self, table: str, storage: Storage | None = None) -> None:
         self.table = table
+        self.storage = storage or Storage()
+
+    def storage_properties(self) -> dict[str, str]:
+        """The object-store settings the load job needs to reach staging (`storage.py`)."""
+        return dict(self.storage.properties)
 
     # ----------------------------------------------------------------- reading
 
@@ -221,7 +228,7 @@ class CommitTarget(ABC):
                     if not staging:
                         raise TargetError(
                             f"batch {plan.batch_id} of {self.table} has no staging: run the load task again")
-                    staged = StagedBatch.read(staging)
+                    staged = StagedBatch.read(staging, self.storage)
                 ranges, published = self._try_publish(plan, ranges, staged, state, run_id)
             except (OSError, StagingError):
                 # another attempt of this batch committed and removed our staging meanwhile?
@@ -267,7 +274,7 @@ class CommitTarget(ABC):
             table=self.table, batch_id=plan.batch_id, interval_start=plan.interval_start,
             interval_end=plan.interval_end, run_id=run_id, ranges=final, counts=staged.counts,
             row_count=staged.row_count, committed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            attempt=staged.root.name, window_ms=staged.window_ms, rejected=staged.rejected,
+            attempt=staged.name, window_ms=staged.window_ms, rejected=staged.rejected,
             rejected_count=staged.rejected_count, schema=staged.schema, schema_source=staged.schema_source,
             planned_ranges=None if final == planned else planned, extra={"staging": str(staged.root)})
 

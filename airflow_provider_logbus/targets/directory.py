@@ -211,7 +211,7 @@ class DirectoryTarget(CommitTarget):
         return replace(super()._record(plan, ranges, staged, run_id), files=staged.file_rows())
 
     def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
-        staging = staged.root
+        staging = Path(staged.root)
         write_json_atomic(staging / BATCH_RECORD, record.to_dict(), tmp_dir=staging.parent)
         final = self.batch_dir(record.batch_id)
         with self._locked():

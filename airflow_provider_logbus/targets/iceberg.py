@@ -37,11 +37,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
-from pathlib import Path
 from typing import Any
 
-from airflow_provider_logbus.staged import StagedBatch, write_json_atomic
+from airflow_provider_logbus.staged import StagedBatch
+from airflow_provider_logbus.storage import Storage, join, parent_of
 from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableState, TargetError,
                                                   committed_ends)
 from airflow_provider_logbus.targets.iceberg_batches import (
@@ -71,14 +70,14 @@ class IcebergTarget(CommitTarget):
         namespace, _, name = table.rpartition(".")
         if not name or not all(c.isalnum() or c in "_-" for c in name):
             raise TargetError(f"invalid Iceberg table name {table!r}: use [namespace.]name of letters, digits, _ and -")
-        super().__init__(name)
-        self.namespace = namespace or DEFAULT_NAMESPACE
-        self.identifier = f"{self.namespace}.{name}"
         if not catalog_properties:
             if not warehouse:
                 raise TargetError("the Iceberg target needs a catalog connection or a warehouse path for its "
                                   "embedded SQLite catalog")
             catalog_properties = embedded_catalog(warehouse)
+        super().__init__(name, Storage(catalog_properties))
+        self.namespace = namespace or DEFAULT_NAMESPACE
+        self.identifier = f"{self.namespace}.{name}"
         self.warehouse = warehouse
         self.catalog_properties = dict(catalog_properties)
         self.tables = IcebergTables(catalog_name, {k: str(v) for k, v in self.catalog_properties.items()},
@@ -151,29 +150,35 @@ class IcebergTarget(CommitTarget):
 
     # ----------------------------------------------------------------- writing
 
-    def _staging_root(self) -> Path:
-        location = local_path(self.table_or_fail().location())
-        return Path(location) / "data" / STAGING
+    @staticmethod
+    def _staging_root(table) -> str:
+        """`<table location>/data/_logbus_staging` (a local path, or the object store's URI)."""
+        return join(local_path(table.location()), "data", STAGING)
 
     def prepare_staging(self, batch_id: str, attempt: int | str) -> str:
-        staging = self._staging_root() / f"{batch_id}.{attempt}"
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        return str(staging)
+        staging = join(self._staging_root(self.table_or_fail()), f"{batch_id}.{attempt}")
+        self.storage.delete_dir(staging)
+        self.storage.make_dirs(parent_of(staging))
+        return staging
 
     def remove_attempts(self, batch_id: str, keep: str | None = None) -> None:
         """Other attempts' files are never referenced by a snapshot: delete them. The
         committed attempt's directory stays: the snapshot points at its data files."""
+        from pyarrow.fs import FileType
+
         table = self._load()
-        root = Path(local_path(table.location())) / "data" / STAGING if table is not None else None
-        if root is None or not root.is_dir():
+        if table is None:
+            return
+        root = self._staging_root(table)
+        attempts = [self.storage.location_of(root, e.path) for e in self.storage.entries(root)
+                    if e.type == FileType.Directory and e.base_name.rsplit(".", 1)[0] == batch_id]
+        if not attempts:
             return
         committed = self.batch(batch_id)
         keep_too = committed.extra.get("staging") if committed is not None else None
-        for child in root.iterdir():
-            if child.name.rsplit(".", 1)[0] == batch_id and child.is_dir() and str(child) not in (keep, keep_too):
-                shutil.rmtree(child, ignore_errors=True)
+        for attempt in attempts:
+            if attempt not in (keep, keep_too):
+                self.storage.delete_dir(attempt)
 
     def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
         from pyiceberg.exceptions import CommitFailedException
@@ -191,7 +196,7 @@ class IcebergTarget(CommitTarget):
         tx = table.transaction()
         # no duplicate-file check: it opens every manifest, and the batch-id check and the
         # compare-and-swap already rule out adding an attempt's files twice
-        tx.add_files([str(p) for p in staged.data_files()], snapshot_properties=summary_of(record, staged),
+        tx.add_files(staged.data_files(), snapshot_properties=summary_of(record, staged),
                      check_duplicate_files=False)
         tx.set_properties({COMMITTED_OFFSETS: json.dumps(offsets, sort_keys=True)})
         try:
@@ -204,7 +209,7 @@ class IcebergTarget(CommitTarget):
     def finish(self, record: BatchRecord) -> None:
         """Publish the batch's rejects into `<table>_rejects`, then its record into the
         ledger, each once."""
-        publish_rejects(lambda: self._load(self.rejects_identifier), record)
+        publish_rejects(lambda: self._load(self.rejects_identifier), record, self.storage)
         committed = self.batch(record.batch_id)
         if committed is not None and committed.extra.get("snapshot_id"):
             self.ledger.append([ledger_entry(committed)], dedupe=False)  # no read: a commit stays cheap
@@ -212,12 +217,12 @@ class IcebergTarget(CommitTarget):
     # ----------------------------------------------------------------- audit
 
     def write_audit(self, audit_id: str, report: dict) -> str:
-        root = Path(self.warehouse) if self.warehouse else Path(local_path(self.table_or_fail().location()))
-        directory = root / "_audit" / self.identifier
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{audit_id}.json"
-        write_json_atomic(path, report)
-        return str(path)
+        root = self.warehouse or local_path(self.table_or_fail().location())
+        directory = join(root, "_audit", self.identifier)
+        self.storage.make_dirs(directory)
+        path = join(directory, f"{audit_id}.json")
+        self.storage.write_json(path, report)
+        return path
 
     def announcement(self) -> dict | None:
         table = self._load()

@@ -8,11 +8,10 @@ audit's table tier ties each data file to the batch of the snapshot that added i
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 from airflow_provider_logbus.plan import ranges_from_json, ranges_to_json
 from airflow_provider_logbus.staged import StagedBatch, reject_files
+from airflow_provider_logbus.storage import Storage
 from airflow_provider_logbus.targets.base import BatchRecord, TableFile, TargetError
 
 PREFIX = "logbus."
@@ -96,15 +95,15 @@ def summary_of(record: BatchRecord, staged: StagedBatch) -> dict[str, str]:
         summary["planned-ranges"] = ranges_to_json(record.planned_ranges)
     return {PREFIX + k: v for k, v in summary.items()}
 
-def publish_rejects(load_rejects_table, record: BatchRecord) -> None:
+def publish_rejects(load_rejects_table, record: BatchRecord, storage: Storage) -> None:
     """Add the batch's staged rejects to `<table>_rejects` in a snapshot carrying its
     batch id, unless one does already (a retry after the commit point finishes them)."""
     from pyiceberg.exceptions import CommitFailedException
 
     staging = record.extra.get("staging")
-    if not staging or not os.path.isdir(staging):
+    if not staging or not storage.is_dir(staging):
         return
-    staged_rejects = reject_files(Path(staging))
+    staged_rejects = reject_files(staging, storage)
     for _ in range(10):
         rejects_table = load_rejects_table()
         if rejects_table is None or not staged_rejects:
@@ -112,7 +111,7 @@ def publish_rejects(load_rejects_table, record: BatchRecord) -> None:
         if any(summary(s).get(BATCH_ID) == record.batch_id for s in rejects_table.metadata.snapshots):
             return
         tx = rejects_table.transaction()
-        tx.add_files([str(p) for p in staged_rejects],
+        tx.add_files(staged_rejects,
                      snapshot_properties={BATCH_ID: record.batch_id,
                                           PREFIX + "rejected-count": str(record.rejected_count)})
         try:

@@ -148,12 +148,12 @@ def remove_orphans(target, older_than_s: float) -> list[str]:
     writing its staging is younger than the margin; listing comes before reading the
     references, so a file committed meanwhile is seen as referenced. Empty directories
     left behind go too. Returns the deleted paths."""
-    from pyarrow.fs import FileSelector, FileType, FileSystem
+    from pyarrow.fs import FileSelector, FileType
 
     tables = [target.tables.load(i) for i in (target.identifier, target.rejects_identifier, target.ledger.identifier)]
     listings = []
     for table in (t for t in tables if t is not None):
-        fs, root = FileSystem.from_uri(table.location().rstrip("/"))
+        fs, root = target.storage.resolve(table.location().rstrip("/"))
         for part in ("data", "metadata"):
             listings.append((fs, part, fs.get_file_info(FileSelector(f"{root.rstrip('/')}/{part}", recursive=True,
                                                                      allow_not_found=True))))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Iterator
 
 from broker.client.producer import Producer
 from broker.client.security import OPEN, ClientSecurity
@@ -126,3 +128,35 @@ def run_daily_audit(env: dict[str, str], day_start: datetime) -> tuple[str, dict
     run = dag.test(logical_date=end)
     (report,) = Path(env["LOGBUS_WAREHOUSE"], "_audit").glob(f"*/{day_start:%Y%m%dT%H%M%S}_{end:%Y%m%dT%H%M%S}.json")
     return str(run.state), json.loads(report.read_text())
+
+
+@contextmanager
+def process_output(path: Path) -> Iterator[Path]:
+    """What this process and its children print and log meanwhile, into `path` too:
+    `dag.test()` runs tasks in this process and prints or logs their output (spark-submit's
+    included) rather than writing task log files. Three doors, all watched: the file
+    descriptors 1 and 2 (children), `sys.stdout`/`sys.stderr` (pytest points them at its
+    own buffers), and the root logger."""
+    import logging
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_fds, saved_streams = [os.dup(1), os.dup(2)], (sys.stdout, sys.stderr)
+    sink = open(path, "a", buffering=1, errors="replace")
+    handler = logging.StreamHandler(sink)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    os.dup2(sink.fileno(), 1)
+    os.dup2(sink.fileno(), 2)
+    sys.stdout = sys.stderr = sink
+    logging.getLogger().addHandler(handler)
+    try:
+        yield path
+    finally:
+        logging.getLogger().removeHandler(handler)
+        sys.stdout, sys.stderr = saved_streams
+        sink.close()
+        for fd, copy in zip((1, 2), saved_fds):
+            os.dup2(copy, fd)
+            os.close(copy)

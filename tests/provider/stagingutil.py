@@ -31,19 +31,20 @@ def offsets(start: int, end: int) -> range:
 
 
 def write_staging(staging: str | os.PathLike, ranges: list[dict], layout: str = "directory", *, t0: int = T0,
-                  files: int = 1) -> int:
+                  files: int = 1, storage=None) -> int:
     """Rows for every message of `ranges` (timestamp = t0 + offset ms; t0 an hour's start)
-    in `files` Parquet files, counts file beside."""
+    in `files` Parquet files, counts file beside; on a disk, or through `storage` (an
+    object store)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from airflow_provider_logbus.staged import COUNTS_FILE, count_windows
+    from airflow_provider_logbus.storage import Storage, join
 
-    staging = Path(staging)
+    storage = storage or Storage()
     rows = [(r["topic"], int(r["partition"]), o) for r in ranges for o in offsets(int(r["start"]), int(r["end"]))]
-    directory = staging / ("event_date=2024-01-01/event_hour=0" if layout == "directory"
-                           else f"logbus_hour={t0 // 3_600_000}")
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = join(staging, "event_date=2024-01-01/event_hour=0" if layout == "directory"
+                     else f"logbus_hour={t0 // 3_600_000}")
+    storage.make_dirs(directory)
     if rows:
         table = pa.table({
             "topic": pa.array([r[0] for r in rows], pa.string()),
@@ -58,10 +59,10 @@ def write_staging(staging: str | os.PathLike, ranges: list[dict], layout: str = 
         })
         size = -(-table.num_rows // files)
         for start in range(0, table.num_rows, size):
-            pq.write_table(table.slice(start, size), directory / f"part-{uuid.uuid4().hex}.parquet")
-    counts, n = count_windows(sorted(staging.rglob("*.parquet")))
-    (staging / COUNTS_FILE).write_text(json.dumps({"counts": counts, "row_count": n, "window_ms": 600_000,
-                                                   "rejected": [], "rejected_count": 0}))
+            storage.write_parquet(join(directory, f"part-{uuid.uuid4().hex}.parquet"), table.slice(start, size))
+    counts, n = count_windows(storage.files(staging, ".parquet"), storage=storage)
+    storage.write_json(join(staging, COUNTS_FILE), {"counts": counts, "row_count": n, "window_ms": 600_000,
+                                                    "rejected": [], "rejected_count": 0})
     return n
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -48,16 +49,18 @@ def find_load_job(staging_marker: str) -> int | None:
 
 class KillFirstLoad(threading.Thread):
     """Fault injection with a real failure: SIGKILL the first attempt's spark-submit
-    once Spark has started writing its staging directory."""
+    once Spark has started writing its staging directory (`written`: whether it has;
+    by default whether the local directory exists)."""
 
-    def __init__(self, staging: Path) -> None:
+    def __init__(self, staging: Path | str, written: Callable[[], bool] | None = None) -> None:
         super().__init__(daemon=True)
         self.staging, self.killed, self.stop = staging, False, threading.Event()
+        self.written = written or Path(staging).exists
 
     def run(self) -> None:
         while not self.stop.is_set():
             pid = find_load_job(str(self.staging))
-            if pid and self.staging.exists():
+            if pid and self.written():
                 os.kill(pid, signal.SIGKILL)
                 self.killed = True
                 return

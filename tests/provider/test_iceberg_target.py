@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,11 +27,16 @@ def ranges(*spans: tuple[int, int, int]) -> list[dict]:
     return [{"topic": "t", "partition": p, "start": s, "end": e} for p, s, e in spans]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "s3"])
 def catalog(request, tmp_path) -> dict:
-    """Catalog properties: the embedded SQLite file, or a SQL catalog on PostgreSQL."""
+    """Catalog properties: the embedded SQLite file, a SQL catalog on PostgreSQL, or a
+    SQLite catalog whose warehouse is a bucket of a real S3 API server (harness.s3)."""
     if request.param == "sqlite":
         return embedded_catalog(str(tmp_path / "wh"))
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        bucket = server.create_bucket(f"wh-{uuid.uuid4().hex[:12]}")
+        return {**embedded_catalog(str(tmp_path / "wh")), "warehouse": f"{bucket}/warehouse", **server.properties()}
     server = request.getfixturevalue("postgres")
     uri = server.create_database(f"iceberg_{tmp_path.name[-20:].lower().replace('-', '_')}")
     return {"type": "sql", "uri": uri, "warehouse": f"file://{tmp_path / 'wh'}"}
@@ -44,7 +50,7 @@ def target_for(catalog: dict, tmp_path: Path) -> IcebergTarget:
 
 def staged(target: IcebergTarget, batch_id: str, attempt: int, spans: list[dict]) -> str:
     staging = target.prepare_staging(batch_id, attempt)
-    write_staging(staging, spans, layout="iceberg")
+    write_staging(staging, spans, layout="iceberg", storage=target.storage)
     return staging
 
 

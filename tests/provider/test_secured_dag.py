@@ -22,7 +22,7 @@ from harness.secured import SecuredCluster
 from airflow_provider_logbus.cluster import LogbusCluster
 
 from .conftest import load_dag
-from .helpers import all_offsets, produce, table_rows, yesterday_start
+from .helpers import all_offsets, process_output, produce, table_rows, yesterday_start
 
 pytestmark = pytest.mark.slow
 HOUR = 3_600_000
@@ -91,13 +91,16 @@ def run_scenario(secured: SecuredCluster, work: Path) -> dict:
                    30, "tail data")
     commands = CommandLines()
     commands.start()
+    output = work / "output.log"
     try:
-        run = dag.test(logical_date=datetime.fromtimestamp((start + HOUR) / 1000, timezone.utc))
+        with process_output(output):
+            run = dag.test(logical_date=datetime.fromtimestamp((start + HOUR) / 1000, timezone.utc))
     finally:
         commands.stop.set()
         commands.join()
-    logs = "".join(p.read_text(errors="replace") for p in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log")
-                   if p.stat().st_mtime > time.time() - 600)
+    logs = output.read_text(errors="replace") + "".join(
+        p.read_text(errors="replace") for p in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log")
+        if p.stat().st_mtime > time.time() - 600)
     return {"run": run, "rows": table_rows(warehouse / TABLE), "offsets": all_offsets(zk, TOPIC, loader),
             "commands": commands.seen, "logs": logs, "secured": secured,
             "reports": [json.loads(p.read_text()) for p in sorted((warehouse / "_audit" / TABLE).glob("*.json"))]}
@@ -121,6 +124,7 @@ def test_the_password_appears_in_no_command_line_and_no_log(scenario):
     assert any(b"SparkSubmit" in c for c in scenario["commands"]), "spark-submit was never seen"
     assert not [c for c in scenario["commands"] if PASSWORD.encode() in c]
     assert PASSWORD not in scenario["logs"]
+    assert "load_job.py" in scenario["logs"], "no task log was read"
 
 
 def test_the_loader_was_held_to_its_acls(scenario):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -58,7 +59,7 @@ def test_root_cause_of_a_driver_error_is_the_error_itself():
 
 def test_failure_file_round_trips(tmp_path):
     path = write_failure(tmp_path / "staging", PythonException(EXECUTOR_TRACEBACK))
-    assert path.name == ERROR_FILE
+    assert Path(path).name == ERROR_FILE
     assert read_failure(tmp_path / "staging")["type"] == "ConnectionError"
     assert read_failure(tmp_path / "nothing") is None
 
