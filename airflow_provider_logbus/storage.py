@@ -176,7 +176,9 @@ class Storage:
         """Readers see the old file or the new one, never half: on a disk through a
         temporary file (in `tmp_dir`, default beside the target, so a writer killed
         mid-way leaves nothing inside a directory about to be published) renamed over
-        the target; on an object store one PUT already is all or nothing."""
+        the target; on an object store one PUT already is all or nothing. On a disk the
+        directory must exist: a staging directory a concurrent commit removed must not
+        come back holding one file."""
         fs, path = self.resolve(location)
         if is_uri(location):
             with fs.open_output_stream(path) as stream:

@@ -20,8 +20,8 @@ writing), then writes `<path>/_logbus_written.json`:
 
 A job that fails has its tasks' files deleted by `abort`; the staging directory is the
 attempt's own and is removed by the commit protocol in any case. Object-store settings
-(`storage.py`) travel in the option `secret_storage` (JSON), whose name Spark's
-`spark.redaction.regex` matches, so plans and logs show it redacted.
+(`storage.py`) travel in the option `secret_storage` (JSON), named to match Spark's
+default `spark.redaction.regex` (`secret`), the rule Spark applies where it shows options.
 """
 
 from __future__ import annotations

@@ -103,8 +103,13 @@ class IcebergTarget(CommitTarget):
         return self.tables.table_or_fail()
 
     def ensure_schema(self, value_schema) -> None:
-        self.tables.ensure_schema(value_schema)
-        self.ledger.ensure()
+        try:
+            self.tables.ensure_schema(value_schema)
+            self.ledger.ensure()
+        except OSError as exc:  # the warehouse cannot be written: say which, before Spark starts
+            raise TargetError(f"Iceberg table {self.identifier}: cannot write its files under "
+                              f"{self.dataset()[0]} ({exc}); check that the location (and, on an object store, "
+                              "the bucket) exists and that the connection's credentials may write there") from exc
 
     # ----------------------------------------------------------------- reading
 
