@@ -74,11 +74,12 @@ SMOKES: dict[str, Smoke] = {
         r"async send\(\) latency, 200-byte messages, acks=1, maximum [\d,]+ msg/s",
         r"^ +1% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$",
         r"^ +100% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$"]),
-    "spark_load": Smoke(["--messages", "500"], [
+    "spark_load": Smoke(["--messages", "500", "--s3"], [
         r"500 messages, [\d.]+ MB in the broker",
         r"plain Spark from JSON-lines +[\d.]+ s +[\d,]+ messages/s +\(500 rows\)",
         r"load job from logbus +[\d.]+ s +[\d,]+ messages/s +\(500 rows\)",
-        r"ratio logbus / plain = [\d.]+"], timeout=300),
+        r"load job into S3 +[\d.]+ s +[\d,]+ messages/s +\(500 rows\)",
+        r"ratio logbus / plain = [\d.]+", r"ratio S3 / local = [\d.]+"], timeout=300),
     "iceberg": Smoke(["--messages", "500", "--files", "2", "--snapshots", "2,3", "--hours", "3",
                       "--spark-timeout", "120", "--results", "{tmp}/results"], [
         r"run 1 directory +load +[\d.]+ s +commit +[\d.]+ s +total +[\d.]+ s",
