@@ -105,10 +105,11 @@ class Storage:
             self._s3 = S3FileSystem(**options)
         return self._s3
 
-    def _location(self, original: str, path: str) -> str:
-        """`path` inside the filesystem of `original`, in `original`'s form."""
-        if is_uri(original):
-            return f"{original.split('://', 1)[0]}://{path}"
+    @staticmethod
+    def location_of(like: str, path: str) -> str:
+        """`path` inside the filesystem of location `like`, in `like`'s form."""
+        if is_uri(like):
+            return f"{like.split('://', 1)[0]}://{path}"
         return path
 
     # ----------------------------------------------------------------- reading
@@ -133,7 +134,7 @@ class Storage:
 
         fs, path = self.resolve(location)
         infos = fs.get_file_info(FileSelector(path.rstrip("/"), recursive=recursive, allow_not_found=True))
-        return sorted(self._location(location, i.path) for i in infos
+        return sorted(self.location_of(location, i.path) for i in infos
                       if i.type == FileType.File and i.base_name.endswith(suffix))
 
     def entries(self, location: str, recursive: bool = False) -> list:
@@ -143,9 +144,6 @@ class Storage:
 
         fs, path = self.resolve(location)
         return fs.get_file_info(FileSelector(path.rstrip("/"), recursive=recursive, allow_not_found=True))
-
-    def location_of(self, like: str, path: str) -> str:
-        return self._location(like, path)
 
     def read_bytes(self, location: str) -> bytes:
         fs, path = self.resolve(location)
@@ -203,16 +201,12 @@ class Storage:
 
     def write_parquet(self, location: str, table) -> None:
         """Replace one Parquet file, atomically as `write_bytes`."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        fs, path = self.resolve(location)
-        if is_uri(location):
-            with fs.open_output_stream(path) as stream:
-                pq.write_table(table, stream)
-            return
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        self.write_bytes(location, sink.getvalue().to_pybytes())
 
     def make_dirs(self, location: str) -> None:
         """A directory on a disk; nothing on an object store (prefixes need no marker)."""

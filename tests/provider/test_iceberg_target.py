@@ -1,6 +1,7 @@
 """The Iceberg target's commit: one snapshot per batch with its offsets in the summary,
 the catalog's compare-and-swap under real concurrent processes and SIGKILL, on a SQLite
-catalog and on a real PostgreSQL server."""
+catalog, on a real PostgreSQL server, and on PostgreSQL with the warehouse in a bucket
+of a real S3 API server."""
 
 from __future__ import annotations
 
@@ -27,18 +28,19 @@ def ranges(*spans: tuple[int, int, int]) -> list[dict]:
     return [{"topic": "t", "partition": p, "start": s, "end": e} for p, s, e in spans]
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "s3"])
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql+s3"])
 def catalog(request, tmp_path) -> dict:
-    """Catalog properties: the embedded SQLite file, a SQL catalog on PostgreSQL, or a
-    SQLite catalog whose warehouse is a bucket of a real S3 API server (harness.s3)."""
+    """Catalog properties: the embedded SQLite file, a SQL catalog on PostgreSQL, or the
+    production shape — PostgreSQL with the warehouse in a bucket of a real S3 API server
+    (harness.s3)."""
     if request.param == "sqlite":
         return embedded_catalog(str(tmp_path / "wh"))
-    if request.param == "s3":
-        server = request.getfixturevalue("s3_server")
-        bucket = server.create_bucket(f"wh-{uuid.uuid4().hex[:12]}")
-        return {**embedded_catalog(str(tmp_path / "wh")), "warehouse": f"{bucket}/warehouse", **server.properties()}
     server = request.getfixturevalue("postgres")
     uri = server.create_database(f"iceberg_{tmp_path.name[-20:].lower().replace('-', '_')}")
+    if request.param == "postgresql+s3":
+        s3 = request.getfixturevalue("s3_server")
+        bucket = s3.create_bucket(f"wh-{uuid.uuid4().hex[:12]}")
+        return {"type": "sql", "uri": uri, "warehouse": f"{bucket}/warehouse", **s3.properties()}
     return {"type": "sql", "uri": uri, "warehouse": f"file://{tmp_path / 'wh'}"}
 
 
