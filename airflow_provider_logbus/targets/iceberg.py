@@ -188,6 +188,8 @@ class IcebergTarget(CommitTarget):
     def publish(self, state: TableState, record: BatchRecord, staged: StagedBatch) -> bool:
         from pyiceberg.exceptions import CommitFailedException
 
+        from airflow_provider_logbus.targets.iceberg_transaction import transaction
+
         table = self.table_or_fail()
         current = table.current_snapshot()
         if (current.snapshot_id if current else None) != state.token:
@@ -198,7 +200,7 @@ class IcebergTarget(CommitTarget):
         offsets: dict[str, dict[str, int]] = {}
         for (topic, partition), end in sorted(ends.items()):
             offsets.setdefault(topic, {})[str(partition)] = end
-        tx = table.transaction()
+        tx = transaction(table)
         # no duplicate-file check: it opens every manifest, and the batch-id check and the
         # compare-and-swap already rule out adding an attempt's files twice
         tx.add_files(staged.data_files(), snapshot_properties=summary_of(record, staged),
@@ -240,12 +242,14 @@ class IcebergTarget(CommitTarget):
         other commit) in between makes this one fail, and the caller reads again."""
         from pyiceberg.exceptions import CommitFailedException
 
+        from airflow_provider_logbus.targets.iceberg_transaction import transaction
+
         table = self.table_or_fail()
         raw = table.properties.get(ANNOUNCED)
         if (json.loads(raw) if raw else None) != expected:
             return False
         try:
-            with table.transaction() as tx:
+            with transaction(table) as tx:
                 tx.set_properties({ANNOUNCED: json.dumps(new, sort_keys=True),
                                    COMPLETE_THROUGH: str(new["complete_through_ms"])})
         except CommitFailedException:

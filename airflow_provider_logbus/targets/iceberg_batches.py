@@ -100,6 +100,8 @@ def publish_rejects(load_rejects_table, record: BatchRecord, storage: Storage) -
     batch id, unless one does already (a retry after the commit point finishes them)."""
     from pyiceberg.exceptions import CommitFailedException
 
+    from airflow_provider_logbus.targets.iceberg_transaction import transaction
+
     staging = record.extra.get("staging")
     if not staging or not storage.is_dir(staging):
         return
@@ -110,7 +112,7 @@ def publish_rejects(load_rejects_table, record: BatchRecord, storage: Storage) -
             return
         if any(summary(s).get(BATCH_ID) == record.batch_id for s in rejects_table.metadata.snapshots):
             return
-        tx = rejects_table.transaction()
+        tx = transaction(rejects_table)
         tx.add_files(staged_rejects,
                      snapshot_properties={BATCH_ID: record.batch_id,
                                           PREFIX + "rejected-count": str(record.rejected_count)})

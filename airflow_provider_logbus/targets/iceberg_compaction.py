@@ -229,8 +229,10 @@ def _replace(table, entries: list, written: dict[str, dict[str, int]], hour_ms: 
     table is still at the snapshot read; its id."""
     from pyiceberg.io.pyarrow import parquet_files_to_data_files
 
+    from airflow_provider_logbus.targets.iceberg_transaction import transaction
+
     new_files = list(parquet_files_to_data_files(table.io, table.metadata, iter(written)))
-    tx = table.transaction()
+    tx = transaction(table)
     properties = {COMPACTION: json.dumps({"hour_ms": hour_ms, "files": written}, sort_keys=True)}
     with tx.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
         for entry in entries:

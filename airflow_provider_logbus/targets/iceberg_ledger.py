@@ -122,6 +122,8 @@ class Ledger:
         import pyarrow as pa
         from pyiceberg.exceptions import CommitFailedException
 
+        from airflow_provider_logbus.targets.iceberg_transaction import transaction
+
         for _ in range(APPEND_ATTEMPTS):
             table = self.tables.load(self.identifier)
             if table is None:  # a table from before the ledger: create it
@@ -134,7 +136,7 @@ class Ledger:
             rows = pa.Table.from_pylist([{
                 "kind": e.kind, "id": e.id, "snapshot_id": e.snapshot_id, "committed_at": e.committed_at,
                 "record": json.dumps(e.record, sort_keys=True)} for e in missing.values()], schema=ledger_schema())
-            tx = table.transaction()
+            tx = transaction(table)
             tx.append(rows)
             try:
                 tx.commit_transaction()  # asserts the ledger is still at the snapshot read
@@ -149,6 +151,8 @@ class Ledger:
         next run: nothing is lost, the ledger only stays in more files."""
         from pyiceberg.exceptions import CommitFailedException
 
+        from airflow_provider_logbus.targets.iceberg_transaction import transaction
+
         table = self.tables.load(self.identifier)
         if table is None or table.current_snapshot() is None:
             return False
@@ -157,7 +161,7 @@ class Ledger:
         import pyarrow as pa
 
         unique = {(r["kind"], r["id"]): r for r in table.scan().to_arrow().to_pylist()}
-        tx = table.transaction()
+        tx = transaction(table)
         tx.overwrite(pa.Table.from_pylist(list(unique.values()), schema=ledger_schema()))
         try:
             tx.commit_transaction()

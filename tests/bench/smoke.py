@@ -117,6 +117,8 @@ SMOKES: dict[str, Smoke] = {
     "maintenance": Smoke(["--checkpoints", "24", "--files", "2", "--rows", "5"], [
         r"^\| 24 \| maintained \| 1\.000 \| ",
         r"^\| 24 \| never \| 2\.000 \| "]),
+    "commit_transaction": Smoke(["--batches", "4", "--checkpoints", "4"], [
+        r"^ +4 +[\d.]+ s +[\d.]+ s +[\d.]+$", r"both tables: 3200 rows, 4 batch records"]),
     "ui_page": Smoke(["--batches", "4", "--rounds", "1"], [
         r"^directory +hours, last 48 h +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^iceberg +hours, all 4 h +[\d.]+ +[\d.]+ +[\d,]+$",
