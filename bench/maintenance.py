@@ -2,7 +2,7 @@
 maintenance (`targets/iceberg_maintenance.maintain`: compaction of closed hours, ledger
 sync, snapshot expiry past a week of batches, orphan removal), side by side.
 
-    .venv/bin/python -m bench.maintenance --batches 720 --files 4 --checkpoints 168,720
+    .venv/bin/python -m bench.maintenance --files 4 --checkpoints 168,720 [--tables maintained]
 
 Each batch is one hour's `--files` small files (`--rows` rows each, written with pyarrow
 in the iceberg staging layout) committed through `IcebergTarget.commit` — the real
@@ -92,7 +92,7 @@ def measure(target, hours: int, recent_commits: list[float]) -> dict:
 def run(args, work: Path) -> list[dict]:
     from airflow_provider_logbus.targets.iceberg import IcebergTarget
 
-    targets = {kind: IcebergTarget("t", warehouse=str(work / kind)) for kind in ("maintained", "never")}
+    targets = {kind: IcebergTarget("t", warehouse=str(work / kind)) for kind in args.tables}
     commits: dict[str, list[float]] = {kind: [] for kind in targets}
     maintenance: list[float] = []
     rows = []
@@ -103,13 +103,14 @@ def run(args, work: Path) -> list[dict]:
         for h in range(max(args.checkpoints)):
             for kind, target in targets.items():  # alternating: the machine's noise hits both
                 commits[kind].append(commit_hour(target, h, args.files, args.rows))
-            if (h + 1) % DAY == 0:
+            if (h + 1) % DAY == 0 and "maintained" in targets:
                 maintenance.append(maintain_daily(targets["maintained"], h + 1))
             if h + 1 in args.checkpoints:
                 for kind, target in targets.items():
                     row = {"batches": h + 1, "table": kind, **measure(target, h + 1, commits[kind]),
                            "first_commits_s": statistics.median(commits[kind][:10]),
-                           "maintenance_s_median": statistics.median(maintenance) if kind == "maintained" else None,
+                           "maintenance_s_median": (statistics.median(maintenance)
+                                                    if kind == "maintained" and maintenance else None),
                            "loadavg": loadavg()}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=4, help="small files per batch")
     parser.add_argument("--rows", type=int, default=200, help="rows per small file")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--tables", type=lambda s: s.split(","), default=["maintained", "never"],
+                        help="maintained,never (default) or one of them: a year of the never-maintained table "
+                             "takes hours more")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-maintenance-"))
     try:
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                "maintenance_s_median"]
     report = markdown(f"Hourly batches of {args.files} files x {args.rows} rows, maintained daily or never "
                       f"(`python -m bench.maintenance --checkpoints {','.join(map(str, args.checkpoints))} "
-                      f"--files {args.files} --rows {args.rows}`)", rows, columns)
+                      f"--files {args.files} --rows {args.rows} --tables {','.join(args.tables)}`)", rows, columns)
     print(report)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "maintenance.json").write_text(json.dumps(rows, indent=1))
