@@ -128,15 +128,14 @@ def lag(table: AuditedTable, cluster: LogbusCluster, target: CommitTarget, now_m
 
 
 def reject_rows(target: CommitTarget, batch_id: str, limit: int = REJECT_ROWS) -> dict:
-    """The first `limit` values batch `batch_id` rejected, with why, and where they are."""
-    import pyarrow.parquet as pq
-
+    """The first `limit` values batch `batch_id` rejected, with why, and where they are
+    (on a disk or in the table's bucket: `target.storage`)."""
     files = target.reject_files(batch_id)
     rows: list[dict] = []
     for path in files:
         if len(rows) >= limit:
             break
-        data = pq.read_table(path, columns=["partition", "offset", "timestamp", "value", "error"])
+        data = target.storage.read_parquet(path, columns=["partition", "offset", "timestamp", "value", "error"])
         for row in data.slice(0, limit - len(rows)).to_pylist():
             value = row["value"]
             rows.append({"partition": row["partition"], "offset": row["offset"],

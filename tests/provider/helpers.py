@@ -160,3 +160,14 @@ def process_output(path: Path) -> Iterator[Path]:
         for fd, copy in zip((1, 2), saved_fds):
             os.dup2(copy, fd)
             os.close(copy)
+
+
+def produce_values(zookeeper: str, topic: str, values: list[bytes], timestamp: int) -> None:
+    """Each of `values` as a message of its own (keys "0", "1", ...), stamped from
+    `timestamp` on, with monitoring events as the web servers send them."""
+    producer = Producer(zookeeper=zookeeper, acks=1, monitoring=True, enable_idempotence=False)
+    try:
+        for i, value in enumerate(values):
+            producer.send(topic, value, key=str(i), timestamp=timestamp + i)
+    finally:
+        assert not producer.close().failed

@@ -16,14 +16,12 @@ from datetime import datetime, timezone
 
 import pytest
 
-from broker.client.producer import Producer
-
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.targets.iceberg import IcebergTarget
 from harness.process import wait_until
 
 from .conftest import load_dag, use_logbus_connection
-from .helpers import all_offsets, produce, produce_unloaded, run_daily_audit, yesterday_start
+from .helpers import all_offsets, produce, produce_unloaded, produce_values, run_daily_audit, yesterday_start
 from .test_hourly_dag import KillFirstLoad, task_states
 
 pytestmark = pytest.mark.slow
@@ -78,12 +76,7 @@ def scenario(module_cluster, airflow_db, tmp_path_factory):
     out["rows_after_1"] = table_offsets(target)
 
     produce(zk, TOPIC, [ends[0] + 60_000 + i * (HOUR // 80) for i in range(80)])
-    bad = Producer(zookeeper=zk, acks=1, monitoring=True, enable_idempotence=False)  # an entry a message
-    try:
-        for i, value in enumerate(BAD_VALUES):
-            bad.send(TOPIC, value, key=str(i), timestamp=ends[0] + 120_000 + i)
-    finally:
-        assert not bad.close().failed
+    produce_values(zk, TOPIC, BAD_VALUES, ends[0] + 120_000)
     produce(zk, TOPIC, [ends[1] + 1000 * i for i in range(1, 9)])
     tail_past(ends[1])
     out["offsets_2"] = wait_until(lambda: o if len(o := all_offsets(zk, TOPIC)) == 200 else None, 30,

@@ -4,7 +4,8 @@ catalog, warehouse `s3://...`) names an `aws` connection holding the keys, the r
 and the endpoint, as a user configures it (docs/provider.md, "Object storage").
 
 One scenario: interval 1 with its first spark-submit SIGKILLed once Spark had written
-into the attempt's staging prefix; interval 2; then the example maintenance DAG. Every
+into the attempt's staging prefix; interval 2, with values that do not parse; then the
+example maintenance DAG. Every
 message is in the table exactly once, read back by pyiceberg and by Spark, and the
 secret key shows in no command line, task log or snapshot summary.
 """
@@ -23,13 +24,14 @@ from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.spark.iceberg import read_iceberg
 from airflow_provider_logbus.storage import Storage
 from airflow_provider_logbus.targets.iceberg import IcebergTarget
+from airflow_provider_logbus.ui.status import reject_rows
 from harness.process import wait_until
 from harness.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
 from .conftest import load_dag, use_logbus_connection
-from .helpers import all_offsets, process_output, produce, yesterday_start
+from .helpers import all_offsets, process_output, produce, produce_values, yesterday_start
 from .test_hourly_dag import KillFirstLoad, find_load_job, task_states
-from .test_iceberg_dag import table_offsets, utc
+from .test_iceberg_dag import BAD_VALUES, table_offsets, utc
 from .test_secured_dag import CommandLines
 
 pytestmark = pytest.mark.slow
@@ -65,7 +67,7 @@ def scenario(module_cluster, airflow_db, s3_server, tmp_path_factory):
     env = {"LOGBUS_TOPIC": TOPIC, "LOGBUS_TABLE": TABLE, "LOGBUS_WAREHOUSE": str(work / "local"),
            "LOGBUS_CATALOG_CONN_ID": "logbus_iceberg_s3", "LOGBUS_TARGET": "iceberg", "LOGBUS_GROUP": "loader",
            "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0", "LOGBUS_RETRY_DELAY_SECONDS": "0",
-           "LOGBUS_VALUE_SCHEMA": SCHEMA, "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "0"}
+           "LOGBUS_VALUE_SCHEMA": SCHEMA, "LOGBUS_DAILY_AUDIT_GRACE_MINUTES": "0", "LOGBUS_MAX_REJECT_RATE": "0.5"}
     dag = load_dag("logbus_hourly_load.py", env)
     h0 = int(yesterday_start().timestamp() * 1000) + 10 * HOUR
     ends = [h0 + HOUR, h0 + 2 * HOUR]
@@ -89,17 +91,20 @@ def scenario(module_cluster, airflow_db, s3_server, tmp_path_factory):
         with process_output(output):
             out["dr1"] = dag.test(logical_date=utc(ends[0]))
             out["killed"], out["states_1"] = killer.killed, task_states(out["dr1"])
-            produce(zk, TOPIC, [ends[0] + 60_000 + i * (HOUR // 80) for i in range(80)] +
-                    [ends[1] + 1000 * i for i in range(1, 9)])
+            produce(zk, TOPIC, [ends[0] + 60_000 + i * (HOUR // 80) for i in range(80)])
+            produce_values(zk, TOPIC, BAD_VALUES, ends[0] + 120_000)
+            produce(zk, TOPIC, [ends[1] + 1000 * i for i in range(1, 9)])
             tail_past(ends[1])
-            out["offsets"] = wait_until(lambda: o if len(o := all_offsets(zk, TOPIC)) == 196 else None, 30,
-                                        "all 196 messages visible")
+            out["offsets"] = wait_until(lambda: o if len(o := all_offsets(zk, TOPIC)) == 200 else None, 30,
+                                        "all 200 messages visible")
             out["dr2"] = dag.test(logical_date=utc(ends[1]))
             out["states_2"] = task_states(out["dr2"])
             target = IcebergTarget(TABLE, catalog_properties={
                 "type": "sql", "uri": f"sqlite:///{work / 'catalog.db'}", "warehouse": f"{bucket}/warehouse",
                 **s3_server.properties()})
             out["rows"] = table_offsets(target)
+            out["rejects"] = table_offsets(target, target.rejects_identifier)
+            out["reject_rows"] = reject_rows(target, target.batches()[-1].batch_id)
             out["location"] = target.table_or_fail().location()
             out["files_before"] = {f.path for f in target.contents().files}
             out["maintenance"] = load_dag("logbus_table_maintenance.py", env).test(logical_date=utc(ends[1]))
@@ -133,9 +138,17 @@ def test_both_runs_succeed_and_the_killed_load_was_retried(scenario):
 
 def test_the_table_lives_in_the_bucket_and_holds_every_message_once(scenario):
     assert scenario["location"].startswith(scenario["bucket"] + "/")
-    rows = scenario["rows"]
-    assert len(rows) == len(set(rows)) == 196 and set(rows) == scenario["offsets"]
+    rows, rejects = scenario["rows"], scenario["rejects"]
+    assert len(rows) == len(set(rows)) == 196 and len(rejects) == len(BAD_VALUES)
+    assert set(rows) | set(rejects) == scenario["offsets"]
     assert scenario["files_before"] <= set(scenario["storage"].files(scenario["location"] + "/data", ".parquet"))
+
+
+def test_the_rejected_values_are_read_back_from_the_bucket(scenario):
+    answer = scenario["reject_rows"]
+    assert answer["files"] and all(f.startswith(scenario["bucket"] + "/") for f in answer["files"])
+    assert sorted(r["value"] for r in answer["rows"]) == sorted(v.decode() for v in BAD_VALUES)
+    assert all(r["error"] for r in answer["rows"])
 
 
 def test_the_killed_attempts_staging_is_gone_and_the_retrys_is_published(scenario):
