@@ -25,8 +25,13 @@ TABLE_PROPERTIES = {**NO_REBASE, "write.metadata.delete-after-commit.enabled": "
 
 
 def embedded_catalog(warehouse: str) -> dict[str, str]:
-    """A SQL catalog on a SQLite file under the warehouse: no server to run."""
-    root = Path(warehouse).resolve()
+    """A SQL catalog on a SQLite file under the warehouse: no server to run. The file
+    needs a local warehouse; a bucket needs a catalog connection."""
+    if "://" in warehouse and not warehouse.startswith("file://"):
+        raise TargetError(f"the embedded Iceberg catalog keeps its SQLite file under the warehouse, so {warehouse} "
+                          "cannot hold it: define a catalog connection (type logbus_iceberg, extra "
+                          f'{{"warehouse": "{warehouse}"}}) as docs/provider.md "Object storage" shows')
+    root = Path(warehouse.removeprefix("file://")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     return {"type": "sql", "uri": f"sqlite:///{root / '_iceberg_catalog.db'}", "warehouse": f"file://{root}"}
 

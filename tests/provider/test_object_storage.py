@@ -99,3 +99,10 @@ def test_a_warehouse_in_a_bucket_that_does_not_exist_fails_naming_it(s3_server, 
     with pytest.raises(TargetError, match="s3://no-such-bucket/wh.*bucket"):
         target.ensure_schema(pa.schema([pa.field("n", pa.int64())]))
     assert SECRET_KEY not in repr(target) and SECRET_KEY not in repr(target.storage)
+
+
+def test_the_embedded_catalog_refuses_a_bucket_naming_the_connection_to_define(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TargetError, match="catalog connection"):
+        IcebergTarget("tbl", warehouse="s3://lake/wh")
+    assert list(tmp_path.iterdir()) == []  # once, a local directory `s3:/lake/wh` appeared here
