@@ -7,8 +7,9 @@ Everything listens on 127.0.0.1 only: the API server is bound there (its executi
 is what task runners call), and the scheduler and triggerer run with
 `--skip-serve-logs` (their log servers would bind every interface; task logs are read
 from files here). Configuration is written to `<home>/airflow.cfg`; inherited
-`AIRFLOW__*` variables are dropped so the caller's own Airflow settings (e.g. the provider
-tests' SQLite database) cannot override it, and the caller's `env` (DAG settings,
+`AIRFLOW__*`, `AIRFLOW_CONN_*` and `LOGBUS_*` variables are dropped so the caller's own
+settings (the provider tests' SQLite database, connections and example settings other
+tests of the worker left) cannot override it, and the caller's `env` (DAG settings,
 `AIRFLOW_CONN_*`) is passed to every process, task runners included.
 
     deployment = AirflowDeployment(home, postgres.create_database("airflow"), dags, env)
@@ -151,7 +152,11 @@ class AirflowDeployment:
             return json.load(answer)["access_token"]
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__") and k != "AIRFLOW_HOME"}
+        """This process's environment less its Airflow settings, connections and LOGBUS_*
+        example settings (other tests of the worker set them), plus the deployment's own
+        and `extra_env`."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "LOGBUS_")) and k != "AIRFLOW_HOME"}
         env.update({
             "AIRFLOW_HOME": str(self.home),
             "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),

@@ -54,6 +54,18 @@ def staging_of(marker: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def scenario(module_cluster, airflow_db, s3_server, tmp_path_factory):
+    """The scenario, its connections and settings in this process's environment only
+    meanwhile: later tests of the same worker (test_overlapping_runs' deployment inherits
+    it) must not find the S3 catalog connection named there."""
+    saved = dict(os.environ)
+    try:
+        yield run_scenario(module_cluster, s3_server, tmp_path_factory)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_scenario(module_cluster, s3_server, tmp_path_factory) -> dict:
     zk = module_cluster.zookeeper
     use_logbus_connection(zk)
     work = tmp_path_factory.mktemp("s3-dag")
