@@ -127,24 +127,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=4, help="small files per batch")
     parser.add_argument("--rows", type=int, default=200, help="rows per small file")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--keep-on-failure", action="store_true",
+                        help="leave the tables (and their catalog) behind when the run fails, for a post-mortem")
+    parser.add_argument("--transaction", choices=["once", "pyiceberg"], default="once",
+                        help="the commits' transaction: logbus's MetadataOnceTransaction (default) or pyiceberg's own")
     parser.add_argument("--tables", type=lambda s: s.split(","), default=["maintained", "never"],
                         help="maintained,never (default) or one of them: a year of the never-maintained table "
                              "takes hours more")
     args = parser.parse_args(argv)
+    if args.transaction == "pyiceberg":
+        from pyiceberg.table import Transaction
+
+        from airflow_provider_logbus.targets import iceberg_transaction
+
+        iceberg_transaction.transaction = Transaction  # every commit of the targets opens it
     work = Path(tempfile.mkdtemp(prefix="bench-maintenance-"))
+    keep = False
     try:
         rows = run(args, work)
     except Exception as exc:
-        print(f"benchmark failed: {exc!r}", file=sys.stderr)
+        keep = args.keep_on_failure
+        print(f"benchmark failed: {exc!r}" + (f" (tables kept in {work})" if keep else ""), file=sys.stderr)
         return 1
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
     columns = ["batches", "table", "files_per_closed_hour", "snapshots", "metadata_bytes", "metadata_files",
                "first_commits_s", "commit_s_median_last10", "reader_s", "reader_rows", "batches_visible",
                "maintenance_s_median"]
     report = markdown(f"Hourly batches of {args.files} files x {args.rows} rows, maintained daily or never "
                       f"(`python -m bench.maintenance --checkpoints {','.join(map(str, args.checkpoints))} "
-                      f"--files {args.files} --rows {args.rows} --tables {','.join(args.tables)}`)", rows, columns)
+                      f"--files {args.files} --rows {args.rows} --tables {','.join(args.tables)} "
+                      f"--transaction {args.transaction}`)", rows, columns)
     print(report)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "maintenance.json").write_text(json.dumps(rows, indent=1))
