@@ -148,15 +148,15 @@ def remove_orphans(target, older_than_s: float) -> list[str]:
     writing its staging is younger than the margin; listing comes before reading the
     references, so a file committed meanwhile is seen as referenced. Empty directories
     left behind go too. Returns the deleted paths."""
-    from pyarrow.fs import FileSelector, FileType
+    from pyarrow.fs import FileType
 
     tables = [target.tables.load(i) for i in (target.identifier, target.rejects_identifier, target.ledger.identifier)]
     listings = []
     for table in (t for t in tables if t is not None):
-        fs, root = target.storage.resolve(table.location().rstrip("/"))
+        fs, _ = target.storage.resolve(table.location())
         for part in ("data", "metadata"):
-            listings.append((fs, part, fs.get_file_info(FileSelector(f"{root.rstrip('/')}/{part}", recursive=True,
-                                                                     allow_not_found=True))))
+            listings.append((fs, part, target.storage.entries(f"{table.location().rstrip('/')}/{part}",
+                                                              recursive=True)))
     references = referenced_files(*(t.refresh() if t is not None else None for t in tables))
     horizon = time.time() - older_than_s
     removed = []
