@@ -77,6 +77,12 @@ class Broker:
                 max_tries=-1, delay=0.1, backoff=2, max_jitter=0.1,
                 max_delay=config.zookeeper_reconnect_backoff_max_ms / 1000,
             ),
+            # `zk.retry` (the start's ZooKeeper steps, kazoo's watches) retries a lost
+            # connection until it is back, at the same bounded interval
+            command_retry=KazooRetry(
+                max_tries=-1, delay=0.1, backoff=2, max_jitter=0.1,
+                max_delay=config.zookeeper_reconnect_backoff_max_ms / 1000,
+            ),
         )
         registered = BrokerInfo(config.broker_id, inter.advertised.host, inter.advertised.port,
                                 tuple(l.advertised for l in self.listeners), broker_principal(config))
@@ -131,9 +137,11 @@ class Broker:
 
     def _prepare_zookeeper(self) -> None:
         """The consumers' subtree stays open to clients on a secured ZooKeeper
-        (broker.server.auth.zookeeper); the ACL watches start before we serve."""
+        (broker.server.auth.zookeeper); the ACL watches start before we serve. Like
+        every ZooKeeper step of the start, it retries a lost connection: a ZooKeeper
+        server dying under a starting broker must not end it."""
         if self.zk_security.enabled:
-            self.zk.ensure_path(CONSUMERS, acl=self.zk_security.open_acl)
+            self.zk.retry(self.zk.ensure_path, CONSUMERS, acl=self.zk_security.open_acl)
         if self.authorizer is not None:
             self.authorizer.start()
 

@@ -68,7 +68,7 @@ class BrokerRegistry:
 
     def start(self) -> None:
         for path in (BROKER_IDS, BROKER_TOPICS, CONSUMERS):
-            self.zk.ensure_path(path)
+            self.zk.retry(self.zk.ensure_path, path)  # a lost connection must not end the start
         self.zk.add_listener(self._on_state)
         ChildrenWatch(self.zk, BROKER_TOPICS, self._on_topics)
         ChildrenWatch(self.zk, BROKER_IDS, self._on_brokers)

@@ -197,3 +197,28 @@ def test_a_signal_ends_a_start_that_waits_for_zookeeper(own_zookeeper, tmp_path)
         holder.stop()
         holder.close()
         cluster.stop()
+
+
+def test_connection_lost_in_each_zookeeper_step_of_the_start(own_zookeeper, tmp_path):
+    """A ZooKeeper server dying under a starting broker loses the connection in whichever
+    step the start is at; the paths it ensures before registering (its own, the
+    authorizer's, the open consumers' subtree on an ACL'd ZooKeeper) failed the start with
+    exit code 1 (a secured history run's broker 2). Each is lost once here: the start must
+    retry each and serve."""
+    from tests.replication.faults import lose_each_zookeeper_path_once
+
+    cluster = LocalCluster(own_zookeeper.connect_string, tmp_path, settings={"log.flush.interval.ms": 20})
+    try:
+        broker = cluster.start_broker(0, {
+            "zookeeper.session.timeout.ms": SESSION_MS, "authorizer.enable": "true",
+            "allow.everyone.if.no.acl.found": "true", "zookeeper.auth": "broker:broker-secret",
+            "zookeeper.set.acl": "true",
+        }, preamble=lose_each_zookeeper_path_once())
+        log = broker.log_tail(400)
+        injected = log.count("fault: ConnectionLoss injected")
+        print(f"\n{injected} ensure_path calls lost once each; the broker started: {broker.alive}")
+        assert injected >= 3 + 1 + 1  # the registry's three paths, one of the authorizer's, the consumers'
+        assert broker.alive
+        still_serves(broker)
+    finally:
+        cluster.stop()

@@ -27,3 +27,29 @@ def _hold_commit_waits(gate: str) -> None:
         return await original(self, *args, **kwargs)
 
     ReplicaManager.wait_committed = held
+
+
+def lose_each_zookeeper_path_once() -> str:
+    """A preamble under which the first `ensure_path` of every path fails with
+    ConnectionLoss, as when the ZooKeeper server a starting broker talks to dies under
+    it: every ZooKeeper step of the start must retry, not end the broker."""
+    return "from tests.replication.faults import _lose_each_zookeeper_path_once; _lose_each_zookeeper_path_once()"
+
+
+def _lose_each_zookeeper_path_once() -> None:
+    import sys
+
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import ConnectionLoss
+
+    original = KazooClient.ensure_path
+    lost: set[str] = set()
+
+    def ensure_path(self, path, *args, **kwargs):
+        if path not in lost:
+            lost.add(path)
+            print(f"fault: ConnectionLoss injected into ensure_path({path})", file=sys.stderr, flush=True)
+            raise ConnectionLoss()
+        return original(self, path, *args, **kwargs)
+
+    KazooClient.ensure_path = ensure_path

@@ -48,7 +48,7 @@ class Authorizer:
         for pattern in PatternType:
             for resource_type in ResourceType:
                 path = f"{ACLS}/{pattern.value}/{resource_type.value}"
-                self.zk.ensure_path(path)
+                self.zk.retry(self.zk.ensure_path, path)  # a lost connection must not end the start
                 ChildrenWatch(self.zk, path, self._children_watcher(pattern.value, resource_type.value))
 
     def _children_watcher(self, pattern: str, resource_type: str):
