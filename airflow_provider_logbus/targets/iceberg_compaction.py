@@ -229,12 +229,12 @@ def _replace(table, entries: list, written: dict[str, dict[str, int]], hour_ms: 
     table is still at the snapshot read; its id."""
     from pyiceberg.io.pyarrow import parquet_files_to_data_files
 
-    from airflow_provider_logbus.targets.iceberg_transaction import transaction
+    from airflow_provider_logbus.targets.iceberg_transaction import replace_files, transaction
 
     new_files = list(parquet_files_to_data_files(table.io, table.metadata, iter(written)))
     tx = transaction(table)
     properties = {COMPACTION: json.dumps({"hour_ms": hour_ms, "files": written}, sort_keys=True)}
-    with tx.update_snapshot(snapshot_properties=properties).overwrite() as rewrite:
+    with replace_files(tx, properties) as rewrite:
         for entry in entries:
             rewrite.delete_data_file(entry.data_file)
         for data_file in new_files:
