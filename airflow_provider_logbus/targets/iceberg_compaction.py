@@ -82,7 +82,7 @@ def compact_hour(target, hour_ms: int, target_file_bytes: int = TARGET_FILE_BYTE
 
     for attempt in range(1, ATTEMPTS + 1):
         table = target.table_or_fail()
-        entries = _entries_by_hour(table).get(hour_ms, [])
+        entries = _entries_by_hour(table, hour_ms).get(hour_ms, [])
         needed = _files_needed(entries, target_file_bytes)
         if len(entries) <= needed:
             return HourCompaction(hour_ms, len(entries), len(entries), 0, "left: already compact")
@@ -130,15 +130,38 @@ def _files_needed(entries: list, target_file_bytes: int) -> int:
     return max(1, math.ceil(sum(e.data_file.file_size_in_bytes for e in entries) / target_file_bytes))
 
 
-def _entries_by_hour(table) -> dict[int, list]:
-    """The current snapshot's live manifest entries, by the hour of their file."""
+def _entries_by_hour(table, only_hour_ms: int | None = None) -> dict[int, list]:
+    """The current snapshot's live manifest entries, by the hour of their file; with
+    `only_hour_ms`, only the manifests whose partition summaries may hold that hour are
+    read (a day's compaction read every manifest once per hour it compacted)."""
     current = table.current_snapshot()
+    may_hold = _manifests_holding(table, only_hour_ms) if only_hour_ms is not None else (lambda manifest: True)
     out: dict[int, list] = {}
     for manifest in current.manifests(table.io) if current is not None else ():
+        if not may_hold(manifest):
+            continue
         hour_of = hour_reader(table, manifest.partition_spec_id)
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             out.setdefault(hour_of(entry.data_file), []).append(entry)
     return out
+
+
+def _manifests_holding(table, hour_ms: int):
+    """manifest -> False when its partition summary rules out files of the hour; a spec
+    without an `hour(timestamp)` field cannot rule out anything."""
+    from pyiceberg.expressions import EqualTo
+    from pyiceberg.expressions.visitors import manifest_evaluator
+    from pyiceberg.transforms import HourTransform
+
+    schema = table.schema()
+    field_id = schema.find_field("timestamp").field_id
+    judges = {}
+    for spec_id, spec in table.specs().items():
+        hour_field = next((f for f in spec.fields if f.source_id == field_id and isinstance(f.transform, HourTransform)),
+                          None)
+        if hour_field is not None:
+            judges[spec_id] = manifest_evaluator(spec, schema, EqualTo(hour_field.name, hour_ms // HOUR_MS))
+    return lambda manifest: manifest.partition_spec_id not in judges or judges[manifest.partition_spec_id](manifest)
 
 
 def _accounted_rows(contents, table, hour_ms: int, entries: list):
