@@ -12,7 +12,9 @@ directory's bytes and files, the median of the last 10 commits, the number of
 snapshots, and a reader of one hour (load the table, plan, read to Arrow; fastest of
 three). Nothing here asserts a time; results go to stdout and
 `bench/results/maintenance.{json,md}` (git-ignored). Scratch files are removed on the
-way out, also on failure (exit status 1).
+way out, also on failure (exit status 1) or SIGTERM — except a `--workdir`, which keeps
+the tables and `progress.json` so that the next run with the same options carries on
+from the last day saved (a year of batches takes longer than one sitting).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -89,36 +92,80 @@ def measure(target, hours: int, recent_commits: list[float]) -> dict:
             "reader_rows": rows, "batches_visible": len(target.batches())}
 
 
+class Progress:
+    """What a run has done so far, in `<work>/progress.json`: a year takes longer than one
+    sitting, and `--workdir` lets the next run carry on where the last stopped."""
+
+    def __init__(self, path: Path, args) -> None:
+        self.path = path
+        self.setup = {"files": args.files, "rows": args.rows, "tables": args.tables, "transaction": args.transaction}
+        state = json.loads(path.read_text()) if path.exists() else {}
+        if state and state["setup"] != self.setup:
+            raise SystemExit(f"{path} is from a run with {state['setup']}, not {self.setup}: use another --workdir")
+        self.commits: dict[str, list[float]] = state.get("commits", {kind: [] for kind in args.tables})
+        self.maintenance: list[float] = state.get("maintenance", [])
+        self.maintained_days: int = state.get("maintained_days", 0)
+        self.rows: list[dict] = state.get("rows", [])
+        self.elapsed_s: float = state.get("elapsed_s", 0.0)
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"setup": self.setup, "commits": self.commits, "maintenance": self.maintenance,
+                                   "maintained_days": self.maintained_days, "rows": self.rows,
+                                   "elapsed_s": self.elapsed_s}))
+        tmp.replace(self.path)
+
+
+def committed_hours(target) -> int:
+    """Batches h00000.. the table holds (a resumed run's tables may differ by one: the
+    run can stop between them)."""
+    return len({r.batch_id for r in target.batches()})
+
+
 def run(args, work: Path) -> list[dict]:
     from airflow_provider_logbus.targets.iceberg import IcebergTarget
 
+    progress = Progress(work / "progress.json", args)
+    fresh = not any((work / kind).exists() for kind in args.tables)
     targets = {kind: IcebergTarget("t", warehouse=str(work / kind)) for kind in args.tables}
-    commits: dict[str, list[float]] = {kind: [] for kind in targets}
-    maintenance: list[float] = []
-    rows = []
     try:
         for target in targets.values():
             target.ensure_schema(value_schema())
-        started = time.perf_counter()
-        for h in range(max(args.checkpoints)):
+        done = {kind: 0 if fresh else committed_hours(target) for kind, target in targets.items()}
+        for kind, n in done.items():
+            del progress.commits[kind][n:]  # commits timed after the last save, or never made
+        start = min(done.values())
+        if start:
+            print(f"  resuming at batch {start + 1} ({progress.elapsed_s:.0f} s so far)", flush=True)
+        if "maintained" in targets and start // DAY > progress.maintained_days:  # stopped before its daily run
+            progress.maintenance.append(maintain_daily(targets["maintained"], start // DAY * DAY))
+            progress.maintained_days = start // DAY
+        began = time.perf_counter() - progress.elapsed_s
+        for h in range(start, max(args.checkpoints)):
             for kind, target in targets.items():  # alternating: the machine's noise hits both
-                commits[kind].append(commit_hour(target, h, args.files, args.rows))
+                if h >= done[kind]:
+                    progress.commits[kind].append(commit_hour(target, h, args.files, args.rows))
             if (h + 1) % DAY == 0 and "maintained" in targets:
-                maintenance.append(maintain_daily(targets["maintained"], h + 1))
+                progress.maintenance.append(maintain_daily(targets["maintained"], h + 1))
+                progress.maintained_days = (h + 1) // DAY
             if h + 1 in args.checkpoints:
                 for kind, target in targets.items():
-                    row = {"batches": h + 1, "table": kind, **measure(target, h + 1, commits[kind]),
-                           "first_commits_s": statistics.median(commits[kind][:10]),
-                           "maintenance_s_median": (statistics.median(maintenance)
-                                                    if kind == "maintained" and maintenance else None),
+                    commits = progress.commits[kind]
+                    row = {"batches": h + 1, "table": kind, **measure(target, h + 1, commits),
+                           "first_commits_s": statistics.median(commits[:10]),
+                           "maintenance_s_median": (statistics.median(progress.maintenance)
+                                                    if kind == "maintained" and progress.maintenance else None),
                            "loadavg": loadavg()}
-                    rows.append(row)
+                    progress.rows.append(row)
                     print(json.dumps(row), flush=True)
-                print(f"  {h + 1} batches after {time.perf_counter() - started:.0f} s", flush=True)
+                print(f"  {h + 1} batches after {time.perf_counter() - began:.0f} s", flush=True)
+            if (h + 1) % DAY == 0 or h + 1 in args.checkpoints:
+                progress.elapsed_s = time.perf_counter() - began
+                progress.save()
     finally:
         for target in targets.values():
             target.close()
-    return rows
+    return progress.rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--keep-on-failure", action="store_true",
                         help="leave the tables (and their catalog) behind when the run fails, for a post-mortem")
+    parser.add_argument("--workdir", type=Path,
+                        help="keep the tables and the run's progress here, and carry on from them when they are "
+                             "there: a year takes hours (remove the directory when done)")
     parser.add_argument("--transaction", choices=["once", "pyiceberg"], default="once",
                         help="the commits' transaction: logbus's MetadataOnceTransaction (default) or pyiceberg's own")
     parser.add_argument("--tables", type=lambda s: s.split(","), default=["maintained", "never"],
@@ -141,12 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_provider_logbus.targets import iceberg_transaction
 
         iceberg_transaction.transaction = Transaction  # every commit of the targets opens it
-    work = Path(tempfile.mkdtemp(prefix="bench-maintenance-"))
-    keep = False
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run cleans up too
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-maintenance-"))
+    keep = args.workdir is not None
     try:
         rows = run(args, work)
     except Exception as exc:
-        keep = args.keep_on_failure
+        keep = keep or args.keep_on_failure
         print(f"benchmark failed: {exc!r}" + (f" (tables kept in {work})" if keep else ""), file=sys.stderr)
         return 1
     finally:
