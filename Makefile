@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all test soak demo bench system-deps venv clean
+.PHONY: all test test-long soak demo bench system-deps venv clean
 
 all: test
 
@@ -40,7 +40,13 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: system-deps $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 -m "not long"
+
+# The scenarios that take minutes of one worker each (README, "Development"): the
+# overlapping runs under the real scheduler, the Logbus page in a browser, the hourly
+# DAG with a killed load into Iceberg on disk and on S3.
+test-long: system-deps $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=10 -m long
 
 # The replication history checker again and again, its schedules (faults; leadership
 # ping-pong; faults on a secured cluster), a fresh random seed each run (make test plays one fixed seed); stops at the

@@ -31,7 +31,7 @@ from harness.proxy import TcpProxy
 from .conftest import ROOT
 from .helpers import produce
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 DAG_ID = "logbus_hourly_load"
 TASK_ID = "audit"

@@ -24,7 +24,7 @@ from .conftest import load_dag, use_logbus_connection
 from .helpers import all_offsets, produce, produce_unloaded, produce_values, run_daily_audit, yesterday_start
 from .test_hourly_dag import KillFirstLoad, task_states
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 HOUR = 3_600_000
 TOPIC = TABLE = "clicks"
 SCHEMA = "server string, n long NOT NULL, ts_ms long"

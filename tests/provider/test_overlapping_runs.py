@@ -40,7 +40,7 @@ from harness.process import wait_until
 from .conftest import ROOT
 from .helpers import all_offsets, produce, table_rows
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 DAG_ID = "logbus_hourly_load"
 SCHEMA = "server string, n long, ts_ms long"

@@ -34,7 +34,7 @@ from .test_hourly_dag import KillFirstLoad, find_load_job, task_states
 from .test_iceberg_dag import BAD_VALUES, table_offsets, utc
 from .test_secured_dag import CommandLines
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 HOUR = 3_600_000
 TOPIC = TABLE = "s3_clicks"
 SCHEMA = "server string, n long NOT NULL, ts_ms long"
