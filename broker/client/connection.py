@@ -36,7 +36,10 @@ class BrokerConnection:
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
-        self._in_flight: deque[tuple[int, bool]] = deque()  # (correlation id, expects a response)
+        # correlation ids of the requests whose answers are still to come, oldest first;
+        # an acks=0 produce is never answered, so it is never recorded (a producer that
+        # only sends those would keep one entry per request for as long as it runs)
+        self._in_flight: deque[int] = deque()
 
     def __repr__(self) -> str:
         return f"BrokerConnection({self.host}:{self.port})"
@@ -77,14 +80,15 @@ class BrokerConnection:
 
     @property
     def in_flight(self) -> int:
-        return sum(1 for _, expects in self._in_flight if expects)
+        return len(self._in_flight)
 
     # --------------------------------------------------------------------- raw frames
 
     def send(self, api: ApiKey, body: bytes, expects_response: bool = True, api_version: int = 0) -> int:
         correlation_id = next(self._ids) & 0x7FFFFFFF
         self.send_frame(encode_request(api, correlation_id, self.client_id, body, api_version))
-        self._in_flight.append((correlation_id, expects_response))
+        if expects_response:
+            self._in_flight.append(correlation_id)
         return correlation_id
 
     def send_many(self, requests: list[tuple[ApiKey, bytes]], expects_response: bool = True) -> None:
@@ -92,7 +96,8 @@ class BrokerConnection:
         ids = [next(self._ids) & 0x7FFFFFFF for _ in requests]
         client_id = self.client_id
         self.send_frame(b"".join([encode_request(api, cid, client_id, body) for cid, (api, body) in zip(ids, requests)]))
-        self._in_flight.extend([(cid, expects_response) for cid in ids])
+        if expects_response:
+            self._in_flight.extend(ids)
 
     def send_frame(self, frame: bytes) -> None:
         self.connect()
@@ -104,11 +109,9 @@ class BrokerConnection:
 
     def receive(self) -> tuple[int, Reader]:
         """The next response: (error_code, reader at its body)."""
-        while self._in_flight and not self._in_flight[0][1]:
-            self._in_flight.popleft()  # acks=0 produce: no response comes
         if not self._in_flight:
             raise InvalidRequest("no request is waiting for a response")
-        expected, _ = self._in_flight.popleft()
+        expected = self._in_flight.popleft()
         (size,) = _SIZE.unpack(self._read_exactly(4))
         if not 6 <= size <= MAX_RESPONSE_BYTES:
             self.close()

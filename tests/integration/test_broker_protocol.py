@@ -79,6 +79,34 @@ def test_acks_zero_gets_no_response_but_is_stored(conn):
     assert [m.value for m in read_partition(conn, "events", 0)] == [b"fire", b"forget", b"last"]
 
 
+def test_a_connection_keeps_no_record_of_acks_zero_requests(conn):
+    """An acks=0 request gets no answer, so nothing may wait for one: the connection
+    kept (correlation id, expects-no-answer) for each until a later answer popped them,
+    and a producer that only sends acks=0 never reads one — a web server's producer
+    grew by about 90 bytes a request for as long as it ran. Memory retained by the
+    connection's module after 20,000 acks=0 requests must stay near nothing."""
+    import tracemalloc
+
+    from broker.client import connection
+    from broker.common.protocol import ApiKey, ProduceRequest
+
+    body = ProduceRequest(0, 1000, "events", 0, encode_message_set([(None, b"x", 1)])).encode()
+    conn.send_many([(ApiKey.PRODUCE, body)] * 10, expects_response=False)  # warm: the deque's first blocks
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for _ in range(2_000):
+            conn.send_many([(ApiKey.PRODUCE, body)] * 10, expects_response=False)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    only = [tracemalloc.Filter(True, connection.__file__)]
+    grown = sum(s.size_diff for s in after.filter_traces(only).compare_to(before.filter_traces(only), "filename"))
+    assert grown < 64 * 1024, f"the connection kept {grown} bytes for 20,000 requests nobody answers"
+    result = produce(conn, "events", 0, [b"last"], acks=-1)  # an answered request still pairs up
+    assert result.base_offset == 20_010 * (22 + 1)
+
+
 def test_pipelined_requests_are_answered_in_order(conn):
     from broker.common.protocol import ApiKey, ProduceRequest
 
