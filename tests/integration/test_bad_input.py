@@ -117,7 +117,7 @@ def test_garbage_header_closes_only_that_connection(broker, conn):
 
 def test_unknown_api_is_unsupported(conn):
     conn.send_frame(encode_request(99, 5, "test", b""))  # type: ignore[arg-type]
-    conn._in_flight.append((5, True))
+    conn._in_flight.append(5)  # a raw frame: tell the connection an answer is due
     code, reader = conn.receive()
     with pytest.raises(UnsupportedApi, match="api 99"):
         raise_for_error(code, reader)
@@ -127,7 +127,7 @@ def test_unknown_api_version_is_unsupported(conn):
     frame = bytearray(encode_request(ApiKey.METADATA, 6, "test", b"\x00\x00\x00\x00"))
     struct.pack_into(">h", frame, 6, 3)  # api_version 3
     conn.send_frame(bytes(frame))
-    conn._in_flight.append((6, True))
+    conn._in_flight.append(6)
     code, reader = conn.receive()
     with pytest.raises(UnsupportedApi, match="version 3"):
         raise_for_error(code, reader)
