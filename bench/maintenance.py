@@ -126,12 +126,11 @@ def run(args, work: Path) -> list[dict]:
     from airflow_provider_logbus.targets.iceberg import IcebergTarget
 
     progress = Progress(work / "progress.json", args)
-    fresh = not any((work / kind).exists() for kind in args.tables)
     targets = {kind: IcebergTarget("t", warehouse=str(work / kind)) for kind in args.tables}
     try:
         for target in targets.values():
             target.ensure_schema(value_schema())
-        done = {kind: 0 if fresh else committed_hours(target) for kind, target in targets.items()}
+        done = {kind: committed_hours(target) for kind, target in targets.items()}
         for kind, n in done.items():
             del progress.commits[kind][n:]  # commits timed after the last save, or never made
         start = min(done.values())

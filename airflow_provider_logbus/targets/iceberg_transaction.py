@@ -6,8 +6,9 @@ deep-copies the result every time anything reads it — about twenty times in on
 commit therefore cost more with every snapshot the table kept (BENCHMARKS.md, "Issue
 21": 0.84 s a commit at 120 snapshots, 76% of it these copies). The metadata only
 changes when an update is staged or the transaction commits, so it is computed once per
-(table metadata, staged updates) and shared — and is the table's own while nothing is staged: pyiceberg's metadata models are frozen, and
-nothing in a transaction changes them in place.
+(table metadata, staged updates) and shared, and is the table's own while nothing is
+staged: pyiceberg's metadata models are frozen, and nothing in a transaction changes
+them in place.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ class MetadataOnceTransaction(Transaction):
 
     @property
     def table_metadata(self) -> TableMetadata:
-        key = (self._table.metadata, self._updates)
         if not self._updates:  # nothing staged: pyiceberg's answer is a deep copy of the table's
             return self._table.metadata
+        key = (self._table.metadata, self._updates)
         if self._computed_for is None or any(a is not b for a, b in zip(key, self._computed_for)):
             self._computed = update_table_metadata(self._table.metadata, self._updates)
             self._computed_for = key  # holding both keeps their identities unique

@@ -54,6 +54,13 @@ def log_config(config: BrokerConfig, topic: str) -> LogConfig:
     )
 
 
+def bounded_retry(config: BrokerConfig) -> KazooRetry:
+    """Retry for ever, at most `zookeeper.reconnect.backoff.max.ms` apart (one per use:
+    a KazooRetry counts its attempts)."""
+    return KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.1,
+                      max_delay=config.zookeeper_reconnect_backoff_max_ms / 1000)
+
+
 class Broker:
     """A broker process: logs, ZooKeeper registration, the server, background tasks."""
 
@@ -73,16 +80,10 @@ class Broker:
             # kazoo's default back-off grows to an hour: after a long ZooKeeper outage the
             # broker would stay unregistered (clients think it dead) for up to the last
             # interval. Retry at least every `zookeeper.reconnect.backoff.max.ms`.
-            connection_retry=KazooRetry(
-                max_tries=-1, delay=0.1, backoff=2, max_jitter=0.1,
-                max_delay=config.zookeeper_reconnect_backoff_max_ms / 1000,
-            ),
+            connection_retry=bounded_retry(config),
             # `zk.retry` (the start's ZooKeeper steps, kazoo's watches) retries a lost
             # connection until it is back, at the same bounded interval
-            command_retry=KazooRetry(
-                max_tries=-1, delay=0.1, backoff=2, max_jitter=0.1,
-                max_delay=config.zookeeper_reconnect_backoff_max_ms / 1000,
-            ),
+            command_retry=bounded_retry(config),
         )
         registered = BrokerInfo(config.broker_id, inter.advertised.host, inter.advertised.port,
                                 tuple(l.advertised for l in self.listeners), broker_principal(config))
