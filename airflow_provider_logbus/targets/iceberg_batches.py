@@ -165,16 +165,23 @@ def table_files(table, identifier: str, batch_of: dict[int, str],
     return files
 
 
+def hour_field(table, spec_id: int) -> tuple[int, object] | None:
+    """(position, field) of spec `spec_id`'s `hour(timestamp)` partition field, or None."""
+    from pyiceberg.transforms import HourTransform
+
+    field_id = table.schema().find_field("timestamp").field_id
+    return next(((i, f) for i, f in enumerate(table.specs()[spec_id].fields)
+                 if f.source_id == field_id and isinstance(f.transform, HourTransform)), None)
+
+
 def hour_reader(table, spec_id: int):
     """A data file's hour (ms): its `hour(timestamp)` partition value under spec
     `spec_id`, else (a file of an unpartitioned spec) its lower bound of `timestamp`."""
     from pyiceberg.conversions import from_bytes
-    from pyiceberg.transforms import HourTransform
 
     field_id = table.schema().find_field("timestamp").field_id
-    spec = table.specs()[spec_id]
-    position = next((i for i, f in enumerate(spec.fields)
-                     if f.source_id == field_id and isinstance(f.transform, HourTransform)), None)
+    found = hour_field(table, spec_id)
+    position = found[0] if found is not None else None
     kind = table.schema().find_type(field_id)
 
     def hour_of(data) -> int:

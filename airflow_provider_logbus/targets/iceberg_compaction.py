@@ -26,7 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from airflow_provider_logbus.targets.base import BatchRecord
-from airflow_provider_logbus.targets.iceberg_batches import COMPACTION, HOUR_MS, hour_reader
+from airflow_provider_logbus.targets.iceberg_batches import COMPACTION, HOUR_MS, hour_field, hour_reader
 from airflow_provider_logbus.targets.iceberg_ledger import COMPACTION as LEDGER_COMPACTION
 from airflow_provider_logbus.targets.iceberg_ledger import LedgerEntry
 from airflow_provider_logbus.targets.iceberg_tables import small_types
@@ -151,16 +151,12 @@ def _manifests_holding(table, hour_ms: int):
     without an `hour(timestamp)` field cannot rule out anything."""
     from pyiceberg.expressions import EqualTo
     from pyiceberg.expressions.visitors import manifest_evaluator
-    from pyiceberg.transforms import HourTransform
 
-    schema = table.schema()
-    field_id = schema.find_field("timestamp").field_id
     judges = {}
     for spec_id, spec in table.specs().items():
-        hour_field = next((f for f in spec.fields if f.source_id == field_id and isinstance(f.transform, HourTransform)),
-                          None)
-        if hour_field is not None:
-            judges[spec_id] = manifest_evaluator(spec, schema, EqualTo(hour_field.name, hour_ms // HOUR_MS))
+        found = hour_field(table, spec_id)
+        if found is not None:
+            judges[spec_id] = manifest_evaluator(spec, table.schema(), EqualTo(found[1].name, hour_ms // HOUR_MS))
     return lambda manifest: manifest.partition_spec_id not in judges or judges[manifest.partition_spec_id](manifest)
 
 

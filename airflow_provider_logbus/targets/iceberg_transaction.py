@@ -13,9 +13,11 @@ them in place.
 
 from __future__ import annotations
 
+from pyiceberg.expressions.visitors import manifest_evaluator
 from pyiceberg.table import Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.update.snapshot import _OverwriteFiles
 
 
 class MetadataOnceTransaction(Transaction):
@@ -49,16 +51,17 @@ def replace_files(tx: Transaction, snapshot_properties: dict[str, str]):
     partition summary, the manifest holding a file to delete is skipped, and the commit
     is refused ("Missing required files to delete"). The year of hourly batches met it
     once in about 1,400 compactions (BENCHMARKS.md, "A year of hourly batches")."""
-    from pyiceberg.expressions.visitors import manifest_evaluator
     from pyiceberg.table.snapshots import Operation
-    from pyiceberg.table.update.snapshot import _OverwriteFiles
-
-    class _OverwriteJudgingEachManifestAlone(_OverwriteFiles):
-        def _build_manifest_evaluator(self, spec_id: int):
-            spec, schema, partition_filter = self.spec(spec_id), self.schema(), self.partition_filters[spec_id]
-            case_sensitive = self._case_sensitive
-            return lambda manifest: manifest_evaluator(spec, schema, partition_filter, case_sensitive)(manifest)
 
     operation = Operation.OVERWRITE if tx.table_metadata.current_snapshot() is not None else Operation.APPEND
     return _OverwriteJudgingEachManifestAlone(operation=operation, transaction=tx, io=tx._table.io,
                                               snapshot_properties=snapshot_properties)
+
+
+class _OverwriteJudgingEachManifestAlone(_OverwriteFiles):
+    """pyiceberg's overwrite with a fresh manifest visitor per judgement (`replace_files`)."""
+
+    def _build_manifest_evaluator(self, spec_id: int):
+        spec, schema, partition_filter = self.spec(spec_id), self.schema(), self.partition_filters[spec_id]
+        case_sensitive = self._case_sensitive
+        return lambda manifest: manifest_evaluator(spec, schema, partition_filter, case_sensitive)(manifest)
