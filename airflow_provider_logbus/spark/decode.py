@@ -21,6 +21,7 @@ ERROR = "_logbus_error"
 UNEXPLAINED = "\x00unexplained"  # a value from_json could not parse, until `explain_rejects` says why
 RAW = "_logbus_raw_value"
 PARSED = "_logbus_parsed"
+REJECT = "_logbus_reject"  # the load job's reject record of a row: null when accepted
 
 
 @dataclass
@@ -165,7 +166,7 @@ def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
 
     struct: StructType = schema.struct
     fields = [f.name for f in struct.fields]
-    taken = {*META_COLUMNS, *extra_columns, RAW, ERROR}
+    taken = {*META_COLUMNS, *extra_columns, RAW, ERROR, REJECT}
     clashes = [f for f in fields if f in taken]
     if clashes:
         logger.warning("JSON fields %s clash with logbus columns; they are kept as value_<name>", clashes)
@@ -207,17 +208,18 @@ def _parse(text, struct):
     return F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
 
 
-def explain_rejects(rejected, schema: JsonSchema):
+def explain_rejects(frame, schema: JsonSchema):
     """Replace `UNEXPLAINED` in the error column of rejected rows by why the value did
-    not parse: not JSON, not an object, or which field had the wrong type. Done on the
-    rejected rows only, after the split: the diagnosis parses the value a second time
-    (as a variant), and inside the main projection Spark evaluated that parse on every
-    row (BENCHMARKS.md, "Issue 25: the Spark load")."""
+    not parse: not JSON, not an object, or which field had the wrong type. The diagnosis
+    parses the value a second time (as a variant); it sits in its own projection, in a
+    CASE WHEN on `UNEXPLAINED`, which Spark evaluates for the rejected rows only (inside
+    the main projection Spark evaluated that parse on every row: BENCHMARKS.md, "Issue
+    25: the Spark load")."""
     from pyspark.sql import functions as F
 
     text = F.col(RAW).cast("string")
     reason = _corrupt_reason(text, _parse(text, schema.struct), schema.struct)
-    return rejected.withColumn(ERROR, F.when(F.col(ERROR) == UNEXPLAINED, reason).otherwise(F.col(ERROR)))
+    return frame.withColumn(ERROR, F.when(F.col(ERROR) == UNEXPLAINED, reason).otherwise(F.col(ERROR)))
 
 
 def _corrupt_reason(text, parsed, struct):

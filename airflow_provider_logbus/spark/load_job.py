@@ -47,7 +47,7 @@ from typing import Sequence
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
 from airflow_provider_logbus.spark.decode import (
-    ERROR, META_COLUMNS, RAW, decode_json, explain_rejects, json_schema, non_null_default,
+    ERROR, META_COLUMNS, RAW, REJECT, decode_json, explain_rejects, json_schema, non_null_default,
 )
 from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR
 from airflow_provider_logbus.storage import Storage, join, name_of, parent_of, properties_from_environment
@@ -94,17 +94,22 @@ def add_partition_columns(df, layout: str):
 
 
 def write_parquet(df, location: str, partition_by: Sequence[str] = (), int96: bool = False,
-                  window_ms: int = WINDOW_MS, storage: Storage | None = None) -> dict:
+                  window_ms: int = WINDOW_MS, storage: Storage | None = None, reject_column: str | None = None) -> dict:
     """Write `df` as Parquet under `location` with the `logbus-parquet` data source
-    (pyarrow on the executors; `spark/parquet_writer.py`); what it wrote and counted."""
+    (pyarrow on the executors; `spark/parquet_writer.py`); what it wrote and counted.
+    Rows whose `reject_column` (a struct) is not null go to `<location>/_rejects/` as
+    that struct's fields, in the same pass."""
     from airflow_provider_logbus.spark.parquet_writer import (STORAGE_OPTION, ParquetDataSource, read_written,
                                                               storage_option)
 
     storage = storage or Storage()
     df.sparkSession.dataSource.register(ParquetDataSource)
-    (df.write.format("logbus-parquet").mode("append").option("path", location)
-     .option("partition_by", ",".join(partition_by)).option("int96", "true" if int96 else "false")
-     .option("window_ms", str(window_ms)).option(STORAGE_OPTION, storage_option(storage)).save())
+    writer = (df.write.format("logbus-parquet").mode("append").option("path", location)
+              .option("partition_by", ",".join(partition_by)).option("int96", "true" if int96 else "false")
+              .option("window_ms", str(window_ms)).option(STORAGE_OPTION, storage_option(storage)))
+    if reject_column:
+        writer = writer.option("rejects", REJECTS_DIR).option("reject_column", reject_column)
+    writer.save()
     return read_written(location, storage)
 
 
@@ -149,7 +154,6 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     counts file; raises `RejectRateError` (and writes no counts file) when a topic's
     reject rate is over `max_reject_rate`. A partition without a reachable leader is
     waited for up to `leader_wait` seconds before the read fails naming it."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     if layout not in LAYOUTS:
@@ -164,40 +168,29 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     rejects_path = join(staging, REJECTS_DIR)
     storage.delete_dir(staging)
     source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait)
-    cached = None
-    rejected_written = None
-    try:
-        if value_format == "raw":
-            written = write_parquet(add_partition_columns(source, layout), staging, PARTITION_COLUMNS[layout], int96,
-                                    window_ms, storage)
-            schema_ddl = schema_source = None
-        else:
-            decoded = json_schema(spark, source, schema)
-            schema_ddl, schema_source = decoded.ddl, decoded.source
-            frame, outputs = decode_json(source, decoded, PARTITION_COLUMNS[layout])
-            # the source is read once: accepted and rejected rows are written from this copy
-            cached = frame.persist(StorageLevel.MEMORY_AND_DISK)
-            required = [out for (f, out) in outputs if decoded.arrow is not None
-                        and not decoded.arrow.field(f).nullable]
-            types = {out: decoded.struct[f].dataType for f, out in outputs}
-            accepted = cached.filter(F.col(ERROR).isNull()).select(*META_COLUMNS, *[
-                F.coalesce(F.col(out), non_null_default(types[out])).alias(out) if out in required else F.col(out)
-                for _, out in outputs])
-            written = write_parquet(add_partition_columns(accepted, layout), staging, PARTITION_COLUMNS[layout],
-                                    int96, window_ms, storage)
-            rejected = explain_rejects(cached.filter(F.col(ERROR).isNotNull()), decoded).select(  # few rows: one file
-                *META_COLUMNS, F.col(RAW).alias("value"), F.col(ERROR).alias("error")).repartition(1)
-            rejected_written = write_parquet(rejected, rejects_path, (), int96, window_ms, storage)
-    finally:
-        if cached is not None:
-            cached.unpersist()
+    if value_format == "raw":
+        written = write_parquet(add_partition_columns(source, layout), staging, PARTITION_COLUMNS[layout], int96,
+                                window_ms, storage)
+        schema_ddl = schema_source = None
+    else:
+        decoded = json_schema(spark, source, schema)
+        schema_ddl, schema_source = decoded.ddl, decoded.source
+        frame, outputs = decode_json(source, decoded, PARTITION_COLUMNS[layout])
+        # one pass writes both outputs: a rejected row carries its reject record, an
+        # accepted one null there (`write_parquet`); the diagnosis runs for rejected rows only
+        frame = explain_rejects(frame, decoded)
+        required = [out for (f, out) in outputs if decoded.arrow is not None and not decoded.arrow.field(f).nullable]
+        types = {out: decoded.struct[f].dataType for f, out in outputs}
+        reject = F.when(F.col(ERROR).isNotNull(), F.struct(*META_COLUMNS, F.col(RAW).alias("value"),
+                                                           F.col(ERROR).alias("error")))
+        rows = frame.select(*META_COLUMNS, *[
+            F.coalesce(F.col(out), non_null_default(types[out])).alias(out) if out in required else F.col(out)
+            for _, out in outputs], reject.alias(REJECT))
+        written = write_parquet(add_partition_columns(rows, layout), staging, PARTITION_COLUMNS[layout], int96,
+                                window_ms, storage, reject_column=REJECT)
     storage.make_dirs(staging)  # an empty batch writes no files
     counts, row_count = written["counts"], written["row_count"]
-    rejected_counts, rejected_count = ([], 0)
-    if rejected_written is not None:
-        rejected_counts, rejected_count = rejected_written["counts"], rejected_written["row_count"]
-    if rejected_count == 0:
-        storage.delete_dir(rejects_path)
+    rejected_counts, rejected_count = written.get("rejected", []), written.get("rejected_count", 0)
     result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": [r.to_dict() for r in ranges],
               "format": value_format, "layout": layout, "rejected": rejected_counts,
               "rejected_count": rejected_count, "schema": schema_ddl, "schema_source": schema_source}

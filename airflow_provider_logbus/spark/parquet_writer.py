@@ -9,14 +9,22 @@ load never reads its own output back to count it.
        .option("path", "/wh/tbl/_staging/b.1")      # a directory, or s3://bucket/prefix
        .option("partition_by", "logbus_hour")       # Hive-style directories, as partitionBy writes them
        .option("int96", "false")                    # TIMESTAMP_MICROS (Iceberg); "true": Spark's INT96
+       .option("rejects", "_rejects")               # optional: rows whose column `_logbus_reject`
+       .option("reject_column", "_logbus_reject")   #   is not null go there, as that struct's fields
        .save())
+
+With `rejects`, one pass writes both outputs of the load job: a row whose reject column
+is null is accepted (written without that column, into the partition directories), any
+other row is written as the struct's fields alone to `<path>/<rejects>/part-*.parquet`,
+unpartitioned. So the decoded rows are never cached for a second pass over them.
 
 Every task writes one file per partition value into `<path>/<col>=<value>/part-<task>-<uuid>.parquet`
 and reports its files, rows and counts in its commit message; the driver's commit
 deletes any file under `<path>` no message names (a task attempt that failed after
 writing), then writes `<path>/_logbus_written.json`:
 
-    {"files": [{"path", "rows"}], "row_count": N, "counts": [{"topic", "window_start", "count"}]}
+    {"files": [{"path", "rows"}], "row_count": N, "counts": [{"topic", "window_start", "count"}],
+     "rejected_files": [...], "rejected_count": R, "rejected": [{"topic", "window_start", "count"}]}
 
 A job that fails has its tasks' files deleted by `abort`; the staging directory is the
 attempt's own and is removed by the commit protocol in any case. Object-store settings
@@ -49,10 +57,13 @@ def storage_option(storage: Storage) -> str:
 
 @dataclass
 class WrittenFiles(WriterCommitMessage):
-    """One task's output: its files (path inside the filesystem, rows) and its counts."""
+    """One task's output: its files (path inside the filesystem, rows) and its counts,
+    of accepted rows and of rejects."""
 
     files: list[tuple[str, int]] = field(default_factory=list)
     counts: dict[tuple[str, int], int] = field(default_factory=dict)
+    rejected_files: list[tuple[str, int]] = field(default_factory=list)
+    rejected: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 class ParquetDataSource(DataSource):
@@ -104,37 +115,40 @@ class ParquetWriter(DataSourceArrowWriter):
         self.int96 = options.get("int96", "false") == "true"
         self.window_ms = int(options.get("window_ms", COUNT_WINDOW_MS))
         self.storage = Storage(json.loads(options.get(STORAGE_OPTION) or "{}"))
+        self.rejects = options.get("rejects") or None
+        self.reject_column = options.get("reject_column") or None
+        if bool(self.rejects) != bool(self.reject_column):
+            raise ValueError("the logbus-parquet writer needs both options 'rejects' and 'reject_column', or neither")
 
     def write(self, iterator: Iterator) -> WrittenFiles:
         import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow.compute as pc
         from pyspark import TaskContext
 
         context = TaskContext.get()
         task = f"{context.partitionId():05d}" if context is not None else "00000"
-        fs, root = self.storage.resolve(self.location)
-        writers: dict[str, tuple[pq.ParquetWriter, str, list[int]]] = {}
+        files = _TaskFiles(self.storage, self.location, task, self.int96)
         out = WrittenFiles()
         try:
             for batch in iterator:
                 table = pa.Table.from_batches([batch])
                 if table.num_rows == 0:
                     continue
+                if self.reject_column is not None:
+                    marks = table[self.reject_column]
+                    if marks.null_count < table.num_rows:
+                        rejected = pa.Table.from_struct_array(marks.filter(pc.is_valid(marks)))
+                        add_window_counts(rejected, self.window_ms, out.rejected)
+                        files.write(f"{self.rejects.strip('/')}/", rejected)
+                        table = table.filter(pc.is_null(marks))
+                    table = table.drop_columns([self.reject_column])
                 add_window_counts(table, self.window_ms, out.counts)
                 for directory, part in self._split(table):
-                    if directory not in writers:
-                        path = f"{root.rstrip('/')}/{directory}part-{task}-{uuid.uuid4().hex}.parquet"
-                        self.storage.make_dirs(self.storage.location_of(self.location, path.rsplit("/", 1)[0]))
-                        writer = pq.ParquetWriter(fs.open_output_stream(path), part.schema,
-                                                  use_deprecated_int96_timestamps=self.int96)
-                        writers[directory] = (writer, path, [0])
-                    writer, _, rows = writers[directory]
-                    writer.write_table(part)
-                    rows[0] += part.num_rows
+                    files.write(directory, part)
         finally:
-            for writer, _, _ in writers.values():
-                writer.close()
-        out.files = [(path, rows[0]) for _, path, rows in writers.values()]
+            files.close()
+        out.files = files.written(exclude=self.rejects)
+        out.rejected_files = files.written(only=self.rejects) if self.rejects else []
         return out
 
     def _split(self, table):
@@ -159,18 +173,18 @@ class ParquetWriter(DataSourceArrowWriter):
         from pyarrow.fs import FileSelector, FileType
 
         fs, root = self.storage.resolve(self.location)
-        files = [f for m in messages if m is not None for f in m.files]
-        named = {path for path, _ in files}
+        messages = [m for m in messages if m is not None]
+        files = [f for m in messages for f in m.files]
+        rejected_files = [f for m in messages for f in m.rejected_files]
+        named = {path for path, _ in files + rejected_files}
         for info in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True)):
             if info.type == FileType.File and info.path.endswith(".parquet") and info.path not in named:
                 fs.delete_file(info.path)  # written by a task attempt that failed afterwards
-        counts: dict[tuple[str, int], int] = {}
-        for m in messages:
-            for key, n in (m.counts if m is not None else {}).items():
-                counts[key] = counts.get(key, 0) + n
-        written = {"files": [{"path": p, "rows": n} for p, n in sorted(files)], "row_count": sum(counts.values()),
-                   "counts": [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())],
-                   "window_ms": self.window_ms}
+        counts = _summed(m.counts for m in messages)
+        rejected = _summed(m.rejected for m in messages)
+        written = {"files": _listed(files), "row_count": sum(counts.values()), "counts": _windows(counts),
+                   "rejected_files": _listed(rejected_files), "rejected_count": sum(rejected.values()),
+                   "rejected": _windows(rejected), "window_ms": self.window_ms}
         self.storage.make_dirs(self.location)
         with fs.open_output_stream(f"{root.rstrip('/')}/{WRITTEN_FILE}") as stream:
             stream.write(json.dumps(written, sort_keys=True).encode())
@@ -178,11 +192,61 @@ class ParquetWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WrittenFiles]) -> None:
         fs, _ = self.storage.resolve(self.location)
         for m in messages:
-            for path, _ in (m.files if m is not None else ()):
+            for path, _ in (m.files + m.rejected_files if m is not None else ()):
                 try:
                     fs.delete_file(path)
                 except FileNotFoundError:
                     pass
+
+
+class _TaskFiles:
+    """One task's open Parquet files, one per directory under the location."""
+
+    def __init__(self, storage: Storage, location: str, task: str, int96: bool) -> None:
+        self.storage, self.location, self.task, self.int96 = storage, location, task, int96
+        self.fs, self.root = storage.resolve(location)
+        self.open: dict[str, tuple] = {}  # directory -> (pq.ParquetWriter, path, [rows])
+
+    def write(self, directory: str, part) -> None:
+        import pyarrow.parquet as pq
+
+        if directory not in self.open:
+            path = f"{self.root.rstrip('/')}/{directory}part-{self.task}-{uuid.uuid4().hex}.parquet"
+            self.storage.make_dirs(self.storage.location_of(self.location, path.rsplit("/", 1)[0]))
+            writer = pq.ParquetWriter(self.fs.open_output_stream(path), part.schema,
+                                      use_deprecated_int96_timestamps=self.int96)
+            self.open[directory] = (writer, path, [0])
+        writer, _, rows = self.open[directory]
+        writer.write_table(part)
+        rows[0] += part.num_rows
+
+    def close(self) -> None:
+        for writer, _, _ in self.open.values():
+            writer.close()
+
+    def written(self, only: str | None = None, exclude: str | None = None) -> list[tuple[str, int]]:
+        """(path, rows) of the files in directory `only`, or outside directory `exclude`."""
+        def inside(directory: str, name: str | None) -> bool:
+            return name is not None and directory == f"{name.strip('/')}/"
+
+        return [(path, rows[0]) for directory, (_, path, rows) in self.open.items()
+                if (only is None or inside(directory, only)) and not inside(directory, exclude)]
+
+
+def _summed(counts) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for c in counts:
+        for key, n in c.items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+def _windows(counts: dict[tuple[str, int], int]) -> list[dict]:
+    return [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())]
+
+
+def _listed(files: list[tuple[str, int]]) -> list[dict]:
+    return [{"path": p, "rows": n} for p, n in sorted(files)]
 
 
 def _partition_text(value) -> str:

@@ -1,8 +1,9 @@
 """The load job's writer, the `logbus-parquet` data source (pyarrow on the executors):
 the same rows and partition directories as Spark's own Parquet writer, counts that equal
-counting the files, the timestamp encoding each layout needs, and no file left by a task
-attempt that failed after writing (a real task retried on a local[2,2] master, the
-failure injected into the writer after it wrote rows)."""
+counting the files, the timestamp encoding each layout needs, rejected rows split off
+into `_rejects/` in the same pass, and no file left by a task attempt that failed after
+writing (a real task retried on a local[2,2] master, the failure injected into the
+writer after it wrote rows and rejects)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,37 @@ def test_an_empty_frame_writes_no_file_and_counts_nothing(spark, tmp_path):
     assert not list((tmp_path / "empty").rglob("*.parquet")) and (tmp_path / "empty" / WRITTEN_FILE).exists()
 
 
+def test_rows_marked_rejected_go_to_rejects_in_the_same_pass_and_are_counted_apart(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    df = frame(spark).withColumn("_logbus_reject", F.when(F.col("offset") % 7 == 0, F.struct(
+        "topic", "offset", "timestamp", F.lit("bad value").alias("error"))))
+    written = write_parquet(df, str(tmp_path / "out"), ["logbus_hour"], reject_column="_logbus_reject")
+
+    rejected = {o for o in range(3000) if o % 7 == 0}
+    rejects = pq.read_table(tmp_path / "out" / "_rejects")
+    assert rejects.column_names == ["topic", "offset", "timestamp", "error"]
+    assert sorted(rejects["offset"].to_pylist()) == sorted(rejected)
+    assert set(rejects["error"].to_pylist()) == {"bad value"}
+    data = sorted(p for p in (tmp_path / "out").rglob("*.parquet") if p.parent.name != "_rejects")
+    accepted = pq.read_table([str(p) for p in data])
+    assert "_logbus_reject" not in accepted.column_names
+    assert sorted(accepted["offset"].to_pylist()) == sorted(set(range(3000)) - rejected)
+    assert (written["counts"], written["row_count"]) == count_windows(data)
+    assert (written["rejected"], written["rejected_count"]) == count_windows(
+        sorted((tmp_path / "out" / "_rejects").glob("*.parquet")))
+    assert written["rejected_count"] == len(rejected)
+    assert sorted(f["path"] for f in written["rejected_files"]) == sorted(
+        str(p) for p in (tmp_path / "out" / "_rejects").glob("*.parquet"))
+
+
+def test_the_reject_options_come_together_or_not_at_all(spark, tmp_path):
+    from airflow_provider_logbus.spark.parquet_writer import ParquetWriter
+
+    with pytest.raises(ValueError, match="both options 'rejects' and 'reject_column'"):
+        ParquetWriter({"path": str(tmp_path), "rejects": "_rejects"})
+
+
 RETRIED = """
 import json, sys
 from pyspark.sql import SparkSession
@@ -111,8 +143,11 @@ spark = (SparkSession.builder.master("local[2,2]").config("spark.ui.enabled", "f
 spark.dataSource.register(FailingSource)
 df = spark.range(2000).repartition(2).selectExpr(
     "'t' as topic", "cast(id % 2 as int) as partition", "id as offset",
-    "timestamp_micros(1704067200000000 + id) as timestamp", "cast(null as binary) as key")
-df.write.format("logbus-parquet-failing").mode("append").option("path", sys.argv[1]).save()
+    "timestamp_micros(1704067200000000 + id) as timestamp", "cast(null as binary) as key",
+    "CASE WHEN id % 10 = 0 THEN named_struct('topic', 't', 'offset', id, "
+    "'timestamp', timestamp_micros(1704067200000000 + id)) END AS rejected")
+(df.write.format("logbus-parquet-failing").mode("append").option("path", sys.argv[1])
+ .option("rejects", "_rejects").option("reject_column", "rejected").save())
 print(json.dumps(read_written(sys.argv[1])))
 spark.stop()
 """
@@ -125,6 +160,9 @@ def test_a_task_attempt_that_failed_after_writing_leaves_no_file(tmp_path):
     assert "task attempt killed after writing" in out.stderr  # the first attempt did fail
     written = json.loads(out.stdout.strip().splitlines()[-1])
     files = sorted((tmp_path / "out").rglob("*.parquet"))
-    assert [str(p) for p in files] == sorted(f["path"] for f in written["files"])
-    offsets = pq.read_table(tmp_path / "out", columns=["offset"])["offset"].to_pylist()
-    assert sorted(offsets) == list(range(2000)) and written["row_count"] == 2000
+    assert [str(p) for p in files] == sorted(f["path"] for f in written["files"] + written["rejected_files"])
+    rejects = [p for p in files if p.parent.name == "_rejects"]
+    offsets = pq.read_table([str(p) for p in files if p not in rejects], columns=["offset"])["offset"].to_pylist()
+    rejected = pq.read_table([str(p) for p in rejects], columns=["offset"])["offset"].to_pylist()
+    assert sorted(offsets) == [i for i in range(2000) if i % 10] and written["row_count"] == 1800
+    assert sorted(rejected) == list(range(0, 2000, 10)) and written["rejected_count"] == 200
