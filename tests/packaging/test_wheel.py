@@ -125,6 +125,7 @@ def test_wheel_leaves_the_test_and_demo_harness_out(wheel):
     assert tops == {"broker", "airflow_provider_logbus"}
 
 
+@pytest.mark.long  # builds .venv-min/ on a fresh machine: 1.5 min of CI's 20 (README, "Development")
 @pytest.mark.timeout(3600)
 def test_lowest_airflow_lists_the_provider(min_venv, tmp_path):
     env = airflow_env(tmp_path)
@@ -147,6 +148,7 @@ def parse_examples(python: Path, tmp_path: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.long
 @pytest.mark.timeout(3600)
 def test_examples_parse_on_the_lowest_airflow(min_venv, tmp_path):
     result = parse_examples(min_venv / "bin" / "python", tmp_path)
