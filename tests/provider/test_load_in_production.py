@@ -104,20 +104,53 @@ class LoadProcess:
             self.process.wait()
 
 
-def test_a_load_waits_for_a_leader_down_for_less_than_its_leader_wait_and_succeeds_first_time(loadable):
+class ListeningSockets:
+    """Every listening socket seen, sampled every 100 ms while the block runs."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            self.seen.extend(listeners())
+            time.sleep(0.1)
+
+    def __enter__(self) -> "ListeningSockets":
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._sampler.join(10)
+
+
+def test_a_load_waits_for_a_leader_down_less_than_its_leader_wait_succeeds_and_listens_on_loopback_only(loadable):
+    """One load serves both checks (a spark-submit is a minute of a CI worker): it waits
+    for the leader and succeeds on its first try, and while it runs embedded Spark, like
+    the ZooKeeper and brokers the tests start, listens on loopback only."""
     partition = stop_broker(loadable, 1)
-    load = LoadProcess(loadable, leader_wait=30)
-    try:
-        # the executor says which partition it waits for (in spark-submit's output);
-        # only then does the leader come back
-        wait_until(lambda: load.saw(f"waiting up to 30s for a leader of {TOPIC}-{partition}")
-                   or load.process.poll() is not None, 240, "the load to wait for the leader")
-        loadable["cluster"].start_broker(1)
-        result = load.result(timeout=240)
-    finally:
-        load.kill()
+    with ListeningSockets() as sockets:
+        load = LoadProcess(loadable, leader_wait=30)
+        try:
+            # the executor says which partition it waits for (in spark-submit's output);
+            # only then does the leader come back
+            wait_until(lambda: load.saw(f"waiting up to 30s for a leader of {TOPIC}-{partition}")
+                       or load.process.poll() is not None, 240, "the load to wait for the leader")
+            loadable["cluster"].start_broker(1)
+            result = load.result(timeout=240)
+        finally:
+            load.kill()
     counts = json.loads(Path(result["staging"], "_logbus_counts.json").read_text())
     assert counts["row_count"] == 40 and result["staging"].endswith(".1")  # every message, on the first try
+
+    seen = sockets.seen
+    assert {(l.address, l.port) for l in seen if "SparkSubmit" in l.command}, \
+        "no listening socket of the Spark driver was seen during the load"
+    assert any("ZooKeeperServerMain" in l.command for l in seen) and any("logbus-broker" in l.command for l in seen)
+    exposed = sorted({(l.address, l.port, l.command[:80]) for l in seen if not l.loopback})
+    assert not exposed, exposed
 
 
 def test_a_load_whose_leader_stays_down_past_its_leader_wait_fails_naming_the_partition(loadable):
@@ -132,26 +165,3 @@ def test_a_load_whose_leader_stays_down_past_its_leader_wait_fails_naming_the_pa
     log = Path(message.rsplit("(Spark log: ", 1)[1].rstrip(")"))
     assert log.name == SPARK_LOG and "ConnectionError" in log.read_text()  # spark-submit's output
     assert (log.parent / ERROR_FILE).exists()
-
-
-def test_embedded_spark_zookeeper_and_brokers_listen_on_loopback_only(loadable):
-    seen, done = [], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            seen.extend(listeners())
-            time.sleep(0.1)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        result = loadable["operator"].execute({"ti": FakeTaskInstance({"snapshot": loadable["plan"]})})
-    finally:
-        done.set()
-        sampler.join(10)
-    assert result["staging"] and Path(result["staging"], "_logbus_counts.json").exists()
-    spark = {(l.address, l.port) for l in seen if "SparkSubmit" in l.command}
-    assert spark, "no listening socket of the Spark driver was seen during the load"
-    assert any("ZooKeeperServerMain" in l.command for l in seen) and any("logbus-broker" in l.command for l in seen)
-    exposed = sorted({(l.address, l.port, l.command[:80]) for l in seen if not l.loopback})
-    assert not exposed, exposed
