@@ -138,8 +138,12 @@ def count_windows(files: list, window_ms: int = COUNT_WINDOW_MS,
     counts: dict[tuple[str, int], int] = {}
     for path in files:
         add_window_counts(storage.read_parquet(str(path), columns=["topic", "timestamp"]), window_ms, counts)
-    rows = [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())]
-    return rows, sum(counts.values())
+    return window_rows(counts), sum(counts.values())
+
+
+def window_rows(counts: dict[tuple[str, int], int]) -> list[dict]:
+    """Counts per (topic, window start) as the counts files list them, sorted."""
+    return [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())]
 
 
 def add_window_counts(table, window_ms: int, counts: dict[tuple[str, int], int]) -> None:

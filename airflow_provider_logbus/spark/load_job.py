@@ -190,7 +190,7 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
                                 window_ms, storage, reject_column=REJECT)
     storage.make_dirs(staging)  # an empty batch writes no files
     counts, row_count = written["counts"], written["row_count"]
-    rejected_counts, rejected_count = written.get("rejected", []), written.get("rejected_count", 0)
+    rejected_counts, rejected_count = written["rejected"], written["rejected_count"]
     result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": [r.to_dict() for r in ranges],
               "format": value_format, "layout": layout, "rejected": rejected_counts,
               "rejected_count": rejected_count, "schema": schema_ddl, "schema_source": schema_source}

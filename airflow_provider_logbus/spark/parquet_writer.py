@@ -42,8 +42,8 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition, \
     WriterCommitMessage
 
-from airflow_provider_logbus.staged import COUNT_WINDOW_MS, add_window_counts
-from airflow_provider_logbus.storage import Storage
+from airflow_provider_logbus.staged import COUNT_WINDOW_MS, add_window_counts, window_rows
+from airflow_provider_logbus.storage import Storage, join
 
 WRITTEN_FILE = "_logbus_written.json"
 
@@ -128,18 +128,20 @@ class ParquetWriter(DataSourceArrowWriter):
         context = TaskContext.get()
         task = f"{context.partitionId():05d}" if context is not None else "00000"
         files = _TaskFiles(self.storage, self.location, task, self.int96)
+        rejects = _TaskFiles(self.storage, join(self.location, self.rejects), task, self.int96) if self.rejects \
+            else None
         out = WrittenFiles()
         try:
             for batch in iterator:
                 table = pa.Table.from_batches([batch])
                 if table.num_rows == 0:
                     continue
-                if self.reject_column is not None:
+                if rejects is not None:
                     marks = table[self.reject_column]
                     if marks.null_count < table.num_rows:
                         rejected = pa.Table.from_struct_array(marks.filter(pc.is_valid(marks)))
                         add_window_counts(rejected, self.window_ms, out.rejected)
-                        files.write(f"{self.rejects.strip('/')}/", rejected)
+                        rejects.write("", rejected)
                         table = table.filter(pc.is_null(marks))
                     table = table.drop_columns([self.reject_column])
                 add_window_counts(table, self.window_ms, out.counts)
@@ -147,8 +149,10 @@ class ParquetWriter(DataSourceArrowWriter):
                     files.write(directory, part)
         finally:
             files.close()
-        out.files = files.written(exclude=self.rejects)
-        out.rejected_files = files.written(only=self.rejects) if self.rejects else []
+            if rejects is not None:
+                rejects.close()
+        out.files = files.written()
+        out.rejected_files = rejects.written() if rejects is not None else []
         return out
 
     def _split(self, table):
@@ -182,9 +186,9 @@ class ParquetWriter(DataSourceArrowWriter):
                 fs.delete_file(info.path)  # written by a task attempt that failed afterwards
         counts = _summed(m.counts for m in messages)
         rejected = _summed(m.rejected for m in messages)
-        written = {"files": _listed(files), "row_count": sum(counts.values()), "counts": _windows(counts),
+        written = {"files": _listed(files), "row_count": sum(counts.values()), "counts": window_rows(counts),
                    "rejected_files": _listed(rejected_files), "rejected_count": sum(rejected.values()),
-                   "rejected": _windows(rejected), "window_ms": self.window_ms}
+                   "rejected": window_rows(rejected), "window_ms": self.window_ms}
         self.storage.make_dirs(self.location)
         with fs.open_output_stream(f"{root.rstrip('/')}/{WRITTEN_FILE}") as stream:
             stream.write(json.dumps(written, sort_keys=True).encode())
@@ -224,13 +228,9 @@ class _TaskFiles:
         for writer, _, _ in self.open.values():
             writer.close()
 
-    def written(self, only: str | None = None, exclude: str | None = None) -> list[tuple[str, int]]:
-        """(path, rows) of the files in directory `only`, or outside directory `exclude`."""
-        def inside(directory: str, name: str | None) -> bool:
-            return name is not None and directory == f"{name.strip('/')}/"
-
-        return [(path, rows[0]) for directory, (_, path, rows) in self.open.items()
-                if (only is None or inside(directory, only)) and not inside(directory, exclude)]
+    def written(self) -> list[tuple[str, int]]:
+        """(path, rows) of every file written."""
+        return [(path, rows[0]) for _, path, rows in self.open.values()]
 
 
 def _summed(counts) -> dict[tuple[str, int], int]:
@@ -239,10 +239,6 @@ def _summed(counts) -> dict[tuple[str, int], int]:
         for key, n in c.items():
             out[key] = out.get(key, 0) + n
     return out
-
-
-def _windows(counts: dict[tuple[str, int], int]) -> list[dict]:
-    return [{"topic": t, "window_start": w, "count": n} for (t, w), n in sorted(counts.items())]
 
 
 def _listed(files: list[tuple[str, int]]) -> list[dict]:

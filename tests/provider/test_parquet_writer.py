@@ -106,7 +106,7 @@ def test_rows_marked_rejected_go_to_rejects_in_the_same_pass_and_are_counted_apa
         str(p) for p in (tmp_path / "out" / "_rejects").glob("*.parquet"))
 
 
-def test_the_reject_options_come_together_or_not_at_all(spark, tmp_path):
+def test_the_reject_options_come_together_or_not_at_all(tmp_path):
     from airflow_provider_logbus.spark.parquet_writer import ParquetWriter
 
     with pytest.raises(ValueError, match="both options 'rejects' and 'reject_column'"):
