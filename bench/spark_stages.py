@@ -5,8 +5,10 @@ JSON-lines file; `--rounds` passes, the first of which warms everything up.
     .venv/bin/python -m bench.spark_stages --messages 1000000 --rounds 2
 
 Stages: the logbus data source alone (fetch and decode to Arrow in the Python
-workers); with the JSON parse and the reject diagnosis (`decode_json`); the same with
-the diagnosis column dropped; the whole `run_load`; the decoded rows written by Spark's
+workers); the same with its own JSON parse (pyarrow, `spark/reader_json.py`, as the
+load job reads); the plain data source and Spark's JSON parse of every value with the
+reject diagnosis (`decode_json`); the same with the diagnosis column dropped; the whole
+`run_load`; the decoded rows written by Spark's
 own Parquet writer and by the load job's pyarrow writer (`spark/parquet_writer.py`, which
 also counts them); plain Spark's read and parse of the file.
 """
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = str(work / f"load-{round_}")
                 stages = [
                     ("logbus data source", lambda: noop(source())),
+                    ("logbus data source with its JSON parse", lambda: noop(load_job.read_ranges(
+                        spark, ranges, cluster.zookeeper, json_value=decode.json_schema(spark, source(), SCHEMA)))),
                     ("+ JSON parse and reject diagnosis", lambda: noop(decoded(True))),
                     ("+ JSON parse, diagnosis dropped", lambda: noop(decoded(False))),
                     ("the whole run_load", lambda: load_job.run_load(spark, ranges, out, zookeeper=cluster.zookeeper,
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, stage in stages:
                     start = time.perf_counter()
                     stage()
-                    print(f"round {round_ + 1} {name:38} {time.perf_counter() - start:6.2f} s", flush=True)
+                    print(f"round {round_ + 1} {name:42} {time.perf_counter() - start:6.2f} s", flush=True)
     return 0
 
 

@@ -21,6 +21,14 @@ and yields one pyarrow RecordBatch per fetch, built with a header walk and numpy
 never one Python row per message. Every partition a Python worker reads shares one
 cluster handle (`worker_cluster`): one ZooKeeper session and one connection per broker
 per worker, not per Spark partition.
+
+With the option `json_value` (a Spark struct's `.json()`: the load job's value schema),
+the reader also parses the values as JSON with pyarrow where pyarrow's answer is
+Spark's, in one more column (`reader_json.PARSED_IN_READER`, null where Spark's
+`from_json` must parse), and drops the bytes of values nothing needs any more
+(`json_required`: top-level required fields, JSON list; `json_keep_values`: "true"
+keeps every value). `spark/reader_json.py` says when pyarrow's answer is used; a schema
+with a type it leaves to Spark adds no column.
 """
 
 from __future__ import annotations
@@ -37,11 +45,11 @@ from broker.common.errors import InvalidMessage
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json
+from airflow_provider_logbus.spark.reader_json import PARSED_IN_READER, arrow_value_type, parse_values, \
+    spark_parsed_type
 
 if TYPE_CHECKING:
     from airflow_provider_logbus.cluster import LogbusCluster
-
-SCHEMA = "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"
 
 _worker_clusters: dict[tuple, "LogbusCluster"] = {}
 
@@ -97,8 +105,17 @@ class LogbusDataSource(DataSource):
     def name(cls) -> str:
         return "logbus"
 
-    def schema(self) -> str:
-        return SCHEMA
+    def schema(self):
+        from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
+                                       TimestampType)
+
+        columns = [StructField("topic", StringType()), StructField("partition", IntegerType()),
+                   StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+                   StructField("key", BinaryType()), StructField("value", BinaryType())]
+        value = self.options.get("json_value")
+        if value and arrow_value_type(value) is not None:  # else Spark's from_json parses every value
+            columns.append(StructField(PARSED_IN_READER, spark_parsed_type(value), True))
+        return StructType(columns)
 
     def reader(self, schema) -> "LogbusReader":
         return LogbusReader(dict(self.options))
@@ -119,6 +136,9 @@ class LogbusReader(DataSourceReader):
         self.leader_wait = leader_wait_seconds(options.get("leader_wait", LOAD_LEADER_WAIT_S))
         self.security = options.get("security") or None
         client_security(self.security)  # bad settings fail at planning, on the driver
+        self.json_value = options.get("json_value") or None
+        self.json_required = json.loads(options.get("json_required") or "[]")
+        self.json_keep_values = str(options.get("json_keep_values", "false")).lower() == "true"
 
     def _cluster(self):
         from airflow_provider_logbus.cluster import LogbusCluster
@@ -156,9 +176,18 @@ class LogbusReader(DataSourceReader):
         if r.end <= r.start:
             return
         cluster = worker_cluster(self.zookeeper, self.brokers, self.leader_wait, self.security)
+        value_type = arrow_value_type(self.json_value) if self.json_value else None
         for base, buf in cluster.read_range(r.topic, r.partition, r.start, r.end, self.fetch_bytes):
             try:
-                yield decode_arrow(r.topic, r.partition, base, buf, self.verify_crc)
+                batch = decode_arrow(r.topic, r.partition, base, buf, self.verify_crc)
             except InvalidMessage as exc:
                 raise InvalidMessage(f"{exc}; the batch cannot be loaded past it (docs/operations.md, storage "
                                      "faults)") from None
+            yield batch if value_type is None else self._with_parsed(batch, value_type)
+
+    def _with_parsed(self, batch, value_type):
+        import pyarrow as pa
+
+        parsed, values = parse_values(batch.column("value"), value_type, self.json_required, self.json_keep_values)
+        return pa.RecordBatch.from_arrays([*batch.columns[:-1], values, parsed],
+                                          names=[*batch.schema.names[:-1], "value", PARSED_IN_READER])

@@ -2,25 +2,29 @@
 inferred), one `from_json` pass that marks what does not decode — empty, not JSON, not
 an object, a wrong type, a required field missing (through structs, arrays and maps) —
 and, for the rejected rows only, why (`explain_rejects`). Spark expressions only: the
-values never pass through Python rows.
+values never pass through Python rows (the data source may have parsed most of them
+already, with pyarrow, where its answer is Spark's: `reader_json.py`).
 """
 
 from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import logging
 from dataclasses import dataclass
 from functools import reduce
 
+from airflow_provider_logbus.spark.reader_json import CORRUPT, PARSED_IN_READER
+
 logger = logging.getLogger("logbus.load_job")
 
 META_COLUMNS = ("topic", "partition", "offset", "timestamp", "key")
-CORRUPT = "_logbus_corrupt_record"
 ERROR = "_logbus_error"
 UNEXPLAINED = "\x00unexplained"  # a value from_json could not parse, until `explain_rejects` says why
 RAW = "_logbus_raw_value"
 PARSED = "_logbus_parsed"
+EMPTY = "_logbus_empty"
 REJECT = "_logbus_reject"  # the load job's reject record of a row: null when accepted
 
 
@@ -43,7 +47,37 @@ def infer_json_schema(spark, df, sample: int = 1000):
     if not rows:
         return StructType([])
     inferred = spark.read.json(spark.sparkContext.parallelize(rows)).schema
-    return StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+    return _one_field_per_name(StructType([f for f in inferred.fields if f.name != "_corrupt_record"]), rows)
+
+
+def _one_field_per_name(struct, rows: list[str]):
+    """`struct` with one field per name, as Spark resolves names (without case): a key
+    repeated in a value, or spelled in two cases across the sample, makes Spark infer a
+    field twice, and then no column of that name can be selected. Kept: the spelling
+    most values of the sample use."""
+    from collections import Counter
+
+    from pyspark.sql.types import StructType
+
+    names = Counter(f.name.lower() for f in struct.fields)
+    if max(names.values(), default=0) < 2:
+        return struct
+    used: Counter = Counter()
+    for row in rows:
+        try:
+            used.update(json.loads(row).keys())
+        except (ValueError, AttributeError):
+            pass
+    kept: dict[str, object] = {}
+    for f in struct.fields:
+        best = kept.get(f.name.lower())
+        if best is None or used[f.name] > used[best.name]:
+            kept[f.name.lower()] = f
+    dropped = sorted({f.name for f in struct.fields} - {f.name for f in kept.values()})
+    logger.warning("the sample spells JSON keys %s in more than one way (or repeats them in a value); inferred one "
+                   "field per name, the spelling most values use: %s", dropped or sorted(names),
+                   ", ".join(sorted(f.name for f in kept.values() if names[f.name.lower()] > 1)))
+    return StructType([f for f in struct.fields if kept[f.name.lower()] is f])
 
 
 def json_schema(spark, df, schema: str | None, sample: int = 1000) -> JsonSchema:
@@ -119,6 +153,15 @@ def _required_paths(arrow_type, path: str) -> list[str]:
     return []
 
 
+def required_fields(schema: JsonSchema) -> tuple[list[str], bool]:
+    """(the declared schema's required top-level fields, whether a field below them is
+    required too): which rows can be rejected for a null where the value parsed."""
+    if schema.arrow is None:
+        return [], False
+    return ([f.name for f in schema.arrow if not f.nullable],
+            any(_required_paths(f.type, f.name) for f in schema.arrow))
+
+
 def _nested_nulls(col, arrow_type, path: str) -> list[tuple[str, object]]:
     """(path, condition) for the required fields below `col` that are null while their
     parent is not, through structs, array elements (`a[]`) and map values (`m{}`)."""
@@ -160,6 +203,8 @@ def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
     when they clash with a logbus or partition column), `_logbus_error` (null for a good
     value, else what was wrong — `UNEXPLAINED` for a value that did not parse, until
     `explain_rejects` says why) and `_logbus_raw_value` (the bytes of a rejected value).
+    Where the data source parsed a row already (`spark/reader_json.py`), `from_json`
+    is not run on it.
     Returns (frame, [(field, output column)])."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
@@ -184,13 +229,18 @@ def decode_json(df, schema: JsonSchema, extra_columns: tuple[str, ...] = ()):
     missing = F.concat(F.lit("required field missing or null: "),
                        F.concat_ws(", ", *[F.when(c, F.lit(p)) for p, c in required])) if required else None
 
-    error = (F.when(F.col("value").isNull() | (F.length("value") == 0), F.lit("empty value"))
+    empty = F.col("value").isNull() | (F.length("value") == 0)
+    parse = _parse(text, struct)
+    if PARSED_IN_READER in df.columns:  # the reader parsed these rows already, and dropped values not needed
+        empty = F.col(PARSED_IN_READER).isNull() & empty
+        parse = F.coalesce(F.col(PARSED_IN_READER), parse)
+    error = (F.when(F.col(EMPTY), F.lit("empty value"))
              .when(parsed.isNull(), F.lit("empty value"))  # only whitespace
              .when(parsed.getField(CORRUPT).isNotNull(), F.lit(UNEXPLAINED)))
     if required:
         error = error.when(reduce(lambda a, b: a | b, [c for _, c in required]), missing)
 
-    frame = df.select(*META_COLUMNS, "value", _parse(text, struct).alias(PARSED))
+    frame = df.select(*META_COLUMNS, "value", parse.alias(PARSED), empty.alias(EMPTY))
     frame = frame.select(*META_COLUMNS, F.col("value").alias(RAW),
                          *[parsed.getField(f).alias(out) for f, out in outputs], error.alias(ERROR))
     # the error is computed once; only a rejected value keeps its bytes

@@ -38,6 +38,7 @@ in staging for inspection.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -47,7 +48,8 @@ from typing import Sequence
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
 from airflow_provider_logbus.spark.decode import (
-    ERROR, META_COLUMNS, RAW, REJECT, decode_json, explain_rejects, json_schema, non_null_default,
+    ERROR, META_COLUMNS, RAW, REJECT, JsonSchema, decode_json, explain_rejects, json_schema, non_null_default,
+    required_fields,
 )
 from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR
 from airflow_provider_logbus.storage import Storage, join, name_of, parent_of, properties_from_environment
@@ -67,11 +69,18 @@ class RejectRateError(RuntimeError):
 
 
 def read_ranges(spark, ranges: Sequence[Range], zookeeper: str | None = None, brokers: str | None = None,
-                fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, leader_wait: float = LOAD_LEADER_WAIT_S):
+                fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, leader_wait: float = LOAD_LEADER_WAIT_S,
+                json_value: JsonSchema | None = None):
+    """The `logbus` data source over `ranges`; with `json_value`, also its parse of the
+    values where pyarrow's answer is Spark's (`spark/reader_json.py`)."""
     from airflow_provider_logbus.spark.datasource import LogbusDataSource
 
     spark.dataSource.register(LogbusDataSource)
     reader = spark.read.format("logbus").option("ranges", ranges_to_json(ranges))
+    if json_value is not None:
+        required, keep_values = required_fields(json_value)
+        reader = (reader.option("json_value", json_value.struct.json()).option("json_required", json.dumps(required))
+                  .option("json_keep_values", "true" if keep_values else "false"))
     if zookeeper:
         reader = reader.option("zookeeper", zookeeper)
     if brokers:
@@ -147,13 +156,16 @@ def check_reject_rate(spark, counts: list[dict], rejected: list[dict], max_rejec
 def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None = None, brokers: str | None = None,
              value_format: str = "json", schema: str | None = None, fetch_bytes: int = 8 << 20,
              split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS, layout: str = "directory",
-             max_reject_rate: float = 1.0, leader_wait: float = LOAD_LEADER_WAIT_S) -> dict:
+             max_reject_rate: float = 1.0, leader_wait: float = LOAD_LEADER_WAIT_S,
+             parse_in_reader: bool = True) -> dict:
     """Load `ranges` into Parquet under `staging` (which must not hold another attempt)
     in `layout`, written by pyarrow on the executors (`write_parquet`), which also count
     the rows; rejected values go to `<staging>/_rejects/`. Returns and writes the
     counts file; raises `RejectRateError` (and writes no counts file) when a topic's
     reject rate is over `max_reject_rate`. A partition without a reachable leader is
-    waited for up to `leader_wait` seconds before the read fails naming it."""
+    waited for up to `leader_wait` seconds before the read fails naming it.
+    `parse_in_reader=False` leaves every JSON value to Spark's `from_json` (the
+    reference the reader's parse is tested against)."""
     from pyspark.sql import functions as F
 
     if layout not in LAYOUTS:
@@ -175,6 +187,8 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     else:
         decoded = json_schema(spark, source, schema)
         schema_ddl, schema_source = decoded.ddl, decoded.source
+        if parse_in_reader:
+            source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait, decoded)
         frame, outputs = decode_json(source, decoded, PARTITION_COLUMNS[layout])
         # one pass writes both outputs: a rejected row carries its reject record, an
         # accepted one null there (`write_parquet`); the diagnosis runs for rejected rows only

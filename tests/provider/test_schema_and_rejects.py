@@ -19,7 +19,9 @@ from broker.common.message import iter_messages
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.plan import Range, ranges_to_json
 from airflow_provider_logbus.schema import load_schema
-from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, arguments, main, run_load
+from airflow_provider_logbus.spark.decode import json_schema
+from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, arguments, main, read_ranges, run_load
+from airflow_provider_logbus.spark.reader_json import MIN_SPAN, PARSED_IN_READER
 from harness.process import wait_until
 
 pytestmark = pytest.mark.slow
@@ -231,3 +233,62 @@ def test_an_empty_batch_writes_zero_counts_and_no_rejects(spark, module_cluster,
     assert (result["row_count"], result["rejected_count"], result["counts"], result["rejected"]) == (0, 0, [], [])
     assert (tmp_path / "s" / COUNTS_FILE).exists() and not (tmp_path / "s" / REJECTS_DIR).exists()
     assert not list((tmp_path / "s").rglob("*.parquet"))
+
+
+NESTED = ("server string NOT NULL, n long, ratio double, ok boolean, small int, tags array<string>, "
+          "geo struct<lat: double, lon: double NOT NULL>, value string")
+DOUBTFUL = [  # values where a JSON parser other than Spark's could answer otherwise
+    b'{"server": 5, "n": 1}', b'{"server": "a", "n": "5"}', b'{"server": "a", "n": 5.0}',
+    b'{"server": "a", "n": 99999999999999999999}', b'{"server": "a", "small": 3000000000}',
+    b'{"server": "a", "n": 1, "n": 2}', b'{"server": "\xff\xfe", "n": 3}', b'{"server": "a", "ratio": NaN}',
+    b'{"server": "a", "ratio": 1e400}', b'{"server": "a", "ratio": 7}', b'{"server": "a", "ok": "true"}',
+    b'{"server": "a", "n": 4} ', b' {"server": "a", "n": 5}', b'{"server": "a", "n": 6}\n',
+    b'{\n  "server": "pretty",\n  "n": 7\n}', b'{"server": "a", "n": 8}{"server": "b", "n": 9}',
+    b'{"server": "a\\u0000b\\ud83d\\ude00", "n": 10}', b'{"server": "a", "tags": ["x", 1, null]}',
+    b'{"server": "a", "tags": "x"}', b'{"server": "a", "geo": {"lat": 1}}', b'{"server": "a", "geo": [1, 2]}',
+    b'{"server": "a", "geo": {"lat": 1, "lon": 2, "alt": 3}}', b'{"server": null}', b"{}",
+    b'{"server": "a", "n": -0, "unknown": {"deep": [1e999, "x"]}}', b'{"server": "a", "value": {"nested": 1}}',
+    b'{"Server": "case", "n": 11}', b'{"server": "a", "n": 01}', b"null", b"7", b'"{}"',
+]
+
+
+@pytest.mark.parametrize("topic,schema", [("doubtful-nested", NESTED), ("doubtful-flat", SCHEMA),
+                                          ("doubtful-inferred", None)])
+def test_the_readers_json_parse_loads_exactly_what_sparks_from_json_loads(spark, module_cluster, tmp_path, topic,
+                                                                          schema):
+    """The data source parses values with pyarrow where its answer is Spark's
+    (`spark/reader_json.py`); every row accepted or rejected, and why, is what Spark's
+    own parse of every value gives — on good values and on every doubtful one."""
+    def good(i: int) -> bytes:
+        return json.dumps({"server": f"web-{i}", "n": i, "ts_ms": BASE + i, "ratio": i / 3, "ok": True, "small": i,
+                           "tags": ["a", "b"], "geo": {"lat": 1.5, "lon": -2.5}}).encode()
+
+    # each doubtful value alone among good ones: further apart in its partition than the
+    # spans a refused value is isolated in, so the ones pyarrow takes are taken by it
+    values = []
+    for doubtful in [*DOUBTFUL, *BAD]:
+        values += [good(len(values) + i) for i in range(3 * MIN_SPAN)] + [doubtful]
+    messages = send_raw(module_cluster.zookeeper, topic, values, spacing_ms=100)
+    source = read_ranges(spark, ranges_of(module_cluster.zookeeper, topic), module_cluster.zookeeper,
+                         json_value=json_schema(spark, read_ranges(spark, [], module_cluster.zookeeper),
+                                                schema or NESTED))
+    assert PARSED_IN_READER in source.columns  # the reader's parse is really under test
+
+    results = {}
+    for in_reader in (True, False):
+        staging = tmp_path / f"in-reader-{in_reader}"
+        result = load(spark, module_cluster.zookeeper, topic, staging, value_format="json", schema=schema,
+                      parse_in_reader=in_reader)
+        accepted = sorted(rows(staging), key=lambda r: (r["partition"], r["offset"]))
+        rejected = sorted(rows(staging / REJECTS_DIR), key=lambda r: (r["partition"], r["offset"]))
+        results[in_reader] = (result, accepted, rejected)
+    (result, accepted, rejected), (reference, accepted_by_spark, rejected_by_spark) = results[True], results[False]
+    assert list(map(repr, accepted)) == list(map(repr, accepted_by_spark))  # repr: NaN == NaN
+    assert rejected == rejected_by_spark
+    assert result == reference
+    assert result["row_count"] + result["rejected_count"] == len(messages)
+    if schema is None:  # a key repeated in a value, and `Server` beside `server`: one field per name
+        assert [f.name for f in load_schema(result["schema"]).to_arrow()].count("n") == 1
+        assert "server" in result["schema"] and "Server" not in result["schema"]
+    assert result["row_count"] >= len(values) - len(DOUBTFUL) - len(BAD)
+    assert {b"this is not json", b""} <= {r["value"] for r in rejected}
