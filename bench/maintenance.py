@@ -9,8 +9,9 @@ in the iceberg staging layout) committed through `IcebergTarget.commit` — the 
 commit, with its ledger append — into two tables: one maintained every 24 batches, one
 never. At each checkpoint, per table: data files per closed hour, the metadata
 directory's bytes and files, the median of the last 10 commits, the number of
-snapshots, and a reader of one hour (load the table, plan, read to Arrow; fastest of
-three). Nothing here asserts a time; results go to stdout and
+snapshots, the current snapshot's manifests (how many, the largest's bytes), and a
+reader of one hour in the middle and one of the last closed hour (load the table, plan,
+read to Arrow; fastest of three). Nothing here asserts a time; results go to stdout and
 `bench/results/maintenance.{json,md}` (git-ignored). Scratch files are removed on the
 way out, also on failure (exit status 1) or SIGTERM — except a `--workdir`, which keeps
 the tables and `progress.json` so that the next run with the same options carries on
@@ -68,6 +69,19 @@ def maintain_daily(target, h: int) -> float:
     return time.perf_counter() - t0
 
 
+def read_hour(target, h: int) -> tuple[float, int]:
+    """A reader of hour `h`: load the table, plan, read to Arrow; the fastest of three
+    (seconds, rows)."""
+    when = YEAR_START + timedelta(hours=h)
+    row_filter = f"timestamp >= '{when.isoformat()}' and timestamp < '{(when + timedelta(hours=1)).isoformat()}'"
+    readers = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        rows = target.catalog.load_table(target.identifier).scan(row_filter=row_filter).to_arrow().num_rows
+        readers.append(time.perf_counter() - t0)
+    return min(readers), rows
+
+
 def measure(target, hours: int, recent_commits: list[float]) -> dict:
     from airflow_provider_logbus.targets.iceberg_tables import local_path
 
@@ -76,19 +90,17 @@ def measure(target, hours: int, recent_commits: list[float]) -> dict:
     for task in table.scan().plan_files():
         per_hour[task.file.partition[0]] = per_hour.get(task.file.partition[0], 0) + 1
     closed = [n for hour, n in per_hour.items() if hour < min(per_hour) + hours - 1]
-    when = YEAR_START + timedelta(hours=hours // 2)
-    row_filter = f"timestamp >= '{when.isoformat()}' and timestamp < '{(when + timedelta(hours=1)).isoformat()}'"
-    readers = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        rows = target.catalog.load_table(target.identifier).scan(row_filter=row_filter).to_arrow().num_rows
-        readers.append(time.perf_counter() - t0)
+    middle, rows = read_hour(target, hours // 2)
+    last, _ = read_hour(target, hours - 2)
     metadata = Path(local_path(table.location())) / "metadata"
+    manifests = table.current_snapshot().manifests(table.io)
     return {"files_per_closed_hour": statistics.fmean(closed) if closed else 0.0,
             "snapshots": len(table.metadata.snapshots), "metadata_bytes": sum(p.stat().st_size
                                                                             for p in metadata.iterdir()),
-            "metadata_files": sum(1 for _ in metadata.iterdir()),
-            "commit_s_median_last10": statistics.median(recent_commits[-10:]), "reader_s": min(readers),
+            "metadata_files": sum(1 for _ in metadata.iterdir()), "manifests": len(manifests),
+            "largest_manifest_bytes": max(m.manifest_length for m in manifests),
+            "commit_s_median_last10": statistics.median(recent_commits[-10:]), "reader_s": middle,
+            "reader_last_s": last,
             "reader_rows": rows, "batches_visible": len(target.batches())}
 
 
@@ -99,6 +111,8 @@ class Progress:
     def __init__(self, path: Path, args) -> None:
         self.path = path
         self.setup = {"files": args.files, "rows": args.rows, "tables": args.tables, "transaction": args.transaction}
+        if args.manifest_target_bytes is not None:
+            self.setup["manifest_target_bytes"] = args.manifest_target_bytes
         state = json.loads(path.read_text()) if path.exists() else {}
         if state and state["setup"] != self.setup:
             raise SystemExit(f"{path} is from a run with {state['setup']}, not {self.setup}: use another --workdir")
@@ -180,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                              "there: a year takes hours (remove the directory when done)")
     parser.add_argument("--transaction", choices=["once", "pyiceberg"], default="once",
                         help="the commits' transaction: logbus's MetadataOnceTransaction (default) or pyiceberg's own")
+    parser.add_argument("--manifest-target-bytes", type=int,
+                        help="the tables' commit.manifest.target-size-bytes instead of logbus's default "
+                             "(targets/iceberg_tables.TABLE_PROPERTIES), to compare")
     parser.add_argument("--tables", type=lambda s: s.split(","), default=["maintained", "never"],
                         help="maintained,never (default) or one of them: a year of the never-maintained table "
                              "takes hours more")
@@ -190,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         from airflow_provider_logbus.targets import iceberg_transaction
 
         iceberg_transaction.transaction = Transaction  # every commit of the targets opens it
+    if args.manifest_target_bytes is not None:
+        from airflow_provider_logbus.targets.iceberg_tables import TABLE_PROPERTIES
+
+        TABLE_PROPERTIES["commit.manifest.target-size-bytes"] = str(args.manifest_target_bytes)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run cleans up too
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -205,12 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     columns = ["batches", "table", "files_per_closed_hour", "snapshots", "metadata_bytes", "metadata_files",
-               "first_commits_s", "commit_s_median_last10", "reader_s", "reader_rows", "batches_visible",
+               "manifests", "largest_manifest_bytes", "first_commits_s", "commit_s_median_last10", "reader_s", "reader_last_s", "reader_rows", "batches_visible",
                "maintenance_s_median"]
     report = markdown(f"Hourly batches of {args.files} files x {args.rows} rows, maintained daily or never "
                       f"(`python -m bench.maintenance --checkpoints {','.join(map(str, args.checkpoints))} "
                       f"--files {args.files} --rows {args.rows} --tables {','.join(args.tables)} "
-                      f"--transaction {args.transaction}`)", rows, columns)
+                      f"--transaction {args.transaction}"
+                      + (f" --manifest-target-bytes {args.manifest_target_bytes}" if args.manifest_target_bytes else "")
+                      + "`)", rows, columns)
     print(report)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "maintenance.json").write_text(json.dumps(rows, indent=1))
