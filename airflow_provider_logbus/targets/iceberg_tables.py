@@ -19,9 +19,15 @@ NO_REBASE = {"commit.retry.num-retries": "0"}
 # Properties every logbus table gets (at creation, or added by the next load): no rebase
 # of a refused commit (targets/iceberg.py); old metadata files deleted after a commit, or
 # a year of hourly batches leaves ~60 GB of them (BENCHMARKS.md); manifests merged on
-# append, so planning and commits do not open one manifest per batch ever written.
+# append, so planning and commits do not open one manifest per batch ever written, into
+# manifests of at most 64 KiB (about a week of compacted hours), not Iceberg's 8 MiB:
+# merged in time order, a small manifest covers a few days, so a reader of one hour and
+# the compaction of one hour touch one small manifest, where one manifest holding every
+# hour of the year was read whole by each (BENCHMARKS.md, the year run).
+MANIFEST_TARGET_BYTES = 64 << 10
 TABLE_PROPERTIES = {**NO_REBASE, "write.metadata.delete-after-commit.enabled": "true",
-                    "write.metadata.previous-versions-max": "100", "commit.manifest-merge.enabled": "true"}
+                    "write.metadata.previous-versions-max": "100", "commit.manifest-merge.enabled": "true",
+                    "commit.manifest.target-size-bytes": str(MANIFEST_TARGET_BYTES)}
 
 
 def embedded_catalog(warehouse: str) -> dict[str, str]:

@@ -200,3 +200,19 @@ def test_a_batch_loads_end_to_end_into_an_iceberg_table_on_postgresql(module_clu
     assert {r.partition: r.start for r in following.ranges} == target.committed_end_offsets("pg_events")
     assert all(r.end == r.start for r in following.ranges)
     target.close()
+
+
+def test_a_table_made_by_an_earlier_version_gets_todays_properties_from_the_next_load(tmp_path):
+    """Properties such as the manifest size (a year of hours in one manifest made every
+    reader of one hour read all of them: BENCHMARKS.md, the year run) reach tables that
+    exist already."""
+    from airflow_provider_logbus.targets.iceberg_tables import TABLE_PROPERTIES
+
+    target = target_for(embedded_catalog(str(tmp_path / "wh")), tmp_path)
+    with target.table_or_fail().transaction() as tx:
+        tx.remove_properties(*TABLE_PROPERTIES)
+    assert not set(TABLE_PROPERTIES) & set(target.table_or_fail().properties)
+    target.ensure_schema(VALUE)
+    properties = target.table_or_fail().properties
+    assert {k: properties.get(k) for k in TABLE_PROPERTIES} == TABLE_PROPERTIES
+    assert "commit.manifest.target-size-bytes" in TABLE_PROPERTIES
