@@ -19,6 +19,15 @@ and any doubt sends the row to Spark.
   refuses a number where the schema says string, a string or fraction where it says
   an integer, an integer out of range, a repeated key, a stray byte — Spark then
   decides (and stringifies, rejects or takes the last key as it always did).
+- Not where the two parsers' limits differ (`_left_to_spark`, conservative: any doubt
+  goes to Spark). Spark's Jackson refuses `Inf`, `-Inf` and `-NaN`, which pyarrow reads
+  as numbers, so a value with the bytes `Inf` or `NaN` anywhere goes to Spark (it does
+  take `NaN` and `Infinity`, but the rows are rare). Jackson also refuses nesting
+  deeper than 1,000, numbers of 1,000 digits or more, names of 50,000 characters and
+  strings of 20,000,000: a value of 1,000 bytes or more goes to Spark if it holds 1,000
+  brackets or digits, or has 50,000 bytes. Below 1,000 bytes none of these limits can
+  be reached. A differential test feeds both parsers mutated JSON and finds none of
+  what pyarrow takes read otherwise by Spark.
 - A batch of values that pyarrow refuses is halved until the refused values are
   isolated in spans of at most `MIN_SPAN`, so one bad value costs Spark's parse of a
   few rows, not of a whole fetch.
@@ -40,6 +49,9 @@ if TYPE_CHECKING:
 PARSED_IN_READER = "_logbus_parsed_in_reader"  # the reader's struct, null where Spark must parse
 CORRUPT = "_logbus_corrupt_record"  # decode.CORRUPT: always null in the reader's struct
 MIN_SPAN = 64  # values: a refused batch is halved down to spans this small
+LONG_VALUE = 1000  # bytes: below this, no value can reach one of Jackson's limits
+JACKSON_MAX = 1000  # brackets or digits in a long value: Jackson's nesting and number limits
+JACKSON_MAX_NAME = 50_000  # bytes of a long value: Jackson's name limit (strings: 20,000,000)
 
 _SCALARS = {"string": "string", "boolean": "bool_", "byte": "int8", "short": "int16", "integer": "int32",
             "long": "int64", "double": "float64"}
@@ -94,7 +106,7 @@ def parse_values(values: "pa.BinaryArray", value_type: "pa.StructType", required
 
     n = len(values)
     pieces: list[tuple[int, int, pa.StructArray | None]] = []
-    _parse_span(values, 0, n, value_type, pieces)
+    _parse_span(values, 0, n, value_type, _left_to_spark(values), pieces)
     parsed = pa.concat_arrays([p if p is not None else pa.nulls(hi - lo, value_type) for lo, hi, p in pieces]) \
         if pieces else pa.array([], value_type)
     keep = np.asarray(parsed.is_null())
@@ -107,16 +119,41 @@ def parse_values(values: "pa.BinaryArray", value_type: "pa.StructType", required
     return parsed, _where(values, keep)
 
 
-def _parse_span(values, lo: int, hi: int, value_type, out: list) -> None:
+def _parse_span(values, lo: int, hi: int, value_type, spark_only, out: list) -> None:
     if lo >= hi:
         return
-    parsed = _parse_exactly(values.slice(lo, hi - lo), value_type)
+    parsed = None if spark_only[lo:hi].any() else _parse_exactly(values.slice(lo, hi - lo), value_type)
     if parsed is not None or hi - lo <= MIN_SPAN:
         out.append((lo, hi, parsed))
         return
     mid = (lo + hi) // 2
-    _parse_span(values, lo, mid, value_type, out)
-    _parse_span(values, mid, hi, value_type, out)
+    _parse_span(values, lo, mid, value_type, spark_only, out)
+    _parse_span(values, mid, hi, value_type, spark_only, out)
+
+
+def _left_to_spark(values):
+    """Per value: True where the two parsers' limits may differ (module docstring), with
+    numpy over the values' bytes, never a Python step per value."""
+    import numpy as np
+
+    n = len(values)
+    spark_only = np.zeros(n, dtype=bool)
+    if n == 0 or values.buffers()[2] is None:
+        return spark_only
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + n + 1]
+    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)[:offsets[-1]]
+    for word in (b"Inf", b"NaN"):
+        at = np.flatnonzero(data[:len(data) - 2] == word[0])
+        at = at[(data[at + 1] == word[1]) & (data[at + 2] == word[2])]
+        spark_only[np.searchsorted(offsets, at, side="right") - 1] = True
+    lengths = np.diff(offsets)
+    long = lengths >= LONG_VALUE
+    if long.any():
+        marks = ((data == ord("[")) | (data == ord("{")) | ((data >= ord("0")) & (data <= ord("9"))))
+        counted = np.concatenate([[0], np.cumsum(marks, dtype=np.int64)])
+        per_value = counted[offsets[1:]] - counted[offsets[:-1]]
+        spark_only |= long & ((per_value >= JACKSON_MAX) | (lengths >= JACKSON_MAX_NAME))
+    return spark_only
 
 
 def _parse_exactly(values, value_type):

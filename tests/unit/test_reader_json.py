@@ -55,6 +55,9 @@ def test_what_pyarrow_might_read_otherwise_goes_to_spark_with_its_bytes():
         b'{"n": 1} ', b' {"n": 1}', b'{"n": 1}\n',  # whitespace around: Spark's to parse
         b'{"n": 1}{"n": 2}',              # two objects in one value
         b"[1]", b"null", b"", None, b"not json", b'{"n": 1',
+        b'{"d": Inf}', b'{"d": -NaN}',    # pyarrow reads these as numbers, Spark refuses them
+        b'{"s": "x", "l": [' + b"[" * 999 + b"]" * 999 + b"]}",  # deeper than Jackson goes
+        b'{"d": 1' + b"0" * 1000 + b"}",  # a number longer than Jackson reads
     ]
     for value in doubtful:
         parsed, kept = parse([value])
