@@ -132,21 +132,26 @@ def _parse_span(values, lo: int, hi: int, value_type, spark_only, out: list) -> 
 
 
 def _left_to_spark(values):
-    """Per value: True where the two parsers' limits may differ (module docstring), with
-    numpy over the values' bytes, never a Python step per value."""
+    """Per value: True where Spark must parse it — null or empty, not `{`…`}`, or where
+    the two parsers' limits may differ (module docstring) — in one numpy pass over the
+    values' bytes for the whole fetch, never a Python step per value."""
     import numpy as np
 
     n = len(values)
-    spark_only = np.zeros(n, dtype=bool)
-    if n == 0 or values.buffers()[2] is None:
-        return spark_only
+    if n == 0:
+        return np.zeros(0, dtype=bool)
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + n + 1]
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    spark_only = np.asarray(values.is_null()) | (lengths <= 0)
+    if values.buffers()[2] is None or spark_only.all():
+        return np.ones(n, dtype=bool)
     data = np.frombuffer(values.buffers()[2], dtype=np.uint8)[:offsets[-1]]
+    some = ~spark_only
+    spark_only[some] = ((data[starts[some]] != ord("{")) | (data[starts[some] + lengths[some] - 1] != ord("}")))
     for word in (b"Inf", b"NaN"):
         at = np.flatnonzero(data[:len(data) - 2] == word[0])
         at = at[(data[at + 1] == word[1]) & (data[at + 2] == word[2])]
         spark_only[np.searchsorted(offsets, at, side="right") - 1] = True
-    lengths = np.diff(offsets)
     long = lengths >= LONG_VALUE
     if long.any():
         marks = ((data == ord("[")) | (data == ord("{")) | ((data >= ord("0")) & (data <= ord("9"))))
@@ -157,21 +162,13 @@ def _left_to_spark(values):
 
 
 def _parse_exactly(values, value_type):
-    """The values as one struct per value, or None unless every value is one JSON
-    object that pyarrow parses without complaint."""
+    """The values (each one `{`…`}`: `_left_to_spark`) as one struct per value, or
+    None unless pyarrow parses every one of them without complaint into one row."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.json as pj
 
-    if values.null_count:
-        return None
     offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + len(values) + 1]
-    starts, ends = offsets[:-1], offsets[1:]
-    if (ends <= starts).any():
-        return None
-    data = np.frombuffer(values.buffers()[2], dtype=np.uint8)
-    if (data[starts] != ord("{")).any() or (data[ends - 1] != ord("}")).any():
-        return None
     try:
         values.cast(pa.string())  # UTF-8: pyarrow would pass invalid bytes through where Spark replaces them
         fields = pa.schema(list(value_type)[:-1])
