@@ -98,7 +98,8 @@ class Broker:
         self.controller = Controller(
             self.zk, config.broker_id, config.unclean_leader_election_enable,
             config.leader_imbalance_check_interval_seconds if config.auto_leader_rebalance_enable else None,
-            imbalance_percentage=config.leader_imbalance_per_broker_percentage)
+            imbalance_percentage=config.leader_imbalance_per_broker_percentage,
+            session_timeout=config.zookeeper_session_timeout_ms / 1000)
         self.pool = RequestPool(config.queued_max_request_bytes)
         self.limits = ConnectionLimits(config.max_in_flight_requests, config.socket_send_buffer_max_bytes)
         self.connections: set[Connection] = set()

@@ -12,6 +12,11 @@ brokers learn their roles by watching those nodes. A lost CAS re-reads and re-de
 When the active controller's session expires its node goes away; every broker's watch
 on `/controller` fires and the first to create it takes over and re-reads everything.
 Work runs in the controller's own thread, never in kazoo's event thread.
+
+A controller that has just taken over cannot tell a live broker's registration from a
+dead one's that ZooKeeper has not expired yet: for twice the session timeout it does not
+move a restarted leader's partition onto a broker registered before the takeover
+(`_may_be_lingering`, docs/controller.md "Lingering sessions").
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def read_controller(zk: KazooClient) -> int | None:
 
 class Controller:
     def __init__(self, zk: KazooClient, broker_id: int, unclean_election: bool, rebalance_interval: float | None = None,
-                 recheck_interval: float = 5.0, imbalance_percentage: int = 10) -> None:
+                 recheck_interval: float = 5.0, imbalance_percentage: int = 10, session_timeout: float = 6.0) -> None:
         self.zk = zk
         self.broker_id = broker_id
         self.unclean_election = unclean_election
@@ -62,6 +67,12 @@ class Controller:
         self.epoch = 0
         self._epoch_version = -1  # zk version of /controller_epoch when we bumped it
         self._live: dict[int, int] = {}  # broker id -> czxid of its registration, at the last pass
+        # a session's expiry may come a tick after its timeout, and ZooKeeper may negotiate
+        # a longer timeout than asked: twice the setting covers both for ticks up to it
+        self.linger = 2 * session_timeout
+        self._takeover_zxid = 0  # czxid of our /controller node
+        self._takeover_at = 0.0  # time.monotonic() of the takeover
+        self._deferred: set[tuple[str, int]] = set()  # partitions waiting out lingering sessions
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="logbus-controller", daemon=True)
@@ -125,13 +136,20 @@ class Controller:
                 time.sleep(0.5)
 
     def _until_next_check(self) -> float:
-        if not self.active or self.rebalance_interval is None:
+        if not self.active:
             return self.recheck_interval
-        return max(0.0, min(self.recheck_interval, self._next_rebalance - time.monotonic()))
+        now = time.monotonic()
+        wait = self.recheck_interval
+        if self.rebalance_interval is not None:
+            wait = min(wait, self._next_rebalance - now)
+        if self._deferred:
+            wait = min(wait, self._takeover_at + self.linger - now)
+        return max(0.0, wait)
 
     def _try_to_become_controller(self) -> None:
         try:
-            self.zk.create(CONTROLLER, encode_controller(self.broker_id), ephemeral=True, makepath=True)
+            _, stat = self.zk.create(CONTROLLER, encode_controller(self.broker_id), ephemeral=True, makepath=True,
+                                     include_data=True)
         except NodeExistsError:
             try:
                 _, stat = self.zk.get(CONTROLLER)
@@ -141,6 +159,8 @@ class Controller:
             if stat.ephemeralOwner != self.zk.client_id[0]:
                 return  # another broker is the controller
             # ours: created just before a failure cut this takeover short; finish it
+        self._takeover_zxid, self._takeover_at = stat.czxid, time.monotonic()
+        self._deferred = set()
         self.epoch, self._epoch_version = self._bump_epoch()
         self._live = self._live_brokers()
         self._next_rebalance = time.monotonic() + (self.rebalance_interval or 0)
@@ -213,6 +233,12 @@ class Controller:
                 election = elect(node.state, replicas, set(live), self.unclean_election, self.epoch)
             if election is None:
                 return
+            successor = election.state.leader
+            if node.state.leader in unfit and successor not in (OFFLINE, node.state.leader) \
+                    and self._may_be_lingering(live, successor):
+                self._defer(topic, partition, node.state.leader, successor)
+                return
+            self._deferred.discard((topic, partition))
             if self._write(topic, partition, election.state, node.version):
                 self._log(topic, partition, node.state, election.state, election.unclean)
                 back = set()  # the node now postdates every registration we saw: decide again with all live
@@ -220,6 +246,22 @@ class Controller:
             logger.info("controller: state of %s-%d changed while deciding; reading it again", topic, partition)
         logger.warning("controller: gave up on %s-%d after %d concurrent updates; next pass retries",
                        topic, partition, CAS_ATTEMPTS)
+
+    def _may_be_lingering(self, live: dict[int, int], broker: int) -> bool:
+        """Whether `broker`'s registration may be a dead broker's session ZooKeeper has
+        not expired yet: it predates our takeover, and the takeover is too recent for
+        such a session to be gone. Say every broker was killed and the old leader came
+        back first: handed to a dead broker, the leadership leaves the restarted leader
+        out of the ISR, and once the dead sessions expire the partition is offline with
+        an ISR of brokers that are down (docs/controller.md, "Lingering sessions")."""
+        return live[broker] < self._takeover_zxid and time.monotonic() < self._takeover_at + self.linger
+
+    def _defer(self, topic: str, partition: int, leader: int, successor: int) -> None:
+        if (topic, partition) not in self._deferred:
+            self._deferred.add((topic, partition))
+            logger.info("controller: %s-%d: leader %d restarted; broker %d's registration predates this takeover and "
+                        "may be a dead broker's lingering session: deciding once %.1fs have passed since the takeover",
+                        topic, partition, leader, successor, self.linger)
 
     def _rebalance(self) -> None:
         """auto.leader.rebalance.enable: hand each leadership back to its preferred

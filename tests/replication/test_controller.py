@@ -19,7 +19,10 @@ from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
 from broker.common.errors import InvalidReplicationFactor
 from broker.common.protocol import AUTO_PARTITIONS
-from broker.common.zklayout import CONTROLLER_EPOCH, PartitionState, create_topic, read_assignment, read_partition_state
+from broker.common.zklayout import (
+    BROKER_IDS, CONTROLLER_EPOCH, PartitionState, broker_path, create_topic, partition_state_path, read_assignment,
+    read_partition_state,
+)
 from broker.server.controller import read_controller
 from harness.cluster import LocalCluster
 from harness.process import wait_until
@@ -264,6 +267,50 @@ def test_a_leader_back_first_after_the_whole_cluster_died_leads_a_new_epoch(clus
                         and v, MOVE_S, "every message, once flushed (acks=1 answers before the flush)")
     assert values == before + after
     assert "predates its registration" in cluster.brokers[leader].log_tail(400)
+
+
+def test_a_leader_back_first_waits_out_the_lingering_sessions_of_the_dead(cluster, zk, zk_connect):
+    """The same restart, but ZooKeeper has not yet expired the other brokers' sessions
+    when the leader takes over as controller: their registrations look live. Handing
+    the leadership to one of them (and cutting the restarted leader from the ISR) would
+    leave the partition offline for good once those sessions expire — an ISR of dead
+    brokers. The new controller must wait out a session timeout before trusting a
+    registration older than its takeover. The lingering sessions are made by the test
+    (a dead broker's session cannot be timed), with the registrations the brokers wrote."""
+    for broker_id in range(3):
+        cluster.start_broker(broker_id, SETTINGS)
+    create_topic(zk, "lingering", 1, replication_factor=3)
+    initial = states(zk, "lingering")[0]
+    leader = initial.leader
+    others = [b for b in range(3) if b != leader]
+    registrations = {b: zk.get(broker_path(b))[0] for b in others}
+    before = [b"before-%d" % i for i in range(10)]
+    with Producer(zookeeper=zk_connect, acks=-1, monitoring=False, retries=50, retry_backoff_ms=200) as producer:
+        for value in before:
+            producer.send("lingering", value, partition=0)
+    cluster.kill_all()
+    wait_until(lambda: not zk.get_children(BROKER_IDS) and read_controller(zk) is None, MOVE_S,
+               "the killed brokers' sessions to expire")
+
+    lingering = KazooClient(zk_connect, timeout=SESSION_MS / 1000)
+    lingering.start(30)
+    try:
+        for broker_id, data in registrations.items():
+            lingering.create(broker_path(broker_id), data, ephemeral=True)
+        state_path = partition_state_path("lingering", 0)
+        zk.set(state_path, zk.get(state_path)[0])  # as it was: last written after their registrations
+        cluster.start_broker(leader, SETTINGS)
+        wait_until(lambda: read_controller(zk) == leader and (
+            states(zk, "lingering")[0].leader != leader
+            or "may be a dead broker's lingering session" in cluster.brokers[leader].log_tail(200)),
+            MOVE_S, f"broker {leader}'s controller to decide the partition")
+    finally:
+        lingering.stop()  # the sessions end, as a dead broker's expires
+        lingering.close()
+    state = wait_until(lambda: (s := states(zk, "lingering")[0]).leader == leader
+                       and s.leader_epoch > initial.leader_epoch and s, MOVE_S, f"broker {leader} to lead a new epoch")
+    assert state.isr == [leader]
+    assert [m.value for m in read_topic(zk_connect, "lingering")[0]] == before
 
 
 def test_leaderships_go_back_to_the_preferred_replicas_once_they_are_in_sync(cluster, zk, zk_connect):
