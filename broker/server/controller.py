@@ -16,7 +16,7 @@ Work runs in the controller's own thread, never in kazoo's event thread.
 A controller that has just taken over cannot tell a live broker's registration from a
 dead one's that ZooKeeper has not expired yet: for twice the session timeout it does not
 move a restarted leader's partition onto a broker registered before the takeover
-(`_may_be_lingering`, docs/controller.md "Lingering sessions").
+(`TakeoverGrace`, docs/controller.md "Lingering sessions").
 """
 
 from __future__ import annotations
@@ -53,6 +53,45 @@ def read_controller(zk: KazooClient) -> int | None:
     return decode_controller(data)
 
 
+class TakeoverGrace:
+    """The time after a takeover in which a registration older than it may be a dead
+    broker's session ZooKeeper has not expired yet. Say every broker was killed and the
+    old leader came back first and became the controller: handed to a dead broker, the
+    leadership would leave the restarted leader out of the ISR, and once the dead
+    sessions expire the partition would be offline with an ISR of brokers that are down
+    (docs/controller.md, "Lingering sessions")."""
+
+    def __init__(self, session_timeout: float) -> None:
+        # a session's expiry may come a tick after its timeout, and ZooKeeper may negotiate
+        # a longer timeout than asked: twice the setting covers both for ticks up to it
+        self.linger = 2 * session_timeout
+        self._zxid = 0  # czxid of our /controller node
+        self._at = 0.0  # time.monotonic() of the takeover
+        self._deferred: set[tuple[str, int]] = set()  # partitions waiting out lingering sessions
+
+    def begin(self, controller_czxid: int) -> None:
+        self._zxid, self._at, self._deferred = controller_czxid, time.monotonic(), set()
+
+    def may_be_lingering(self, live: dict[int, int], broker: int) -> bool:
+        """Whether `broker`'s registration predates the takeover, which is too recent
+        for a dead broker's session to be gone."""
+        return live[broker] < self._zxid and time.monotonic() < self._at + self.linger
+
+    def defer(self, topic: str, partition: int, leader: int, successor: int) -> None:
+        if (topic, partition) not in self._deferred:
+            self._deferred.add((topic, partition))
+            logger.info("controller: %s-%d: leader %d restarted; broker %d's registration predates this takeover and "
+                        "may be a dead broker's lingering session: deciding once %.1fs have passed since the takeover",
+                        topic, partition, leader, successor, self.linger)
+
+    def decided(self, topic: str, partition: int) -> None:
+        self._deferred.discard((topic, partition))
+
+    def until_over(self) -> float | None:
+        """Seconds until the deferred partitions may be decided; None with none deferred."""
+        return self._at + self.linger - time.monotonic() if self._deferred else None
+
+
 class Controller:
     def __init__(self, zk: KazooClient, broker_id: int, unclean_election: bool, rebalance_interval: float | None = None,
                  recheck_interval: float = 5.0, imbalance_percentage: int = 10, session_timeout: float = 6.0) -> None:
@@ -67,12 +106,7 @@ class Controller:
         self.epoch = 0
         self._epoch_version = -1  # zk version of /controller_epoch when we bumped it
         self._live: dict[int, int] = {}  # broker id -> czxid of its registration, at the last pass
-        # a session's expiry may come a tick after its timeout, and ZooKeeper may negotiate
-        # a longer timeout than asked: twice the setting covers both for ticks up to it
-        self.linger = 2 * session_timeout
-        self._takeover_zxid = 0  # czxid of our /controller node
-        self._takeover_at = 0.0  # time.monotonic() of the takeover
-        self._deferred: set[tuple[str, int]] = set()  # partitions waiting out lingering sessions
+        self.grace = TakeoverGrace(session_timeout)
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="logbus-controller", daemon=True)
@@ -142,8 +176,8 @@ class Controller:
         wait = self.recheck_interval
         if self.rebalance_interval is not None:
             wait = min(wait, self._next_rebalance - now)
-        if self._deferred:
-            wait = min(wait, self._takeover_at + self.linger - now)
+        if (grace := self.grace.until_over()) is not None:
+            wait = min(wait, grace)
         return max(0.0, wait)
 
     def _try_to_become_controller(self) -> None:
@@ -159,8 +193,7 @@ class Controller:
             if stat.ephemeralOwner != self.zk.client_id[0]:
                 return  # another broker is the controller
             # ours: created just before a failure cut this takeover short; finish it
-        self._takeover_zxid, self._takeover_at = stat.czxid, time.monotonic()
-        self._deferred = set()
+        self.grace.begin(stat.czxid)
         self.epoch, self._epoch_version = self._bump_epoch()
         self._live = self._live_brokers()
         self._next_rebalance = time.monotonic() + (self.rebalance_interval or 0)
@@ -235,33 +268,17 @@ class Controller:
                 return
             successor = election.state.leader
             if node.state.leader in unfit and successor not in (OFFLINE, node.state.leader) \
-                    and self._may_be_lingering(live, successor):
-                self._defer(topic, partition, node.state.leader, successor)
+                    and self.grace.may_be_lingering(live, successor):
+                self.grace.defer(topic, partition, node.state.leader, successor)
                 return
-            self._deferred.discard((topic, partition))
+            self.grace.decided(topic, partition)
             if self._write(topic, partition, election.state, node.version):
-                self._log(topic, partition, node.state, election.state, election.unclean)
+                log_decision(topic, partition, node.state, election.state, election.unclean)
                 back = set()  # the node now postdates every registration we saw: decide again with all live
                 continue
             logger.info("controller: state of %s-%d changed while deciding; reading it again", topic, partition)
         logger.warning("controller: gave up on %s-%d after %d concurrent updates; next pass retries",
                        topic, partition, CAS_ATTEMPTS)
-
-    def _may_be_lingering(self, live: dict[int, int], broker: int) -> bool:
-        """Whether `broker`'s registration may be a dead broker's session ZooKeeper has
-        not expired yet: it predates our takeover, and the takeover is too recent for
-        such a session to be gone. Say every broker was killed and the old leader came
-        back first: handed to a dead broker, the leadership leaves the restarted leader
-        out of the ISR, and once the dead sessions expire the partition is offline with
-        an ISR of brokers that are down (docs/controller.md, "Lingering sessions")."""
-        return live[broker] < self._takeover_zxid and time.monotonic() < self._takeover_at + self.linger
-
-    def _defer(self, topic: str, partition: int, leader: int, successor: int) -> None:
-        if (topic, partition) not in self._deferred:
-            self._deferred.add((topic, partition))
-            logger.info("controller: %s-%d: leader %d restarted; broker %d's registration predates this takeover and "
-                        "may be a dead broker's lingering session: deciding once %.1fs have passed since the takeover",
-                        topic, partition, leader, successor, self.linger)
 
     def _rebalance(self) -> None:
         """auto.leader.rebalance.enable: hand each leadership back to its preferred
@@ -303,19 +320,21 @@ class Controller:
             raise state_set
         return True
 
-    def _log(self, topic: str, partition: int, old: PartitionState, new: PartitionState, unclean: bool) -> None:
-        where = f"{topic}-{partition}"
-        if unclean:
-            logger.warning(
-                "controller: UNCLEAN election of %s: broker %d (not in the ISR %s) leads epoch %d; messages "
-                "acknowledged by the old ISR but missing on broker %d are lost", where, new.leader, old.isr,
-                new.leader_epoch, new.leader)
-        elif new.leader == OFFLINE:
-            logger.warning("controller: %s is OFFLINE (epoch %d): no live ISR member of %s "
-                           "(unclean.leader.election.enable is off)", where, new.leader_epoch, old.isr)
-        elif new.leader != old.leader:
-            logger.info("controller: %s leader %d -> %d, epoch %d, isr %s", where, old.leader, new.leader,
-                        new.leader_epoch, new.isr)
-        else:
-            logger.info("controller: %s isr %s -> %s (dead brokers removed), leader %d epoch %d", where, old.isr,
-                        new.isr, new.leader, new.leader_epoch)
+
+def log_decision(topic: str, partition: int, old: PartitionState, new: PartitionState, unclean: bool) -> None:
+    """One line per state the controller wrote: operators grep for UNCLEAN and OFFLINE."""
+    where = f"{topic}-{partition}"
+    if unclean:
+        logger.warning(
+            "controller: UNCLEAN election of %s: broker %d (not in the ISR %s) leads epoch %d; messages "
+            "acknowledged by the old ISR but missing on broker %d are lost", where, new.leader, old.isr,
+            new.leader_epoch, new.leader)
+    elif new.leader == OFFLINE:
+        logger.warning("controller: %s is OFFLINE (epoch %d): no live ISR member of %s "
+                       "(unclean.leader.election.enable is off)", where, new.leader_epoch, old.isr)
+    elif new.leader != old.leader:
+        logger.info("controller: %s leader %d -> %d, epoch %d, isr %s", where, old.leader, new.leader,
+                    new.leader_epoch, new.isr)
+    else:
+        logger.info("controller: %s isr %s -> %s (dead brokers removed), leader %d epoch %d", where, old.isr,
+                    new.isr, new.leader, new.leader_epoch)

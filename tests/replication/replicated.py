@@ -17,7 +17,9 @@ from broker.client.producer import Producer
 from broker.client.security import OPEN, ClientSecurity
 from broker.common.errors import LogbusError
 from broker.common.zkauth import NO_AUTH, ZooKeeperAuth
-from broker.common.zklayout import PartitionState, read_assignment, read_partition_state, write_partition_state
+from broker.common.zklayout import (
+    PartitionState, partition_state_path, read_assignment, read_partition_state, write_partition_state,
+)
 from harness.process import wait_until
 
 LAG_MS = 1000
@@ -55,6 +57,9 @@ def zookeeper_client(connect: str, auth: ZooKeeperAuth = NO_AUTH) -> Iterator[Ka
 
 
 def state(zk: KazooClient, topic: str, partition: int = 0) -> PartitionState:
+    """The state node as the ZooKeeper leader has it: the test's server may lag the one a
+    broker wrote through (reads are not linearizable), so sync first."""
+    zk.retry(zk.sync, partition_state_path(topic, partition))
     return zk.retry(read_partition_state, zk, topic, partition).state
 
 

@@ -40,6 +40,7 @@ def logbus(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def states(zk: KazooClient, topic: str) -> dict[int, PartitionState]:
+    zk.sync("/")  # as the ZooKeeper leader has them: the test's server may lag a broker's
     return {p: read_partition_state(zk, topic, p)[0] for p in read_assignment(zk, topic)}
 
 
