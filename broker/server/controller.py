@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -61,21 +62,22 @@ class TakeoverGrace:
     sessions expire the partition would be offline with an ISR of brokers that are down
     (docs/controller.md, "Lingering sessions")."""
 
-    def __init__(self, session_timeout: float) -> None:
+    def __init__(self, session_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         # a session's expiry may come a tick after its timeout, and ZooKeeper may negotiate
         # a longer timeout than asked: twice the setting covers both for ticks up to it
         self.linger = 2 * session_timeout
         self._zxid = 0  # czxid of our /controller node
-        self._at = 0.0  # time.monotonic() of the takeover
+        self._at = 0.0  # clock() at the takeover
         self._deferred: set[tuple[str, int]] = set()  # partitions waiting out lingering sessions
 
     def begin(self, controller_czxid: int) -> None:
-        self._zxid, self._at, self._deferred = controller_czxid, time.monotonic(), set()
+        self._zxid, self._at, self._deferred = controller_czxid, self._clock(), set()
 
     def may_be_lingering(self, live: dict[int, int], broker: int) -> bool:
         """Whether `broker`'s registration predates the takeover, which is too recent
         for a dead broker's session to be gone."""
-        return live[broker] < self._zxid and time.monotonic() < self._at + self.linger
+        return live[broker] < self._zxid and self._clock() < self._at + self.linger
 
     def defer(self, topic: str, partition: int, leader: int, successor: int) -> None:
         if (topic, partition) not in self._deferred:
@@ -88,8 +90,10 @@ class TakeoverGrace:
         self._deferred.discard((topic, partition))
 
     def until_over(self) -> float | None:
-        """Seconds until the deferred partitions may be decided; None with none deferred."""
-        return self._at + self.linger - time.monotonic() if self._deferred else None
+        """Seconds until the deferred partitions may be decided; None with none deferred
+        or the grace over (a deferred partition's topic may be gone: no wake is owed)."""
+        left = self._at + self.linger - self._clock()
+        return left if self._deferred and left > 0 else None
 
 
 class Controller:
