@@ -44,8 +44,7 @@ test: system-deps $(STAMP)
 
 # The scenarios that take minutes of one worker each (README, "Development"): the
 # overlapping runs under the real scheduler, the Logbus page in a browser, the hourly
-# DAG with a killed load into Iceberg on disk and on S3, the wheel under the lowest Airflow,
-# the Spark benchmarks at a tiny size.
+# DAG with a killed load into Iceberg on disk and on S3, the wheel under the lowest Airflow.
 test-long: system-deps $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=10 -m long
 

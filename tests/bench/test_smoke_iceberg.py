@@ -11,7 +11,6 @@ from tests.bench.smoke import check_runs_at_a_tiny_size, timed
 
 
 @pytest.mark.slow
-@pytest.mark.long  # minutes of Spark: `make test-long` (README, "Development")
 @pytest.mark.parametrize("module", timed(["iceberg"]))
 def test_iceberg_runs_at_a_tiny_size(module: str, tmp_path: Path) -> None:
     check_runs_at_a_tiny_size(module, tmp_path)
