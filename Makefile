@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: system-deps $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --durations=25 -m "not long"
+	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --durations=25 -m "not long"
 
 # The scenarios that take minutes of one worker each (README, "Development"): the
 # overlapping runs under the real scheduler, the Logbus page in a browser, the hourly
