@@ -140,7 +140,7 @@ def _left_to_spark(values):
     n = len(values)
     if n == 0:
         return np.zeros(0, dtype=bool)
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + n + 1]
+    offsets = _offsets(values)
     starts, lengths = offsets[:-1], np.diff(offsets)
     spark_only = np.asarray(values.is_null()) | (lengths <= 0)
     if values.buffers()[2] is None or spark_only.all():
@@ -164,11 +164,10 @@ def _left_to_spark(values):
 def _parse_exactly(values, value_type):
     """The values (each one `{`…`}`: `_left_to_spark`) as one struct per value, or
     None unless pyarrow parses every one of them without complaint into one row."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.json as pj
 
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + len(values) + 1]
+    offsets = _offsets(values)
     try:
         values.cast(pa.string())  # UTF-8: pyarrow would pass invalid bytes through where Spark replaces them
         fields = pa.schema(list(value_type)[:-1])
@@ -181,6 +180,13 @@ def _parse_exactly(values, value_type):
         return None
     columns = [table.column(name).combine_chunks() for name in fields.names]
     return pa.StructArray.from_arrays([*columns, pa.nulls(len(values), pa.string())], fields=list(value_type))
+
+
+def _offsets(values):
+    """The values' n + 1 offsets into their data buffer (absolute: a slice keeps its parent's)."""
+    import numpy as np
+
+    return np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:values.offset + len(values) + 1]
 
 
 def _where(values, keep):
