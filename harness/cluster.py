@@ -123,6 +123,15 @@ class BrokerProcess:
     def log_tail(self, lines: int = 40) -> str:
         return tail(self.log_path, lines)
 
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def logged_since(self, offset: int, text: str) -> bool:
+        """Whether `text` is in what the broker logged after byte `offset` of its log."""
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return text.encode() in log.read()
+
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

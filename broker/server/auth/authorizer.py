@@ -38,8 +38,9 @@ class Authorizer:
         self.super_users = frozenset(super_users)
         self.allow_if_no_acl = allow_if_no_acl
         self._entries: dict[Resource, list] = {}  # replaced whole by watches
-        self._acls: list[Acl] = []
-        self._cache: dict[tuple, bool] = {}
+        # the ACLs and the decisions made on them, replaced together: a decision reached
+        # on old ACLs goes into their cache, never into the new one
+        self._view: tuple[list[Acl], dict[tuple, bool]] = ([], {})
         self._watched: set[str] = set()
         self._lock = threading.Lock()
         self._denials: dict[tuple, float] = {}
@@ -76,8 +77,7 @@ class Authorizer:
                         logger.error("ignoring unreadable ACL node %s: %r", resource.path, data[:200])
                         return None
                 self._entries = entries
-                self._acls = [Acl(r, e) for r, es in entries.items() for e in es]
-                self._cache = {}
+                self._view = ([Acl(r, e) for r, es in entries.items() for e in es], {})
             logger.info("ACLs of %s now: %s", resource, ", ".join(str(Acl(resource, e)) for e in
                                                                  entries.get(resource, ())) or "none")
             return False if data is None else None
@@ -96,19 +96,19 @@ class Authorizer:
 
     def _verdict(self, session: Session, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         key = (session.principal, session.host, operation, resource_type, name)
-        verdict = self._cache.get(key)
+        acls, cache = self._view
+        verdict = cache.get(key)
         if verdict is None:
-            verdict = self._decide(session, operation, resource_type, name)
-            cache = self._cache
+            verdict = self._decide(acls, session, operation, resource_type, name)
             if len(cache) > CACHE_MAX:
                 cache.clear()
             cache[key] = verdict
         return verdict
 
-    def _decide(self, session: Session, operation: Operation, resource_type: ResourceType, name: str) -> bool:
+    def _decide(self, acls: list[Acl], session: Session, operation: Operation, resource_type: ResourceType,
+                name: str) -> bool:
         if session.principal in self.super_users:
             return True
-        acls = self._acls
         verdict = decide(acls, session.principal, operation, resource_type, name, session.host)
         if verdict is None:
             named = any(a.resource.matches(resource_type, name) for a in acls)
@@ -131,7 +131,7 @@ class Authorizer:
             return True
         return any(a.entry.permission == Permission.ALLOW and a.resource.type == ResourceType.TOPIC
                    and a.entry.operation in (Operation.WRITE, Operation.ALL)
-                   and a.entry.principal in (session.principal, "User:*") for a in self._acls)
+                   and a.entry.principal in (session.principal, "User:*") for a in self._view[0])
 
     def _log_denial(self, session: Session, operation: Operation, resource_type: ResourceType, name: str) -> None:
         key = (session.principal, operation, resource_type, name)
