@@ -62,8 +62,9 @@ class TakeoverGrace:
     sessions expire the partition would be offline with an ISR of brokers that are down
     (docs/controller.md, "Lingering sessions")."""
 
-    def __init__(self, session_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, session_timeout: float, controller: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
+        self._controller = controller  # registered before the takeover too, but its session is ours: live
         # a session's expiry may come a tick after its timeout, and ZooKeeper may negotiate
         # a longer timeout than asked: twice the setting covers both for ticks up to it
         self.linger = 2 * session_timeout
@@ -76,8 +77,8 @@ class TakeoverGrace:
 
     def may_be_lingering(self, live: dict[int, int], broker: int) -> bool:
         """Whether `broker`'s registration predates the takeover, which is too recent
-        for a dead broker's session to be gone."""
-        return live[broker] < self._zxid and self._clock() < self._at + self.linger
+        for a dead broker's session to be gone. Never the controller's own."""
+        return broker != self._controller and live[broker] < self._zxid and self._clock() < self._at + self.linger
 
     def defer(self, topic: str, partition: int, leader: int, successor: int) -> None:
         if (topic, partition) not in self._deferred:
@@ -110,7 +111,7 @@ class Controller:
         self.epoch = 0
         self._epoch_version = -1  # zk version of /controller_epoch when we bumped it
         self._live: dict[int, int] = {}  # broker id -> czxid of its registration, at the last pass
-        self.grace = TakeoverGrace(session_timeout)
+        self.grace = TakeoverGrace(session_timeout, broker_id)
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="logbus-controller", daemon=True)

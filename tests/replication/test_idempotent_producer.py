@@ -188,10 +188,14 @@ def test_old_formats_read_recover_and_replicate_next_to_batches(cluster, zk):
         assert [m.value for m in read_partition(conn, "mixed", 0)] == expected
     data = wait_identical(cluster, "mixed", 0, replicas)
     assert [m.value for m in iter_messages(data, 0)] == expected
+    before = state(zk, "mixed")
     cluster.brokers[replicas[0]].kill()
     cluster.brokers[replicas[0]].start()
-    wait_for_state(zk, "mixed", 0, lambda s: len(s.isr) == 2, "both replicas in the ISR", 60)
-    leader = state(zk, "mixed").leader
+    # the controller moves a restarted leader's partition (a new epoch), then the ISR
+    # regains the other replica: the node as it was before the kill satisfies neither
+    after = wait_for_state(zk, "mixed", 0, lambda s: s.leader_epoch > before.leader_epoch and len(s.isr) == 2,
+                           "a new epoch with both replicas in the ISR", 60)
+    leader = after.leader
     wait_leading(cluster, leader, "mixed")
     with connect(cluster.brokers[leader]) as conn:
         assert [m.value for m in read_partition(conn, "mixed", 0)] == expected
