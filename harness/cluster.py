@@ -107,9 +107,7 @@ class BrokerProcess:
     def _serving(self) -> bool:
         if self.process.poll() is not None:
             raise ClusterError(f"broker {self.broker_id} exited with {self.process.returncode}:\n{self.log_tail()}")
-        with open(self.log_path, "rb") as log:
-            log.seek(self._log_start)
-            return b"] broker %d serving on " % self.broker_id in log.read()
+        return self.logged_since(self._log_start, f"] broker {self.broker_id} serving on ")
 
     def _registered(self, zk: KazooClient) -> bool:
         if self.process.poll() is not None:
