@@ -314,6 +314,36 @@ def test_a_leader_back_first_waits_out_the_lingering_sessions_of_the_dead(cluste
     assert [m.value for m in read_topic(zk_connect, "lingering")[0]] == before
 
 
+def test_a_leader_killed_and_back_soon_after_a_takeover_hands_its_partition_to_the_controller_at_once(
+        cluster, zk, zk_connect):
+    """The grace above distrusts registrations older than the takeover, but never the
+    controller's own: its session is live. A leader killed -9 and back within the grace
+    loses its partition to the controller's broker in the same pass, not after the
+    grace; a grace that distrusted the controller too logs that it waits for it. The
+    controller is paused meanwhile, so that it sees the leader re-registered (live, but
+    unfit) rather than gone; its long session (a grace of 20 s) outlasts the pause."""
+    cluster.start_broker(0, {**SETTINGS, "zookeeper.session.timeout.ms": 10_000})
+    wait_until(lambda: read_controller(zk) == 0, MOVE_S, "broker 0 to be the controller")
+    cluster.start_broker(1, {**SETTINGS, "zookeeper.session.timeout.ms": 1000})
+    create_topic(zk, "soon", 2, replication_factor=2)
+    initial = wait_until(lambda: (s := states(zk, "soon")) and all(len(p.isr) == 2 for p in s.values()) and s,
+                         MOVE_S, "both partitions with both replicas in sync")
+    partition, led = next((p, s) for p, s in initial.items() if s.leader == 1)
+    registered = zk.get(broker_path(1))[1].czxid
+    cluster.brokers[0].pause()
+    try:
+        cluster.brokers[1].kill()
+        cluster.brokers[1].start(wait=False)
+        wait_until(lambda: (stat := zk.exists(broker_path(1))) and stat.czxid != registered, MOVE_S,
+                   "broker 1 to register again")
+    finally:
+        cluster.brokers[0].resume()
+    state = wait_until(lambda: (s := states(zk, "soon")[partition]).leader_epoch > led.leader_epoch and s, MOVE_S,
+                       "the restarted leader's partition to move")
+    assert state.leader == 0
+    assert "broker 0's registration predates this takeover" not in cluster.brokers[0].log_tail(400)
+
+
 def test_leaderships_go_back_to_the_preferred_replicas_once_they_are_in_sync(cluster, zk, zk_connect):
     """auto.leader.rebalance.enable: a killed broker's leaderships move to the others;
     once it is back and in the ISR again, the controller hands each back to it, in a new
