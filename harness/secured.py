@@ -19,7 +19,9 @@ from typing import Iterator
 from kazoo.client import KazooClient
 
 from broker.client.security import ClientSecurity
-from broker.common.acls import CLUSTER, Acl, AclEntry, Operation, PatternType, Permission, Resource, ResourceType, change_acls
+from broker.common.acls import (
+    CLUSTER, Acl, AclEntry, Operation, PatternType, Permission, Resource, ResourceType, change_acls,
+)
 from broker.common.credentials import set_password
 from broker.common.zkauth import ZooKeeperAuth
 from harness.certificates import CertificateAuthority
@@ -97,16 +99,15 @@ class SecuredCluster:
 
     def allow(self, principal: str, operation: Operation, resource_type: ResourceType = ResourceType.TOPIC,
               name: str = CLUSTER, pattern: PatternType = PatternType.LITERAL,
-              permission: Permission = Permission.ALLOW, wait: bool = True) -> None:
-        """Add an ACL entry; with `wait`, return once every running broker has applied it
-        (brokers learn of ACLs through watches, a round trip or more after the write)."""
+              permission: Permission = Permission.ALLOW) -> None:
+        """Add an ACL entry and return once every running broker has applied it (brokers
+        learn of ACLs through watches, a round trip or more after the write)."""
         resource, entry = Resource(resource_type, name, pattern), AclEntry(principal, operation, permission)
         marks = {broker: broker.log_size() for broker in self.cluster.brokers.values() if broker.alive}
         change_acls(self.admin_zk, resource, add=[entry], acl=self.auth.default_acl)
-        if wait:
-            applied = str(Acl(resource, entry))  # in the line the authorizer logs on each change
-            wait_until(lambda: all(broker.logged_since(mark, applied) for broker, mark in marks.items()), 30,
-                       f"every broker to apply {applied}")
+        applied = str(Acl(resource, entry))  # in the line the authorizer logs on each change
+        wait_until(lambda: all(broker.logged_since(mark, applied) for broker, mark in marks.items()), 30,
+                   f"every broker to apply {applied}")
 
     def stop(self) -> None:
         try:
