@@ -130,13 +130,30 @@ class Answers:
     def _start_writer(self) -> None:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.ensure_future(self._write_pending())  # runs after `flush_out`
+            self._writer.add_done_callback(self._writer_done)
+
+    def _writer_done(self, writer: asyncio.Task) -> None:
+        """Retrieve the writer's end: a client gone mid-answer is ordinary (debug), anything
+        else is the broker's fault and logged once, never left for the garbage collector."""
+        if writer.cancelled() or writer.exception() is None:
+            return
+        exc = writer.exception()
+        if isinstance(exc, ConnectionError) or self.transport.is_closing():
+            logger.debug("%s: gone while an answer was written: %r", self.refusals.peer, exc)
+        else:
+            logger.error("%s: writing answers failed", self.refusals.peer, exc_info=exc)
 
     async def _write_pending(self) -> None:
+        """Write the queued answers in order. The transport can start closing during any
+        await (the client sent EOF while answers it never read fill the buffer, so
+        `connection_lost` waits), hence the check after each one before writing more."""
         loop = asyncio.get_running_loop()
         transport = self.transport
         while self.pending and not transport.is_closing():
             item = self.pending[0]
             parts = await item if isinstance(item, asyncio.Task) else item
+            if transport.is_closing():
+                return
             for part in parts or ():
                 if isinstance(part, FileRegion) and self.tls:
                     # TLS encrypts in user space: the bytes must pass through us (no sendfile)
