@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine (README):
 #   make demo   the main job: ZooKeeper + brokers + producers + the hourly DAG on Spark + the audit
 #   make test   every test
-# Both install what they need: Debian's zookeeper (and a JRE) and postgresql with apt, a virtualenv with pip.
+# Both install what they need with apt (the demo: zookeeper and a JRE; the tests also chromium and
+# postgresql) and a virtualenv with pip.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,16 +11,21 @@ STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all test test-long soak demo bench system-deps venv clean
+.PHONY: all test test-long soak demo bench demo-deps system-deps venv clean
 
 all: test
 
-system-deps:
+# What the demo needs (ZooKeeper and a JRE for it and Spark) apart from what only the
+# tests need (Chromium for the page's browser tests, PostgreSQL for the private
+# metadata database): `make demo` installs the first only (issue 39).
+demo-deps:
 	@if [ ! -f /usr/share/java/zookeeper.jar ] || ! command -v java >/dev/null 2>&1; then \
 		echo "installing Debian packages: zookeeper, default-jre-headless"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends zookeeper default-jre-headless >/dev/null; \
 	fi
+
+system-deps: demo-deps
 	@if ! command -v chromium >/dev/null 2>&1; then \
 		echo "installing Debian packages: chromium (the Airflow page's browser tests)"; \
 		$(SUDO) apt-get update -qq && \
@@ -61,7 +67,7 @@ soak: system-deps $(STAMP)
 			tests/replication/test_history.py::test_acknowledged_writes_survive_faults_on_a_secured_cluster || exit 1; \
 	done
 
-demo: system-deps $(STAMP)
+demo: demo-deps $(STAMP)
 	$(PY) demo/run_demo.py
 
 # The paper's experiments beside RabbitMQ and ActiveMQ (BENCHMARKS.md); installs the
