@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 class Issued:
     certfile: Path
     keyfile: Path
-    subject: str  # the principal a broker derives from it: "User:CN=...,O=..."
+    subject: str  # the principal a broker derives from it: "User:CN=...,O=..." (names without RFC 4514 specials)
 
 
 class CertificateAuthority:
