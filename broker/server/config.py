@@ -111,6 +111,10 @@ class BrokerConfig:
     fetch_max_wait_ms: int = _setting("fetch.max.wait.ms", 30_000, int, *_non_negative)
     max_in_flight_requests: int = _setting("max.in.flight.requests.per.connection", 100, int, *_positive)
     socket_send_buffer_max_bytes: int = _setting("socket.send.buffer.max.bytes", 1 * MiB, int, lambda v: v >= 64 * KiB, "must be >= 65536")
+    # a frame before its connection authenticates (Kafka's name): SCRAM's are a few hundred
+    # bytes; the bound keeps them in the connection's own buffer, out of the broker-wide budget
+    sasl_server_max_receive_size: int = _setting("sasl.server.max.receive.size", 64 * KiB, int,
+                                                 lambda v: 1 * KiB <= v <= 128 * KiB, "must be between 1024 and 131072")
     queued_max_request_bytes: int = _setting("queued.max.request.bytes", 128 * MiB, int, lambda v: v >= 1 * MiB, "must be >= 1048576")
     # replication (docs/replication.md)
     replica_lag_time_max_ms: int = _setting("replica.lag.time.max.ms", 10_000, int, *_positive)
