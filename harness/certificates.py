@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 class Issued:
     certfile: Path
     keyfile: Path
-    subject: str  # the principal a broker derives from it: "User:CN=...,O=..."
+    subject: str  # the principal a broker derives from it: "User:CN=...,O=..." (names without RFC 4514 specials)
 
 
 class CertificateAuthority:
@@ -43,9 +43,12 @@ class CertificateAuthority:
         self.cafile = self.directory / f"{name}.pem"
         self.cafile.write_bytes(self._certificate.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, common_name: str, organization: str = "logbus-tests") -> Issued:
+    def issue(self, common_name: str, organization: str = "logbus-tests", unit: str | None = None) -> Issued:
+        """A certificate for `CN=common_name[,OU=unit],O=organization`, written under
+        `common_name` (and `unit`) as the file name."""
         key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
+        units = [x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, unit)] if unit else []
+        subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization), *units,
                              x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         now = datetime.datetime.now(datetime.timezone.utc)
         certificate = (
@@ -58,10 +61,11 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .sign(self._key, hashes.SHA256())
         )
-        certfile = self.directory / f"{common_name}.crt"
-        keyfile = self.directory / f"{common_name}.key"
+        name = f"{common_name}.{unit}" if unit else common_name
+        certfile = self.directory / f"{name}.crt"
+        keyfile = self.directory / f"{name}.key"
         certfile.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
         keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                               serialization.NoEncryption()))
         keyfile.chmod(0o600)
-        return Issued(certfile, keyfile, f"User:CN={common_name},O={organization}")
+        return Issued(certfile, keyfile, f"User:CN={common_name}{f',OU={unit}' if unit else ''},O={organization}")

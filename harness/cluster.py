@@ -2,6 +2,10 @@
 from the running environment, each on a free port of 127.0.0.1, sharing one ZooKeeper
 connect string (a single server or an ensemble, `harness.zookeeper`).
 
+Settings are passed as `--set key=value`, except passwords (`SECRET_KEYS`): those go to
+a properties file only this user may read, passed with `--config`, since every local
+user can read a command line.
+
 A broker is ready once its registration node (`/brokers/ids/<id>`) exists in ZooKeeper
 with its port, created after this start: a node that lingers from a killed previous
 run (until ZooKeeper expires its session) is older than the process.
@@ -25,6 +29,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from broker.common.zklayout import broker_path
+from broker.server.config import SECRET_KEYS
 from harness.process import ClusterError, free_port, stop_process, tail, wait_until
 from harness.zookeeper import ZooKeeperServer
 
@@ -36,7 +41,8 @@ def broker_command() -> list[str]:
 
 
 class BrokerProcess:
-    """One `logbus-broker` process. `settings` are passed as `--set key=value`."""
+    """One `logbus-broker` process. `settings` are passed as `--set key=value`, passwords
+    in a file of mode 0600."""
 
     def __init__(
         self, broker_id: int, zookeeper: str, workdir: Path, port: int | None = None,
@@ -54,6 +60,7 @@ class BrokerProcess:
         self.preamble = preamble
         self.log_dir = self.workdir / f"broker-{broker_id}" / "logs"
         self.log_path = self.workdir / f"broker-{broker_id}" / "broker.log"
+        self.secrets_path = self.workdir / f"broker-{broker_id}" / "secrets.properties"
         self.process: subprocess.Popen | None = None
         self._started_ms = 0
 
@@ -70,12 +77,22 @@ class BrokerProcess:
         ]
         if "log.dirs" not in self.settings:
             cmd += ["--log-dir", str(self.log_dir)]
+        if SECRET_KEYS & self.settings.keys():
+            cmd += ["--config", str(self.secrets_path)]
         for key, value in self.settings.items():
-            cmd += ["--set", f"{key}={value}"]
+            if key not in SECRET_KEYS:
+                cmd += ["--set", f"{key}={value}"]
         return cmd
+
+    def _write_secrets(self) -> None:
+        secrets = "".join(f"{key}={value}\n" for key, value in self.settings.items() if key in SECRET_KEYS)
+        if secrets:
+            with open(os.open(self.secrets_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
+                file.write(secrets)
 
     def start(self, wait: bool = True, timeout: float = 60) -> "BrokerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._write_secrets()
         self._started_ms = int(time.time() * 1000)
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0  # this run's lines follow
         with open(self.log_path, "ab") as log:

@@ -7,7 +7,8 @@ authority made on the spot, and brokers with four listeners each —
     MTLS      SSL             clients with certificates (principal: the subject)
     PLAIN     PLAINTEXT       anyone, as User:ANONYMOUS
 
-— an authorizer, and super-users admin and the brokers."""
+— an authorizer, and super-users admin and the brokers. Passwords reach the brokers
+in a file of mode 0600 (`harness.cluster`), never on their command line."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class SecuredCluster:
     # ------------------------------------------------------------- principals
 
     def add_user(self, user: str, password: str) -> None:
-        set_password(self.admin_zk, user, password, iterations=4096, acl=self.auth.private_acl)
+        set_password(self.admin_zk, user, password, acl=self.auth.private_acl)
 
     def scram(self, user: str, password: str, listener: str = "CLIENT") -> ClientSecurity:
         return ClientSecurity("SASL_SSL", listener, str(self.ca.cafile), sasl_username=user, sasl_password=password)

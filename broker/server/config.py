@@ -1,14 +1,20 @@
 """Broker settings: one typed object, defaults in one place (STYLE: "the code below
 never reads raw strings").
 
-Sources, later ones winning: defaults < properties file < `--set key=value` and the
+Sources, later ones winning: defaults < properties files < `--set key=value` and the
 common flags. Unknown keys and bad values fail at start with a message that names
 the key, the value and what was expected.
+
+Passwords (`SECRET_KEYS`) belong in a properties file only the broker's user may read:
+a command line is readable by every local user (`/proc/<pid>/cmdline`), so a file
+holding one that others may read is refused, and one its group may read is warned
+about.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -17,6 +23,9 @@ from broker.common.listeners import DEFAULT_PROTOCOL_MAP
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DAY_MS = 24 * 3600 * 1000
+SECRET_KEYS = frozenset({"zookeeper.auth", "inter.broker.sasl.password"})  # never shown, never on a command line
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -111,6 +120,10 @@ class BrokerConfig:
     fetch_max_wait_ms: int = _setting("fetch.max.wait.ms", 30_000, int, *_non_negative)
     max_in_flight_requests: int = _setting("max.in.flight.requests.per.connection", 100, int, *_positive)
     socket_send_buffer_max_bytes: int = _setting("socket.send.buffer.max.bytes", 1 * MiB, int, lambda v: v >= 64 * KiB, "must be >= 65536")
+    # a frame before its connection authenticates (Kafka's name): SCRAM's are a few hundred
+    # bytes; the bound keeps them in the connection's own buffer, out of the broker-wide budget
+    sasl_server_max_receive_size: int = _setting("sasl.server.max.receive.size", 64 * KiB, int,
+                                                 lambda v: 1 * KiB <= v <= 128 * KiB, "must be between 1024 and 131072")
     queued_max_request_bytes: int = _setting("queued.max.request.bytes", 128 * MiB, int, lambda v: v >= 1 * MiB, "must be >= 1048576")
     # replication (docs/replication.md)
     replica_lag_time_max_ms: int = _setting("replica.lag.time.max.ms", 10_000, int, *_positive)
@@ -165,10 +178,11 @@ class BrokerConfig:
     zookeeper_ssl_keyfile: str = _setting("zookeeper.ssl.keyfile", "", str)
 
     def __repr__(self) -> str:  # never print a password (start-up logs, tracebacks)
-        secret = {"inter_broker_sasl_password", "zookeeper_auth"}
-        shown = ", ".join(f"{f.name}={'***' if f.name in secret and getattr(self, f.name) else getattr(self, f.name)!r}"
-                          for f in dataclasses.fields(self))
-        return f"BrokerConfig({shown})"
+        def shown(f: dataclasses.Field) -> str:
+            value = getattr(self, f.name)
+            return "***" if f.metadata["key"] in SECRET_KEYS and value else repr(value)
+
+        return f"BrokerConfig({', '.join(f'{f.name}={shown(f)}' for f in dataclasses.fields(self))})"
 
     @classmethod
     def keys(cls) -> dict[str, dataclasses.Field]:
@@ -209,7 +223,8 @@ class BrokerConfig:
 
 
 def read_properties(path: Path) -> dict[str, str]:
-    """Java-style `key=value` lines; `#` and `!` start comments."""
+    """Java-style `key=value` lines; `#` and `!` start comments. A file that holds a
+    password must be private (`check_private`)."""
     settings: dict[str, str] = {}
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -225,7 +240,20 @@ def read_properties(path: Path) -> dict[str, str]:
         if not sep:
             raise ConfigError(f"{path}:{number}: expected key=value, got {line!r}")
         settings[key.strip()] = value.strip()
+    check_private(Path(path), settings)
     return settings
+
+
+def check_private(path: Path, settings: Mapping[str, str]) -> None:
+    """Refuse a file with passwords that every local user may read; warn when its group
+    may (a deliberate service group is fine, an accidental one is not)."""
+    held = ", ".join(sorted(SECRET_KEYS & settings.keys()))
+    mode = path.stat().st_mode & 0o777
+    if held and mode & 0o004:
+        raise ConfigError(f"{path} holds {held} and every local user may read it (mode {mode:04o}): chmod 600 {path}")
+    if held and mode & 0o040:
+        logger.warning("%s holds %s and its group may read it (mode %04o): chmod 600 %s unless that group is the "
+                       "broker's alone", path, held, mode, path)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:

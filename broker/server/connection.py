@@ -6,8 +6,10 @@ scratch buffer for ordinary frames (16 KiB, growing to 256 KiB on a busy connect
 or, for a frame larger than that, a buffer of exactly the frame's size whose bytes are
 first reserved from the broker-wide budget (`broker.server.flowcontrol`). The size of a
 frame is checked before its body is read, so an absurd size costs nothing and is
-refused at once. Every complete frame is dispatched as soon as it is complete, whatever
-follows it in the same read.
+refused at once. Before a connection authenticates, its frames may be no larger than
+`sasl.server.max.receive.size` (at most 128 KiB): they stay in its scratch buffer and
+reserve nothing of the budget. Every complete frame is dispatched as soon as it is
+complete, whatever follows it in the same read.
 
 The connection stops reading — and TCP pushes back on the client — while it has too
 many requests in flight, too many answer bytes its client has not read, or a large
@@ -62,10 +64,7 @@ def acks_zero(api_key: int, api_version: int, frame, body_pos: int) -> bool | No
 class Connection(asyncio.BufferedProtocol):
     """One client connection. Unparsed bytes are `_buf[_start:_end]`, or
     `_big[:_big_filled]` while a large frame is being read; answers wait in `answers`.
-
-    Framing, large frames and back-pressure stay in one class (about 300 lines): the
-    produce path's hot loop (`_process`) reads their state as plain attributes;
-    splitting them further would add calls per frame on that path."""
+    Framing, large frames and back-pressure stay in one class (docs/architecture.md, "Sizes")."""
 
     def __init__(self, server: "Broker", listener: Listener) -> None:
         self.server = server
@@ -187,7 +186,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._processing = True
         buf = self._buf
-        limit = self.server.config.socket_request_max_bytes
+        config = self.server.config  # unauthenticated: small frames only, never a large frame's budget
+        limit = config.socket_request_max_bytes if self.session.authenticated else config.sasl_server_max_receive_size
         max_out = self.limits.max_in_flight
         pool = self.pool
         dispatch = self._dispatch
@@ -282,14 +282,15 @@ class Connection(asyncio.BufferedProtocol):
         the limit is answered RequestTooLarge when its header came with it; either way
         the connection is closed at once — never left to a timer."""
         available = self._end - self._start
+        over = (f"socket.request.max.bytes={limit}" if self.session.authenticated
+                else f"sasl.server.max.receive.size={limit} before authentication")
         if size > limit and available >= 4 + _CORRELATION.size:
             correlation_id = _CORRELATION.unpack_from(self._buf, self._start + 4)[2]
-            logger.warning("%s: request of %d bytes exceeds socket.request.max.bytes=%d; closing", self.peer, size, limit)
+            logger.warning("%s: request of %d bytes exceeds %s; closing", self.peer, size, over)
             self.answers.send([error_response(correlation_id, ErrorCode.REQUEST_TOO_LARGE,
-                                       str(RequestTooLarge(f"request of {size} bytes exceeds socket.request.max.bytes={limit}")))])
+                                              str(RequestTooLarge(f"request of {size} bytes exceeds {over}")))])
         elif size > limit:
-            logger.warning("%s: frame announces %d bytes, over socket.request.max.bytes=%d, without its header; closing",
-                           self.peer, size, limit)
+            logger.warning("%s: frame announces %d bytes, over %s, without its header; closing", self.peer, size, over)
         else:
             logger.warning("%s: impossible frame size %d; closing", self.peer, size)
         self._start = self._end = 0

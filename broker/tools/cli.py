@@ -7,8 +7,11 @@ import argparse
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
-from broker.server.config import BrokerConfig, ConfigError, parse_overrides, read_properties
+from broker.server.config import SECRET_KEYS, BrokerConfig, ConfigError, parse_overrides, read_properties
+
+logger = logging.getLogger(__name__)
 
 
 def broker_arguments() -> argparse.ArgumentParser:
@@ -16,7 +19,9 @@ def broker_arguments() -> argparse.ArgumentParser:
         prog="logbus-broker",
         description="Start a logbus broker. Settings come from --config, then --set and the flags below.",
     )
-    parser.add_argument("--config", help="properties file (key=value lines)")
+    parser.add_argument("--config", action="append", default=[],
+                        help="properties file (key=value lines); repeatable, later files win — passwords belong in "
+                             "one only the broker's user may read (mode 0600)")
     parser.add_argument("--broker-id", type=int, help="broker.id")
     parser.add_argument("--host", help="host to bind and register (host)")
     parser.add_argument("--port", type=int, help="TCP port (port)")
@@ -28,8 +33,14 @@ def broker_arguments() -> argparse.ArgumentParser:
 
 
 def load_config(args: argparse.Namespace) -> BrokerConfig:
-    settings = read_properties(args.config) if args.config else {}
-    settings.update(parse_overrides(args.set))
+    settings: dict[str, str] = {}
+    for path in args.config:
+        settings.update(read_properties(Path(path)))
+    overrides = parse_overrides(args.set)
+    for key in sorted(SECRET_KEYS & overrides.keys()):
+        logger.warning("%s is on the command line, which every local user may read; put it in a --config file "
+                       "of mode 0600 instead", key)
+    settings.update(overrides)
     flags = {
         "broker.id": args.broker_id, "host": args.host, "port": args.port, "zookeeper.connect": args.zookeeper,
         "log.dirs": ",".join(args.log_dir) if args.log_dir else None,

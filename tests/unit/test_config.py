@@ -83,3 +83,52 @@ def test_bad_per_topic_overrides_are_named():
         BrokerConfig.from_settings(base(**{"log.retention.ms.per.topic": "a b:5"}))
     with pytest.raises(ConfigError, match="values must be > 0"):
         BrokerConfig.from_settings(base(**{"log.retention.bytes.per.topic": "clicks:0"}))
+
+
+def secrets_file(tmp_path: Path, mode: int) -> Path:
+    path = tmp_path / "secrets.properties"
+    path.write_text("zookeeper.auth=logbus:zk-secret\ninter.broker.sasl.password=broker-secret\n")
+    path.chmod(mode)
+    return path
+
+
+def test_a_file_with_passwords_that_every_local_user_may_read_is_refused(tmp_path):
+    path = secrets_file(tmp_path, 0o644)
+    with pytest.raises(ConfigError) as refused:
+        read_properties(path)
+    assert f"chmod 600 {path}" in str(refused.value) and "inter.broker.sasl.password, zookeeper.auth" in str(refused.value)
+    assert "secret" not in str(refused.value).replace("secrets.properties", "")
+
+
+def test_a_file_with_passwords_its_group_may_read_is_read_with_a_warning(tmp_path, caplog):
+    assert read_properties(secrets_file(tmp_path, 0o640))["zookeeper.auth"] == "logbus:zk-secret"
+    assert "its group may read it (mode 0640)" in caplog.text
+    caplog.clear()
+    assert read_properties(secrets_file(tmp_path, 0o600))["inter.broker.sasl.password"] == "broker-secret"
+    assert not caplog.text
+
+
+def test_a_file_without_passwords_may_be_read_by_anyone(tmp_path):
+    path = tmp_path / "broker.properties"
+    path.write_text("port=9999\n")
+    path.chmod(0o644)
+    assert read_properties(path) == {"port": "9999"}
+
+
+def test_config_files_are_read_in_order_and_a_password_on_the_command_line_is_warned_about(tmp_path, caplog):
+    from broker.tools.cli import broker_arguments, load_config
+
+    main = tmp_path / "broker.properties"
+    main.write_text("broker.id=1\nzookeeper.connect=127.0.0.1:2181\nport=9999\n")
+    config = load_config(broker_arguments().parse_args(
+        ["--config", str(main), "--config", str(secrets_file(tmp_path, 0o600)), "--set", "port=9998"]))
+    assert (config.zookeeper_auth, config.port) == ("logbus:zk-secret", 9998)
+    assert not caplog.text
+    load_config(broker_arguments().parse_args(["--config", str(main), "--set", "zookeeper.auth=logbus:zk-secret"]))
+    assert "zookeeper.auth is on the command line" in caplog.text and "zk-secret" not in caplog.text
+
+
+def test_frames_before_authentication_have_a_small_bound():
+    assert BrokerConfig.from_settings(base()).sasl_server_max_receive_size == 64 * 1024
+    with pytest.raises(ConfigError, match="sasl.server.max.receive.size=1048576 must be between 1024 and 131072"):
+        BrokerConfig.from_settings(base(**{"sasl.server.max.receive.size": str(1 << 20)}))

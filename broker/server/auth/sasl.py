@@ -3,10 +3,12 @@ on scramp's SCRAM implementation: SASL_HANDSHAKE picks a mechanism, then two
 SASL_AUTHENTICATE rounds carry the client-first/server-first and the
 client-final/server-final messages.
 
-Nothing in a refusal says whether the user or the password was wrong: an unknown user
-is answered with a salt derived from a per-broker secret and its name, as a known user
-would be, and fails at the proof like a wrong password. A replayed client-final fails
-because each handshake has a fresh server nonce."""
+Nothing says whether a user exists. An unknown user is answered as a known one is —
+a salt of the same length, the same for that name and mechanism on every broker and at
+every attempt (a keyed hash under the cluster's secret, `ScramSettings`), and the
+cluster's iteration count, which every user is stored with — and fails at the proof
+like a wrong password, with the same refusal. A replayed client-final fails because
+each handshake has a fresh server nonce."""
 
 from __future__ import annotations
 
@@ -15,16 +17,18 @@ import hashlib
 import hmac
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Callable
 
 from kazoo.client import KazooClient
 from scramp import ScramException, ScramMechanism
 
-from broker.common.credentials import DEFAULT_ITERATIONS, ScramCredential, read_credential
+from broker.common.credentials import ScramCredential, ScramSettings, cluster_settings, read_credential
 from broker.common.errors import IllegalSaslState, SaslAuthenticationFailed, UnsupportedSaslMechanism
 from broker.common.protocol import (
     Body, Reader, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 )
+from broker.common.zkauth import ZooKeeperAuth
 from broker.server.config import BrokerConfig
 from broker.server.replies import Reply, answered, later
 
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Lookup = Callable[[str, str], "ScramCredential | None"]  # (user, mechanism) -> credential
+Lookup = Callable[[str, str], ScramCredential]  # (user, mechanism) -> the user's credential, or a decoy
 REFUSED = "authentication failed: invalid credentials"
 
 
@@ -41,10 +45,9 @@ class SaslExchange:
     """One connection's handshake: `start(mechanism)`, then `step(message)` until it
     returns the principal (the exchange is complete) or raises."""
 
-    def __init__(self, mechanisms: tuple[str, ...], lookup: Lookup, secret: bytes) -> None:
+    def __init__(self, mechanisms: tuple[str, ...], lookup: Lookup) -> None:
         self.mechanisms = mechanisms
         self.lookup = lookup
-        self.secret = secret
         self.mechanism: str | None = None
         self.user: str | None = None
         self._server = None
@@ -81,15 +84,15 @@ class SaslExchange:
 
     def _credential(self, user: str) -> tuple[bytes, bytes, bytes, int]:
         self.user = user
-        credential = self.lookup(user, self.mechanism)
-        if credential is None:
-            credential = self._decoy(user)
-        return credential.as_tuple()
+        return self.lookup(user, self.mechanism).as_tuple()
 
-    def _decoy(self, user: str) -> ScramCredential:
-        """A credential no password matches, the same for a user every time."""
-        salt = hmac.new(self.secret, user.encode(), hashlib.sha256).digest()[:16]
-        return ScramCredential(salt, os.urandom(32), os.urandom(32), DEFAULT_ITERATIONS)
+
+def decoy(settings: ScramSettings, user: str, mechanism: str) -> ScramCredential:
+    """A credential no password matches, shown for a user that does not exist: its salt
+    is as long as a real one, the same for that name and mechanism wherever and whenever
+    it is asked, and unpredictable without the cluster's secret; its count the cluster's."""
+    salt = hmac.new(settings.secret, f"{mechanism}:{user}".encode(), hashlib.sha256).digest()
+    return ScramCredential(salt, os.urandom(32), os.urandom(32), settings.iterations)
 
 
 class Authentication:
@@ -100,12 +103,29 @@ class Authentication:
     def __init__(self, config: BrokerConfig, zk: KazooClient) -> None:
         self.mechanisms = config.sasl_enabled_mechanisms
         self.zk = zk
-        # decoy salts must match across brokers, or comparing two brokers' answers would
-        # tell an unknown user: derive the secret from what every broker shares
-        self.secret = hashlib.sha256(f"{config.zookeeper_auth}/{config.inter_broker_sasl_password}".encode()).digest()
+        self._acl = ZooKeeperAuth(config.zookeeper_auth, config.zookeeper_set_acl).private_acl
+        self._settings: ScramSettings | None = None
+        self._settings_lock = threading.Lock()
+        self._odd_counts: set[str] = set()  # users already warned about
 
-    def _lookup(self, user: str, mechanism: str) -> ScramCredential | None:
-        return read_credential(self.zk, user, mechanism)
+    def settings(self) -> ScramSettings:
+        """The cluster's SCRAM settings, read (or made) at the first handshake and kept."""
+        with self._settings_lock:
+            if self._settings is None:
+                self._settings = cluster_settings(self.zk, self._acl)
+            return self._settings
+
+    def _lookup(self, user: str, mechanism: str) -> ScramCredential:
+        settings = self.settings()
+        credential = read_credential(self.zk, user, mechanism)
+        if credential is None:
+            return decoy(settings, user, mechanism)
+        if credential.iterations != settings.iterations and user not in self._odd_counts:
+            self._odd_counts.add(user)
+            logger.warning("user %r is stored with %d iterations, not the cluster's %d: that tells it from unknown "
+                           "users; set its password again (logbus users add)", user, credential.iterations,
+                           settings.iterations)
+        return credential
 
     def handshake(self, reader: Reader, session: "Session") -> Reply:
         req = SaslHandshakeRequest.decode(reader)
@@ -115,7 +135,7 @@ class Authentication:
         if session.authenticated:
             raise IllegalSaslState("this connection is already authenticated")
         if session.sasl is None:
-            session.sasl = SaslExchange(self.mechanisms, self._lookup, self.secret)
+            session.sasl = SaslExchange(self.mechanisms, self._lookup)
         session.sasl.start(req.mechanism)
         return answered([SaslHandshakeResponse(list(self.mechanisms)).encode()])
 

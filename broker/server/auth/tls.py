@@ -18,14 +18,28 @@ ANONYMOUS = "User:ANONYMOUS"
 
 
 def subject_principal(subject: tuple) -> str:
-    """`User:CN=...,O=...` from a certificate subject as `ssl` gives it (RFC 4514's
-    order: most specific first)."""
-    parts = [f"{_SHORT.get(key, key)}={value}" for rdn in reversed(subject) for key, value in rdn]
-    return "User:" + ",".join(parts) if parts else ANONYMOUS
+    """`User:CN=...,O=...` from a certificate subject as `ssl` gives it, written as RFC 4514
+    writes a distinguished name: the most specific RDN first, a multi-valued RDN's
+    attributes joined by `+`, and each value escaped — so no value can spell other
+    attributes (a CN of `alice,OU=payments` is `CN=alice\\,OU=payments`, never the
+    subject with that OU)."""
+    rdns = ["+".join(f"{_SHORT.get(key, key)}={escape_dn_value(value)}" for key, value in rdn)
+            for rdn in reversed(subject)]
+    return "User:" + ",".join(rdns) if rdns else ANONYMOUS
 
 
 _SHORT = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
           "localityName": "L", "stateOrProvinceName": "ST", "domainComponent": "DC"}
+_SPECIAL = frozenset('"+,;<>\\')
+
+
+def escape_dn_value(value: str) -> str:
+    """An attribute value escaped as RFC 4514, section 2.4, asks: `"+,;<>\\` always, `#`
+    or a space first, a space last, NUL as `\\00`."""
+    last = len(value) - 1
+    return "".join("\\00" if ch == "\0" else
+                   "\\" + ch if ch in _SPECIAL or (i == 0 and ch in "# ") or (i == last and ch == " ") else ch
+                   for i, ch in enumerate(value))
 
 
 def certificate_principal(certfile: str) -> str:
