@@ -29,6 +29,7 @@ from broker.common.zklayout import create_topic
 from harness.cluster import LocalCluster
 from harness.process import wait_until
 from harness.zookeeper import client, with_chroot
+from tests.integration.clientutil import read_topic
 from tests.replication.replicated import BROKER_SETTINGS, create_replicated_topic, state, wait_for_state
 
 TOPIC = "events"
@@ -138,15 +139,9 @@ class MirrorService:
         return code
 
 
-def read_topic(metadata) -> dict[int, list[bytes]]:
-    out = {}
-    for partition in range(PARTITIONS):
-        with SimpleConsumer(TOPIC, partition, metadata=metadata, offset="smallest", max_wait_ms=0) as consumer:
-            end, values = consumer.latest(), []
-            while consumer.offset < end:
-                values += [m.value for m in consumer.fetch()]
-            out[partition] = values
-    return out
+def mirrored(target: str) -> dict[int, list[bytes]]:
+    """The target's values, by partition."""
+    return {p: [m.value for m in messages] for p, messages in read_topic(target, TOPIC).items()}
 
 
 def target_end(metadata) -> int:
@@ -161,14 +156,14 @@ def target_end(metadata) -> int:
         return -1
 
 
-def holds_all(metadata, producers: list[OldEventProducer]) -> bool:
+def holds_all(target: str, producers: list[OldEventProducer]) -> bool:
     """Whether the target holds every value sent (False while a leader move hides a partition)."""
     try:
-        mirrored = read_topic(metadata)
+        values = mirrored(target)
     except (LogbusError, OSError):
         return False
     return all({b"%s:%d:%d" % (p.name.encode(), partition, seq) for p in producers for seq in range(p.sent[partition])}
-               <= set(mirrored[partition]) for partition in range(PARTITIONS))
+               <= set(values.get(partition, ())) for partition in range(PARTITIONS))
 
 
 def kill_a_leader(target: LocalCluster, zk, partition: int) -> None:
@@ -227,11 +222,11 @@ def test_old_events_mirrored_once_across_ten_kills_of_the_mirror(clusters, tmp_p
 
         def caught_up() -> bool:
             mirror.keep_running()  # restarted if it exited on its own, as a service manager would
-            return mirror.copying() and holds_all(metadata, producers)
+            return mirror.copying() and holds_all(target, producers)
 
         wait_until(caught_up, 120, "the mirror to catch up", 1)
         assert mirror.stop() == 0, mirror.log.read_text()[-3000:]
-        mirrored = read_topic(metadata)
+        values = mirrored(target)
     finally:
         stop.set()
         for producer in producers:
@@ -239,12 +234,12 @@ def test_old_events_mirrored_once_across_ten_kills_of_the_mirror(clusters, tmp_p
         mirror.kill()
         metadata.close()
     for partition in range(PARTITIONS):
-        copies = Counter(mirrored[partition])
+        copies = Counter(values[partition])
         extra = {v: n for v, n in copies.items() if n > 1}
         assert not extra, f"partition {partition}: {sum(extra.values()) - len(extra)} extra copies, e.g. " \
                           f"{sorted(extra)[:3]}; mirror exits on their own: {mirror.exits}"
         for producer in producers:
             prefix = b"%s:%d:" % (producer.name.encode(), partition)
-            seqs = [int(v[len(prefix):]) for v in mirrored[partition] if v.startswith(prefix)]
+            seqs = [int(v[len(prefix):]) for v in values[partition] if v.startswith(prefix)]
             assert seqs == list(range(producer.sent[partition])), f"{producer.name} partition {partition}"
 
