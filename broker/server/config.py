@@ -105,8 +105,10 @@ class BrokerConfig:
         "values must be > 0, or -1 for no limit",
     )
     log_retention_check_interval_ms: int = _setting("log.retention.check.interval.ms", 300_000, int, *_positive)
-    # an idempotent producer id that wrote nothing to a partition for this long is
-    # forgotten there (Kafka's producer.id.expiration.ms); its next batch starts afresh
+    # an idempotent producer id of which this broker appended nothing to a partition for
+    # this long, by its own clock (never the messages' timestamps), is forgotten there at
+    # the next retention check, roll or restart; its next batch, a retry included, starts
+    # afresh and is appended (Kafka's producer.id.expiration.ms; docs/storage.md)
     producer_id_expiration_ms: int = _setting("producer.id.expiration.ms", DAY_MS, int,
                                               lambda v: v > 0 or v == -1, "must be > 0, or -1 to keep ids for ever")
     message_max_bytes: int = _setting("message.max.bytes", 1 * MiB, int, lambda v: v >= 64, "must be >= 64")

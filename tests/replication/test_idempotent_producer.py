@@ -1,8 +1,9 @@
 """The idempotent producer under the conditions that made producers store messages
 twice (issue 23; docs/clients.md, "Idempotence"): a broker paused past the producer's
 timeout, leaders killed under acks=-1, brokers restarted between a batch and its retry,
-a follower taking the lead — and the broker's refusals of batches that do not follow.
-Real ZooKeeper ensemble and broker processes."""
+a follower taking the lead, events stamped long before they are sent (issue 33) — and
+the broker's refusals of batches that do not follow. Real ZooKeeper ensemble and
+broker processes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
 from broker.common.errors import InvalidProducerEpoch, OutOfOrderSequence
 from broker.common.message import BatchIdentity, checksum, encode_batch, encode_message_set, iter_messages, now_ms
+from harness.cluster import BrokerProcess
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
 from tests.replication.history import (
@@ -26,12 +28,32 @@ from tests.replication.replicated import (
 )
 
 PID = 4_242_424_242
+THIRTY_HOURS_MS = 30 * 3600 * 1000  # older than producer.id.expiration.ms's default, one day
+MARKER = "retention-marker"
+# a retention check every 200 ms, and one topic whose every rolled segment it deletes
+# (kept to 1 byte), so a test sees in the broker's log that a check has run
+RETENTION_CHECKS = {"log.retention.check.interval.ms": 200, "log.segment.bytes": 4096,
+                    "log.retention.bytes.per.topic": f"{MARKER}:1"}
 
 
 def produce_batch(conn: BrokerConnection, topic: str, values: list[bytes], identity: BatchIdentity,
-                  acks: int = -1, partition: int = 0):
-    batch = encode_batch([(None, v, now_ms()) for v in values], identity)
+                  acks: int = -1, partition: int = 0, timestamp: int | None = None):
+    batch = encode_batch([(None, v, now_ms() if timestamp is None else timestamp) for v in values], identity)
     return conn.produce(topic, partition, batch, acks=acks)
+
+
+def wait_for_retention_checks(broker: BrokerProcess, checks: int = 2) -> None:
+    """Return once a whole retention check has run on `broker` (started with
+    RETENTION_CHECKS) after this call. Each round rolls a segment of MARKER and waits
+    for the check that deletes it; checks run one after another, so the second round's
+    check started after the first round's ended, which was after this call."""
+    with connect(broker) as conn:
+        for _ in range(checks):
+            mark = broker.log_size()
+            for _ in range(2):  # the second append rolls the segment the first wrote to
+                produce(conn, MARKER, 0, [b"m" * 3000], acks=1)
+            wait_until(lambda: broker.logged_since(mark, f"{MARKER}-0: retention deleted"), 30,
+                       f"a retention check on broker {broker.broker_id}")
 
 
 def stored(conn: BrokerConnection, topic: str, partition: int = 0) -> Counter:
@@ -121,6 +143,52 @@ def test_a_retry_after_a_broker_restart_is_still_a_duplicate(cluster, stop):
         assert produce_batch(conn, "restarted", [b"d"], BatchIdentity(PID, 0, 3, 1)).base_offset == first.next_offset
 
 
+@pytest.mark.parametrize("stop", ["retention check", "clean", "kill"])
+def test_a_retry_of_events_stamped_30_hours_ago_is_still_a_duplicate(cluster, stop):
+    """Issue 33: a producer id was forgotten by its messages' timestamps, so a batch of
+    events stamped 30 h ago lost its deduplication at the first retention check or
+    restart after its append, and its retry was stored twice. An id is now idle by the
+    broker's clock since its last append; producer.id.expiration.ms at its default."""
+    broker = cluster.start_broker(0, RETENTION_CHECKS)
+    identity = BatchIdentity(PID, 0, 0, 2)
+    stamped = now_ms() - THIRTY_HOURS_MS
+    with connect(broker) as conn:
+        first = produce_batch(conn, "backfill", [b"late", b"event"], identity, timestamp=stamped)
+    if stop == "kill":
+        broker.kill()
+        broker.start()
+    elif stop == "clean":
+        broker.stop()
+        broker.start()
+    wait_for_retention_checks(broker)
+    with connect(broker) as conn:
+        retry = produce_batch(conn, "backfill", [b"late", b"event"], identity, timestamp=stamped)
+        assert (retry.base_offset, retry.next_offset) == (first.base_offset, first.next_offset)
+        assert stored(conn, "backfill") == Counter({b"late": 1, b"event": 1})
+
+
+def test_a_new_leader_dedupes_a_retry_of_old_events_after_its_retention_check(cluster, zk):
+    """Broker A appends (acks=-1) a batch of events stamped 30 h ago, is killed, and
+    follower B leads; B runs a retention check; the producer's retry of the batch to B
+    is a duplicate. B counts the id's idleness from its own append of the replicated
+    bytes, after A's: a new leader never forgets an id before the old one would have."""
+    for broker_id in range(2):
+        cluster.start_broker(broker_id, {**BROKER_SETTINGS, **RETENTION_CHECKS})
+    old, new = create_replicated_topic(cluster, zk, "late-handover", replication_factor=2)[0]
+    identity = BatchIdentity(PID, 0, 0, 2)
+    stamped = now_ms() - THIRTY_HOURS_MS
+    with connect(cluster.brokers[old]) as conn:
+        first = produce_batch(conn, "late-handover", [b"late", b"event"], identity, timestamp=stamped)
+    cluster.brokers[old].kill()
+    wait_for_state(zk, "late-handover", 0, lambda s: s.leader == new, f"broker {new} to lead", 60)
+    wait_leading(cluster, new, "late-handover")
+    wait_for_retention_checks(cluster.brokers[new])
+    with connect(cluster.brokers[new]) as conn:
+        retry = produce_batch(conn, "late-handover", [b"late", b"event"], identity, timestamp=stamped)
+        assert (retry.base_offset, retry.next_offset) == (first.base_offset, first.next_offset)
+        assert stored(conn, "late-handover") == Counter({b"late": 1, b"event": 1})
+
+
 def test_a_follower_that_takes_the_lead_dedupes_a_retry_of_the_old_leaders_batch(cluster, zk):
     """Acknowledged with acks=-1 by broker A, A killed, B leads: the producer's retry of
     that batch (its answer was lost with A) is answered with the same offsets by B,
@@ -153,8 +221,8 @@ def test_out_of_order_and_fenced_batches_are_refused_and_an_expired_id_starts_af
             produce_batch(conn, "checked", [b"stale"], BatchIdentity(PID, 1, 1, 1))
         assert conn.offsets("checked", 0, -1)[0] == end  # nothing appended
         assert list(stored(conn, "checked")) == [b"first"]
-        # idle past producer.id.expiration.ms (by its messages' timestamps): forgotten at
-        # a retention pass, so a batch at any sequence starts afresh
+        # idle past producer.id.expiration.ms (by the broker's clock since its append):
+        # forgotten at a retention pass, so a batch at any sequence starts afresh
         wait_until(lambda: _accepted(conn, BatchIdentity(PID, 2, 9, 1)), 30, "the expired id to start afresh")
         assert stored(conn, "checked") == Counter({b"first": 1, b"afresh": 1})
 

@@ -1,16 +1,35 @@
 """Producer state (docs/storage.md, "Producer state"): a retried batch is answered with
 its first append's offsets, out-of-order and fenced batches are refused with nothing
 appended, and the state survives what the log survives — clean and unclean restarts,
-snapshots, truncation, replication — and expires."""
+snapshots, truncation, replication — and expires by the broker's clock of each id's
+last append, whatever its messages' timestamps (issue 33)."""
 
+import json
 import time
+import zlib
 
 import pytest
 
 from broker.common.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
-from broker.common.message import BatchIdentity, encode_batch, encode_message_set, iter_messages, scan
+from broker.common.message import BatchIdentity, encode_batch, encode_message_set, iter_messages, now_ms, scan
 from broker.server.log.log import Log, LogConfig
-from broker.server.log.producers import ProducerState
+from broker.server.log.producers import ProducerState, snapshot_path
+
+HOUR_MS = 3600 * 1000
+DAY_MS = 24 * HOUR_MS  # producer.id.expiration.ms's default
+
+
+class Clock:
+    """The broker's clock, moved by the test instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.ms = now_ms()
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
 
 
 def produce(log: Log, identity: BatchIdentity, value: bytes = b"v", timestamp: int | None = None):
@@ -32,8 +51,8 @@ def values(log: Log) -> list[bytes]:
 
 @pytest.fixture
 def make_log(tmp_path):
-    def make(recover: bool = False, **config):
-        return Log(tmp_path / "events-0", "events", 0, LogConfig(**config), recover=recover)
+    def make(recover: bool = False, clock=now_ms, **config):
+        return Log(tmp_path / "events-0", "events", 0, LogConfig(**config), recover=recover, clock=clock)
     return make
 
 
@@ -77,13 +96,99 @@ def test_a_gap_or_an_old_epoch_is_refused_and_nothing_appended(make_log):
 
 
 def test_an_unknown_or_expired_producer_starts_afresh(make_log):
-    log = make_log(producer_id_expiration_ms=60_000)
+    clock = Clock()
+    log = make_log(producer_id_expiration_ms=60_000, clock=clock)
+    produce(log, BatchIdentity(P + 1, 0, 0, 1))
+    clock.advance(120_000)
     assert not produce(log, BatchIdentity(P, 0, 17, 1)).duplicate  # unknown: any sequence
-    old = int(time.time() * 1000) - 120_000
-    produce(log, BatchIdentity(P + 1, 0, 0, 1), timestamp=old)
-    log.delete_old_segments(int(time.time() * 1000))  # the retention pass also expires ids
+    log.delete_old_segments(clock())  # the retention pass also expires ids
     assert P + 1 not in log.producers.entries and P in log.producers.entries
     assert not produce(log, BatchIdentity(P + 1, 0, 9, 1)).duplicate
+
+
+def test_an_id_idle_past_the_expiration_by_the_brokers_clock_is_forgotten(make_log):
+    clock = Clock()
+    log = make_log(clock=clock)
+    produce(log, BatchIdentity(P, 0, 0, 2), timestamp=clock() + HOUR_MS)  # events stamped in the future
+    clock.advance(DAY_MS)
+    log.delete_old_segments(clock())
+    assert produce(log, BatchIdentity(P, 0, 0, 2)).duplicate  # idle exactly the expiration: kept
+    produce(log, BatchIdentity(P + 1, 0, 0, 1))  # another id's append does not refresh P
+    clock.advance(1)
+    log.delete_old_segments(clock())
+    assert P not in log.producers.entries and P + 1 in log.producers.entries
+    assert not produce(log, BatchIdentity(P, 0, 0, 2)).duplicate  # starts afresh: stored again
+
+
+def test_old_event_timestamps_with_a_recent_append_are_kept(make_log):
+    """Issue 33: a batch of events stamped 30 h ago was forgotten at the next retention
+    pass, one day (producer.id.expiration.ms) being measured on its timestamps."""
+    clock = Clock()
+    log = make_log(clock=clock)
+    first = produce(log, BatchIdentity(P, 0, 0, 2), timestamp=clock() - 30 * HOUR_MS)
+    clock.advance(DAY_MS - HOUR_MS)
+    log.delete_old_segments(clock())
+    retry = produce(log, BatchIdentity(P, 0, 0, 2))
+    assert retry.duplicate and retry.base_offset == first.base_offset
+    assert len(values(log)) == 2
+
+
+def test_a_snapshot_keeps_the_clock_of_the_last_append(make_log):
+    """A clean restart 20 h after the append: the id has 4 h left, not a fresh day."""
+    clock = Clock()
+    log = make_log(clock=clock)
+    produce(log, BatchIdentity(P, 0, 0, 1), timestamp=clock() - 30 * HOUR_MS)
+    clock.advance(20 * HOUR_MS)
+    log.close()  # the snapshot at the end: no scan at the next start
+    again = make_log(clock=clock)
+    clock.advance(4 * HOUR_MS)
+    again.delete_old_segments(clock())
+    assert produce(again, BatchIdentity(P, 0, 0, 1)).duplicate
+    clock.advance(1)
+    again.delete_old_segments(clock())
+    assert P not in again.producers.entries
+
+
+def test_recovery_counts_the_bytes_after_the_snapshot_as_appended_when_it_scans_them(make_log):
+    """kill -9 (no snapshot at the end): the scanned batch's append time is unknown, so
+    the time of the scan stands in — later than the real append, never earlier."""
+    clock = Clock()
+    log = make_log(clock=clock)
+    produce(log, BatchIdentity(P, 0, 0, 1), timestamp=clock() - 30 * HOUR_MS)
+    log.flush()
+    clock.advance(20 * HOUR_MS)
+    again = make_log(recover=True, clock=clock)
+    clock.advance(DAY_MS)
+    again.delete_old_segments(clock())
+    assert produce(again, BatchIdentity(P, 0, 0, 1)).duplicate
+    clock.advance(1)
+    again.delete_old_segments(clock())
+    assert P not in again.producers.entries
+
+
+@pytest.mark.parametrize("event_hours", [-30, 10])
+def test_an_old_format_snapshot_is_forgotten_no_earlier_than_before(make_log, event_hours):
+    """A snapshot of a broker before issue 33 holds each id's largest message timestamp,
+    no append time: the id counts as appended when the snapshot is loaded, or at that
+    timestamp if later — never forgotten before the old broker would have."""
+    clock = Clock()
+    log = make_log(clock=clock)
+    stamped = clock() + event_hours * HOUR_MS
+    first = produce(log, BatchIdentity(P, 3, 0, 2), timestamp=stamped)
+    log.close()
+    body = json.dumps({"offset": first.next_offset, "producers": {str(P): {
+        "epoch": 3, "last_timestamp": stamped, "batches": [[0, 1, first.base_offset, first.next_offset]]}}}).encode()
+    snapshot_path(log.directory, first.next_offset).write_bytes(b"%08x\n" % zlib.crc32(body) + body)
+    clock.advance(HOUR_MS)
+    again = make_log(clock=clock)
+    forgotten_at = max(clock(), stamped) + DAY_MS
+    clock.ms = forgotten_at
+    again.delete_old_segments(clock())
+    retry = produce(again, BatchIdentity(P, 3, 0, 2))
+    assert retry.duplicate and retry.base_offset == first.base_offset
+    clock.advance(1)
+    again.delete_old_segments(clock())
+    assert P not in again.producers.entries
 
 
 @pytest.mark.parametrize("clean", [True, False])
@@ -126,6 +231,24 @@ def test_truncation_forgets_the_batches_it_removes(make_log):
     assert not produce(log, BatchIdentity(P, 0, 6, 1)).duplicate  # appended again: the log lost it
     assert produce(log, BatchIdentity(P, 0, 5, 1)).duplicate  # still held
     assert all(o <= log.end_offset for o in log.producer_snapshots)
+
+
+def test_a_follower_counts_an_id_idle_from_its_own_append(make_log, tmp_path):
+    """The follower replicated the batch 5 h after the leader appended it: once leader,
+    it keeps the id 5 h longer than the old leader would have, never shorter."""
+    clock = Clock()
+    leader = make_log(clock=clock)
+    first = produce(leader, BatchIdentity(P, 0, 0, 2), timestamp=clock() - 30 * HOUR_MS)
+    leader.flush()
+    clock.advance(5 * HOUR_MS)
+    follower = Log(tmp_path / "replica" / "events-0", "events", 0, LogConfig(), clock=clock)
+    follower.append_replica(leader.read(0, 1 << 20, upto=leader.end_offset).read())
+    clock.advance(DAY_MS - HOUR_MS)
+    for log in (leader, follower):
+        log.delete_old_segments(clock())
+    assert P not in leader.producers.entries
+    retry = produce(follower, BatchIdentity(P, 0, 0, 2))  # the follower, now leader, gets the retry
+    assert retry.duplicate and retry.base_offset == first.base_offset
 
 
 def test_a_follower_learns_the_state_from_the_bytes_it_replicates(make_log, tmp_path):

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
 from broker.common.message import BatchIdentity, ScanStop, now_ms, scan, whole_entries
@@ -63,7 +64,7 @@ class AppendResult:
 class Log:
     def __init__(
         self, directory: Path, topic: str, partition: int, config: LogConfig, recover: bool = False,
-        files: FileCache = SHARED, log_dir: LogDir | None = None,
+        files: FileCache = SHARED, log_dir: LogDir | None = None, clock: Callable[[], int] = now_ms,
     ) -> None:
         self.directory = directory
         self.topic = topic
@@ -90,7 +91,7 @@ class Log:
         self.visible_unflushed = False  # a replicated partition's leader under replica.visibility=followers-flushed
         self.epochs = LeaderEpochCache(directory)
         self.epochs.truncate_from(self.end_offset + 1)  # recovery may have cut the tail of a newer epoch
-        self.producers = ProducerState(config.producer_id_expiration_ms)
+        self._clock = clock  # the producer state's (ms): an id's idleness is measured on it
         self._load_producers(self.end_offset)
         self._unflushed_messages = 0
         self._first_unflushed = 0.0
@@ -172,7 +173,7 @@ class Log:
                 raise self.log_dir.failed(exc, self.name, f"append of {len(message_set)} bytes") from None
             active.note_timestamps(min_timestamp, max_timestamp)
             if batch is not None:
-                self.producers.record(batch, base, active.end_offset, max_timestamp)
+                self.producers.record(batch, base, active.end_offset)
             if not self._unflushed_messages:
                 self._first_unflushed = time.monotonic()
             self._unflushed_messages += count
@@ -249,12 +250,12 @@ class Log:
         """The producer state as of `end`: the newest snapshot at or below it, then the
         batches in the bytes after it (all of the log when there is no snapshot). Caller
         holds `_lock`, or is the constructor."""
-        state = ProducerState(self.config.producer_id_expiration_ms)
+        state = ProducerState(self.config.producer_id_expiration_ms, self._clock)
         snapshot = read_snapshot(self.directory, end, state)
         start = self.start_offset if snapshot is None else max(snapshot, self.start_offset)
         for base, data in self._chunks(start, end):
-            state.learn(data, base)
-        state.expire(now_ms())
+            state.learn(data, base)  # appended at some time before now: now is the safe bound
+        state.expire()
         self.producers = state
 
     def _chunks(self, start: int, end: int):
@@ -275,7 +276,7 @@ class Log:
     def _snapshot_producers(self, offset: int) -> None:
         """Write the producer state as of `offset` (= the end offset). A failure costs
         only a longer scan at the next start: logged, never raised into an append."""
-        self.producers.expire(now_ms())
+        self.producers.expire()
         try:
             write_snapshot(self.directory, offset, self.producers)
         except OSError as exc:
@@ -436,7 +437,7 @@ class Log:
             if removed:
                 self._set_segments(segments)
                 delete_snapshots_below(self.directory, segments[0].base_offset)
-            self.producers.expire(now_ms)
+            self.producers.expire()  # ids idle since their last append, on the producer state's clock
         for segment in removed:
             segment.delete()
             logger.info("%s: retention deleted %s", self.name, segment.path.name)

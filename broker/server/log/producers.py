@@ -4,16 +4,25 @@ append's offsets instead of being appended twice (Kafka's KIP-98).
 
 For each producer id the state keeps its epoch, the first and last sequence and the
 offsets of its last `BATCHES_KEPT` batches (as many as a producer may have in flight),
-and the largest timestamp it wrote. The leader checks each batch (`check`) before the
-append and records it after (`record`); followers and recovery learn from bytes that
-are already in the log (`learn`), so every replica holds the same state and a new
-leader dedupes retries of batches its predecessor appended.
+and when this replica last appended one of its batches, by the broker's clock. The
+leader checks each batch (`check`) before the append and records it after (`record`);
+followers and recovery learn from bytes that are already in the log (`learn`), so every
+replica holds the same batches and a new leader dedupes retries of batches its
+predecessor appended.
 
 The state is derived from the log, never the other way round: it is rebuilt from the
 latest snapshot at or below the log's end plus a scan of the bytes after it, and
 snapshots (`<offset>.producers` beside the segments, written at each roll and at clean
 shutdown) only bound that scan. A snapshot past a truncation point is deleted with the
 bytes it described.
+
+Expiry (`expire`) forgets an id this replica appended nothing of for `expiration_ms`,
+by the broker's clock — never by the messages' own timestamps, which a backfill, a
+replay or a mirror sets days in the past (issue 33). Where the real append time is
+unknown the state takes a later one, so an id is kept longer, never forgotten early: a
+follower counts from its own append of the leader's bytes (after the leader's), a scan
+from the time of the scan, and a snapshot written before append times were kept from
+its load (or its largest message timestamp, if later: when the old rule let it go).
 """
 
 from __future__ import annotations
@@ -24,10 +33,10 @@ import os
 import zlib
 from collections import deque
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from broker.common.errors import DuplicateSequence, InvalidProducerEpoch, OutOfOrderSequence
-from broker.common.message import HEADER, SEQUENCE_LIMIT, BatchIdentity, iter_batches
+from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, iter_batches, now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -46,20 +55,25 @@ class AppendedBatch(NamedTuple):
 
 
 class ProducerEntry:
-    __slots__ = ("epoch", "batches", "last_timestamp")
+    """One producer id's epoch, its last batches, and when this replica last appended
+    one of them (ms, by the broker's clock)."""
 
-    def __init__(self, epoch: int, last_timestamp: int = -1) -> None:
+    __slots__ = ("epoch", "batches", "appended_ms")
+
+    def __init__(self, epoch: int, appended_ms: int) -> None:
         self.epoch = epoch
         self.batches: deque[AppendedBatch] = deque(maxlen=BATCHES_KEPT)
-        self.last_timestamp = last_timestamp
+        self.appended_ms = appended_ms
 
 
 class ProducerState:
     """The producer ids of one partition. Not thread-safe: the owning `Log` calls it
-    under its lock."""
+    under its lock. `clock` is the broker's (ms since the epoch), injected so tests
+    can age the state without sleeping."""
 
-    def __init__(self, expiration_ms: int) -> None:
+    def __init__(self, expiration_ms: int, clock: Callable[[], int] = now_ms) -> None:
         self.expiration_ms = expiration_ms
+        self.clock = clock
         self.entries: dict[int, ProducerEntry] = {}
 
     def check(self, batch: BatchIdentity) -> AppendedBatch | None:
@@ -98,29 +112,30 @@ class ProducerState:
                                      f"{expected}, got {batch.base_sequence}")
         return None
 
-    def record(self, batch: BatchIdentity, base_offset: int, next_offset: int, timestamp: int) -> None:
-        """`batch` is now in the log at [base_offset, next_offset)."""
+    def record(self, batch: BatchIdentity, base_offset: int, next_offset: int) -> None:
+        """`batch` is now in the log at [base_offset, next_offset): appended now."""
+        appended_ms = self.clock()
         entry = self.entries.get(batch.producer_id)
         if entry is None or batch.epoch != entry.epoch:
-            entry = self.entries[batch.producer_id] = ProducerEntry(batch.epoch)
+            entry = self.entries[batch.producer_id] = ProducerEntry(batch.epoch, appended_ms)
         entry.batches.append(AppendedBatch(batch.base_sequence, batch.last_sequence, base_offset, next_offset))
-        entry.last_timestamp = max(entry.last_timestamp, timestamp)
+        entry.appended_ms = max(entry.appended_ms, appended_ms)
 
     def learn(self, data: bytes | memoryview, base_offset: int) -> None:
         """Record every producer batch among the whole entries of `data`, which the log
-        holds from `base_offset` (a follower's append, recovery's scan)."""
+        holds from `base_offset`, as appended now: a follower's append of its leader's
+        bytes (after the leader's own), or a scan of bytes appended before it."""
         for pos, end, identity in iter_batches(data):
-            timestamp = HEADER.unpack_from(data, pos)[4]
-            self.record(identity, base_offset + pos, base_offset + end, timestamp)
+            self.record(identity, base_offset + pos, base_offset + end)
 
-    def expire(self, now_ms: int) -> list[int]:
-        """Forget producer ids that wrote nothing for `expiration_ms` (by their largest
-        message timestamp, so a rebuild expires the same ids); their next batch starts
-        afresh, at any sequence."""
+    def expire(self) -> list[int]:
+        """Forget producer ids this replica appended nothing of for longer than
+        `expiration_ms`, by the broker's clock; their next batch starts afresh, at any
+        sequence."""
         if self.expiration_ms < 0:
             return []
-        limit = now_ms - self.expiration_ms
-        gone = [pid for pid, entry in self.entries.items() if entry.last_timestamp < limit]
+        limit = self.clock() - self.expiration_ms
+        gone = [pid for pid, entry in self.entries.items() if entry.appended_ms < limit]
         for pid in gone:
             del self.entries[pid]
         return gone
@@ -128,13 +143,18 @@ class ProducerState:
     # ----------------------------------------------------------------- snapshots
 
     def to_json(self) -> dict:
-        return {str(pid): {"epoch": e.epoch, "last_timestamp": e.last_timestamp, "batches": [list(b) for b in e.batches]}
+        return {str(pid): {"epoch": e.epoch, "appended_ms": e.appended_ms, "batches": [list(b) for b in e.batches]}
                 for pid, e in self.entries.items()}
 
     def load_json(self, data: dict) -> None:
+        """The entries of a snapshot. One written before append times were kept holds
+        the largest message timestamp instead: the id counts as appended now, or at
+        that timestamp if later, so it outlives what the old rule gave it."""
+        loaded_ms = self.clock()
         self.entries = {}
         for pid, e in data.items():
-            entry = self.entries[int(pid)] = ProducerEntry(int(e["epoch"]), int(e["last_timestamp"]))
+            appended_ms = int(e["appended_ms"]) if "appended_ms" in e else max(loaded_ms, int(e["last_timestamp"]))
+            entry = self.entries[int(pid)] = ProducerEntry(int(e["epoch"]), appended_ms)
             entry.batches.extend(AppendedBatch(*map(int, b)) for b in e["batches"])
 
 
