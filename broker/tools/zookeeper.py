@@ -50,7 +50,7 @@ def protect_root_command(args: argparse.Namespace, cluster: None = None) -> int:
     hosts, _, chroot = connect.partition("/")
     root = "/" + chroot.strip("/")
     source = "/" + (args.copy_from or "").strip("/")
-    if args.copy_from is not None and source == root:
+    if args.copy_from is not None and source == root != "/":  # no chroot at all: protect_root says what to do
         raise ValueError(f"--copy-from {args.copy_from} is the cluster's root itself")
     with _client(connect, args.zookeeper_timeout, auth) as zk:
         print(protect_root(zk, auth) or f"the ZooKeeper root {root} is the cluster's own already")
