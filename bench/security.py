@@ -80,7 +80,7 @@ def main() -> None:
     rates: dict[tuple[str, str], list[float]] = {}
     with secured_cluster(1, settings={"allow.everyone.if.no.acl.found": "true", "log.flush.interval.ms": 200,
                                       "log.flush.interval.messages": 100_000}) as secured:
-        zk = secured.zookeeper.connect_string
+        zk = secured.connect_string
         plain = ClientSecurity(listener="PLAIN")
         tls = secured.certificate("bench", "MTLS")
         broker_pid = secured.cluster.brokers[0].process.pid

@@ -8,7 +8,9 @@ authority made on the spot, and brokers with four listeners each —
     PLAIN     PLAINTEXT       anyone, as User:ANONYMOUS
 
 — an authorizer, and super-users admin and the brokers. Passwords reach the brokers
-in a file of mode 0600 (`harness.cluster`), never on their command line."""
+in a file of mode 0600 (`harness.cluster`), never on their command line. Its nodes
+live under a ZooKeeper root of its own, `/logbus`, made the cluster's before anything
+else (`broker.common.zkauth.protect_root`, as `logbus zookeeper protect-root` does)."""
 
 from __future__ import annotations
 
@@ -24,29 +26,41 @@ from broker.common.acls import (
     CLUSTER, Acl, AclEntry, Operation, PatternType, Permission, Resource, ResourceType, change_acls,
 )
 from broker.common.credentials import set_password
-from broker.common.zkauth import ZooKeeperAuth
+from broker.common.zkauth import ZooKeeperAuth, protect_root
 from harness.certificates import CertificateAuthority
 from harness.cluster import BrokerProcess, LocalCluster
 from harness.process import free_port, wait_until
 from harness.zookeeper import ZooKeeperServer
 
 ZOOKEEPER_AUTH = "logbus:zookeeper-secret"
+CHROOT = "/logbus"
 LISTENERS = ("INTERNAL", "CLIENT", "MTLS", "PLAIN")
 PROTOCOLS = "INTERNAL:SASL_SSL,CLIENT:SASL_SSL,MTLS:SSL,PLAIN:PLAINTEXT"
 
 
 class SecuredCluster:
     def __init__(self, workdir: Path, zookeeper: ZooKeeperServer, settings: dict[str, object] | None = None,
-                 ca: CertificateAuthority | None = None) -> None:
+                 ca: CertificateAuthority | None = None, chroot: str = CHROOT) -> None:
         """With a `zookeeper` serving TLS (`ZooKeeperServer(tls=...)`, its certificate from
-        `ca`), the brokers reach it on its TLS port."""
+        `ca`), the brokers reach it on its TLS port. `chroot=""` keeps the cluster at
+        ZooKeeper's own root, as before issue 34 (a test moves such a cluster);
+        `connect_string` is where clients find the cluster."""
         self.workdir = Path(workdir)
         self.zookeeper = zookeeper
         self.ca = ca or CertificateAuthority(self.workdir / "ca")
         self.auth = ZooKeeperAuth(ZOOKEEPER_AUTH, set_acl=True)
+        self.connect_string = zookeeper.connect_string + chroot
+        if chroot:  # the cluster's own before anyone connects under it
+            root_zk = KazooClient(zookeeper.connect_string, **self.auth.client_kwargs())
+            root_zk.start(30)
+            try:
+                protect_root(root_zk, self.auth, chroot)
+            finally:
+                root_zk.stop()
+                root_zk.close()
         zookeeper_tls = getattr(zookeeper, "secure_port", None) is not None
-        self.cluster = LocalCluster(zookeeper.connect_string, self.workdir, broker_zookeeper=(
-            zookeeper.secure_connect_string if zookeeper_tls else None), settings={
+        self.cluster = LocalCluster(self.connect_string, self.workdir, broker_zookeeper=(
+            zookeeper.secure_connect_string + chroot if zookeeper_tls else None), settings={
             **({"zookeeper.ssl.cafile": self.ca.cafile} if zookeeper_tls else {}),
             "listener.security.protocol.map": PROTOCOLS, "inter.broker.listener.name": "INTERNAL",
             "ssl.cafile": self.ca.cafile, "ssl.client.auth": "requested",
@@ -54,7 +68,7 @@ class SecuredCluster:
             **(settings or {}),
         })
         self.ports: dict[int, dict[str, int]] = {}
-        self.admin_zk = KazooClient(zookeeper.connect_string, **self.auth.client_kwargs())
+        self.admin_zk = KazooClient(self.connect_string, **self.auth.client_kwargs())
         self.admin_zk.start(30)
         self.add_user("admin", "admin-secret")
 

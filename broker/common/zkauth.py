@@ -7,11 +7,34 @@ the nodes they create are readable by anyone and writable by that identity; SCRA
 credentials are readable only by it; the consumer groups' subtree (`/consumers`) and
 the mirrors' checkpoints stay open, because clients create them — a group's offsets
 there are advisory, and the provider's committed offsets live in the table, not in
-ZooKeeper."""
+ZooKeeper.
+
+A node's own ACL does not guard its removal: ZooKeeper checks a delete, and a create,
+against the *parent's* ACL. So the cluster's root — the chroot of its connect string —
+must be the cluster's too (`protect_root`), or anyone could delete or replace the
+nodes kept there (`/controller`, `/latest_producer_id_block`, ...)."""
 
 from __future__ import annotations
 
-from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
+
+NO_CHROOT = (
+    "the cluster's nodes are at ZooKeeper's own root, which is shared and not the cluster's to protect: anyone who "
+    "reaches ZooKeeper may delete or replace /controller, /controller_epoch or /latest_producer_id_block, and create "
+    "nodes beside them (ZooKeeper checks a delete or a create against the parent's ACL). Move the cluster under a "
+    "chroot of its own: stop the brokers, run `logbus --zookeeper HOST:PORT/logbus --command-config admin.properties "
+    "zookeeper protect-root --copy-from /`, and start them with zookeeper.connect=HOST:PORT/logbus "
+    "(docs/operations.md, \"Protecting the ZooKeeper root\")")
+# what an ACL entry on the root must grant no one but the cluster: creating or deleting
+# its children, and changing the root's own ACL
+_ROOT_POWERS = Permissions.CREATE | Permissions.DELETE | Permissions.ADMIN
+
+
+class UnprotectedRoot(ValueError):
+    """The cluster's ZooKeeper root is not its own and cannot be made so from here; the
+    message names what to do."""
 
 
 class ZooKeeperAuth:
@@ -30,6 +53,8 @@ class ZooKeeperAuth:
         self.digest = digest
         self.enabled = set_acl
         user, _, password = digest.partition(":")
+        # how ZooKeeper names this identity in ACLs: user:base64(sha1(user:password))
+        self.identity = make_digest_acl_credential(user, password) if digest else ""
         if set_acl:
             self.default_acl = [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
             self.private_acl = [make_digest_acl(user, password, all=True)]
@@ -52,3 +77,47 @@ class ZooKeeperAuth:
 
 
 NO_AUTH = ZooKeeperAuth()
+
+
+def root_openings(acl: list[ACL], identity: str) -> list[str]:
+    """Who, besides the cluster's `identity`, the root's ACL lets create or delete the
+    nodes under it or change its ACL, as "scheme:id (PERMS)"; empty: the root is the
+    cluster's own."""
+    return [f"{entry.id.scheme}:{entry.id.id} ({','.join(entry.acl_list)})" for entry in acl
+            if entry.perms & _ROOT_POWERS and (entry.id.scheme, entry.id.id) != ("digest", identity)]
+
+
+def protect_root(zk: KazooClient, auth: ZooKeeperAuth, chroot: str = "") -> str:
+    """Make the cluster's ZooKeeper root its own: create it, or set its ACL, so that
+    only `auth`'s identity may create or delete the nodes under it (anyone may read).
+    The root is `zk`'s chroot, or `chroot` (a path of `zk`) for a client outside it.
+    What was done, for the log ("" when it already was); `UnprotectedRoot` when there
+    is no chroot (ZooKeeper's own root is shared: not the cluster's to change) or the
+    identity may not change the root's ACL."""
+    if not auth.enabled:
+        raise UnprotectedRoot("protecting the ZooKeeper root needs the cluster's identity: "
+                              "zookeeper.auth=user:password and zookeeper.set.acl=true")
+    name, path = (chroot, chroot) if chroot else (zk.chroot, "/")
+    if not name:
+        raise UnprotectedRoot(NO_CHROOT)
+    if zk.exists(path) is None:
+        try:
+            zk.create(path, b"", acl=auth.default_acl)
+            return f"created the cluster's ZooKeeper root {name}: only the cluster's identity may change it"
+        except NodeExistsError:
+            pass  # another broker's, a moment ago
+        except (NoNodeError, NoAuthError):
+            raise UnprotectedRoot(f"cannot create the cluster's ZooKeeper root {name}: its parent is missing or closed "
+                                  f"to the cluster's identity; create {name} first") from None
+    try:
+        current, _ = zk.get_acls(path)
+        open_to = root_openings(current, auth.identity)
+        if open_to:
+            zk.set_acls(path, auth.default_acl)
+    except NoAuthError:
+        raise UnprotectedRoot(f"the cluster's identity ({auth.digest.split(':')[0]}) may not read or change the ACL "
+                              f"of its ZooKeeper root {name}: give it ADMIN there") from None
+    if not open_to:
+        return ""
+    return (f"the cluster's ZooKeeper root {name} let {', '.join(open_to)} create or delete the nodes under it: "
+            "now only the cluster's identity may (anyone may read)")

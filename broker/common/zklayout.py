@@ -42,6 +42,7 @@ CONSUMERS = "/consumers"
 CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+PRODUCER_ID_BLOCK_SIZE = 1000  # ids per block; one for the whole cluster (claims multiply zxids by it)
 MIRRORS = "/logbus_mirror"
 ACLS = "/logbus_acls"
 USERS = "/logbus_users"
@@ -393,25 +394,24 @@ def advance_offset(zk: KazooClient, group: str, topic: str, partition: int, offs
 # ------------------------------------------------------------------ producer ids
 
 
-def claim_producer_id_block(zk: KazooClient, broker_id: int, size: int, attempts: int = 50) -> tuple[int, int]:
-    """Claim the next `size` producer ids, [start, end), for `broker_id` with
-    compare-and-set on one node (Kafka's KIP-730 blocks): two brokers that race both
-    re-read and retry, so no id is ever handed out twice, across brokers and restarts."""
+def claim_producer_id_block(zk: KazooClient, broker_id: int, attempts: int = 50) -> tuple[int, int]:
+    """Claim the next block of producer ids, [start, end), for `broker_id` (KIP-730):
+    rewrite the node by compare-and-set, the block starting at PRODUCER_ID_BLOCK_SIZE ×
+    the zxid of the node's last write. zxids only grow, one per write, so each claim
+    reads a larger one than the claim before: no id is handed out twice, whatever became
+    of the node (deleted: it is created empty, and that creation counts; rewritten: that
+    write counts). Its contents tell operators, and older brokers, the last block."""
     for _ in range(attempts):
         try:
-            data, stat = zk.get(PRODUCER_ID_BLOCK)
+            _, stat = zk.get(PRODUCER_ID_BLOCK)
         except NoNodeError:
-            block = {"broker": broker_id, "block_start": 0, "block_end": size}
-            try:
-                zk.create(PRODUCER_ID_BLOCK, json.dumps(block).encode(), makepath=True)
-                return 0, size
-            except NodeExistsError:
-                continue
-        start = int(json.loads(data)["block_end"])
-        block = {"broker": broker_id, "block_start": start, "block_end": start + size}
+            zk.ensure_path(PRODUCER_ID_BLOCK)
+            continue
+        start, end = stat.mzxid * PRODUCER_ID_BLOCK_SIZE, (stat.mzxid + 1) * PRODUCER_ID_BLOCK_SIZE
+        block = json.dumps({"broker": broker_id, "block_start": start, "block_end": end}).encode()
         try:
-            zk.set(PRODUCER_ID_BLOCK, json.dumps(block).encode(), version=stat.version)
-            return start, start + size
+            zk.set(PRODUCER_ID_BLOCK, block, version=stat.version)
+            return start, end
         except BadVersionError:
             continue
     raise UnknownError(f"could not claim a block of producer ids after {attempts} concurrent claims")

@@ -15,8 +15,8 @@ from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
 from broker.common.protocol import BrokerInfo
-from broker.common.zkauth import ZooKeeperAuth
-from broker.common.zklayout import CONSUMERS
+from broker.common.zkauth import NO_CHROOT, ZooKeeperAuth, protect_root
+from broker.common.zklayout import CONSUMERS, MIRRORS
 from broker.server.auth.authorizer import Authorizer
 from broker.server.auth.interbroker import InterBrokerSecurity
 from broker.server.auth.listeners import broker_principal, inter_broker_listener, listeners
@@ -138,12 +138,21 @@ class Broker:
                     ", ".join(f"{l.bind} ({l.protocol.value}, advertised {l.advertised})" for l in self.listeners))
 
     def _prepare_zookeeper(self) -> None:
-        """The consumers' subtree stays open to clients on a secured ZooKeeper
-        (broker.server.auth.zookeeper); the ACL watches start before we serve. Like
-        every ZooKeeper step of the start, it retries a lost connection: a ZooKeeper
-        server dying under a starting broker must not end it."""
+        """On a secured ZooKeeper (`zookeeper.set.acl`): the cluster's root made its own
+        (`broker.common.zkauth.protect_root`: created, or an open chroot protected; a
+        start that cannot refuses) — a cluster at ZooKeeper's own root is only warned
+        about, since moving it stops the brokers and changes every client's connect
+        string; the consumers' and the mirrors' subtrees created open, for clients. The
+        ACL watches start before we serve. Like every ZooKeeper step of the start, each
+        retries a lost connection: a ZooKeeper server dying under a starting broker must
+        not end it."""
         if self.zk_security.enabled:
-            self.zk.retry(self.zk.ensure_path, CONSUMERS, acl=self.zk_security.open_acl)
+            if not self.zk.chroot:
+                logger.warning("zookeeper.set.acl is on, but %s", NO_CHROOT)
+            elif done := self.zk.retry(protect_root, self.zk, self.zk_security):
+                logger.warning("%s", done)
+            for path in (CONSUMERS, MIRRORS):
+                self.zk.retry(self.zk.ensure_path, path, acl=self.zk_security.open_acl)
         if self.authorizer is not None:
             self.authorizer.start()
 

@@ -13,6 +13,12 @@ When the active controller's session expires its node goes away; every broker's 
 on `/controller` fires and the first to create it takes over and re-reads everything.
 Work runs in the controller's own thread, never in kazoo's event thread.
 
+Only a registered broker runs for controller, and `/controller` counts only as the
+ephemeral node of the registered session of the broker it names: a node anyone else
+left there (persistent, another session's, unreadable) is logged and deleted, and the
+election goes on (`broker.server.controllernode`), so it cannot leave the cluster without a
+controller. A controller whose node is replaced steps down and runs again.
+
 A controller that has just taken over cannot tell a live broker's registration from a
 dead one's that ZooKeeper has not expired yet: for twice the session timeout it does not
 move a restarted leader's partition onto a broker registered before the takeover
@@ -27,13 +33,14 @@ import time
 from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.common.zklayout import (
     BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PartitionState, broker_path, decode_controller,
-    encode_controller, partition_state_path, read_assignment, read_partition_state,
+    partition_state_path, read_assignment, read_partition_state,
 )
+from broker.server.controllernode import bump_controller_epoch, claim_controller_node, owns
 from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
 
 logger = logging.getLogger(__name__)
@@ -141,8 +148,7 @@ class Controller:
     def _on_controller_node(self, data: bytes | None, stat: object) -> bool | None:
         if self._stopping:
             return False
-        if data is None:
-            self._wake.set()  # no controller: try to become it
+        self._wake.set()  # gone (run for controller), or replaced (is it still ours, or a live broker's?)
         return None
 
     def _on_change(self, children: list[str]) -> bool | None:
@@ -160,6 +166,9 @@ class Controller:
             if self._stopping:
                 return
             try:
+                if self.active and not owns(self.zk, CONTROLLER):
+                    self.active = False
+                    logger.warning("broker %d: /controller is no longer ours; stepping down", self.broker_id)
                 if not self.active:
                     self._try_to_become_controller()
                 if self.active:
@@ -186,42 +195,18 @@ class Controller:
         return max(0.0, wait)
 
     def _try_to_become_controller(self) -> None:
-        try:
-            _, stat = self.zk.create(CONTROLLER, encode_controller(self.broker_id), ephemeral=True, makepath=True,
-                                     include_data=True)
-        except NodeExistsError:
-            try:
-                _, stat = self.zk.get(CONTROLLER)
-            except NoNodeError:
-                self._wake.set()  # gone meanwhile: try again
-                return
-            if stat.ephemeralOwner != self.zk.client_id[0]:
-                return  # another broker is the controller
-            # ours: created just before a failure cut this takeover short; finish it
+        if not owns(self.zk, broker_path(self.broker_id)):
+            return  # unregistered: brokers trust only a registered broker's /controller; registering wakes us
+        stat = claim_controller_node(self.zk, self.broker_id)
+        if stat is None:
+            return
         self.grace.begin(stat.czxid)
-        self.epoch, self._epoch_version = self._bump_epoch()
+        self.epoch, self._epoch_version = bump_controller_epoch(self.zk)
         self._live = self._live_brokers()
         self._next_rebalance = time.monotonic() + (self.rebalance_interval or 0)
         self.active = True
         logger.info("broker %d is the controller (controller epoch %d); live brokers %s",
                     self.broker_id, self.epoch, sorted(self._live))
-
-    def _bump_epoch(self) -> tuple[int, int]:
-        while True:
-            try:
-                data, stat = self.zk.get(CONTROLLER_EPOCH)
-            except NoNodeError:
-                try:
-                    self.zk.create(CONTROLLER_EPOCH, b"1", makepath=True)
-                    return 1, 0
-                except NodeExistsError:
-                    continue
-            epoch = int(data.decode().strip()) + 1
-            try:
-                stat = self.zk.set(CONTROLLER_EPOCH, str(epoch).encode(), version=stat.version)
-                return epoch, stat.version
-            except BadVersionError:
-                continue
 
     def _live_brokers(self) -> dict[int, int]:
         live = {}

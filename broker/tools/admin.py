@@ -1,5 +1,5 @@
 """The `logbus` command's subcommands: topics, produce, consume, offsets, groups, perf,
-mirror (`broker.tools.mirror`).
+mirror (`broker.tools.mirror`), zookeeper (`broker.tools.zookeeper`).
 
 Every command finds the cluster through `--zookeeper` or `LOGBUS_ZOOKEEPER`. A failure
 of the broker or ZooKeeper is one line on stderr and exit status 1 (2 for usage
@@ -26,7 +26,7 @@ from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 from broker.common.zklayout import (
     CONSUMERS, create_topic, read_partition_state, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
 )
-from broker.tools import mirror as mirror_command
+from broker.tools import mirror as mirror_command, zookeeper as zookeeper_command
 from broker.tools import security as security_commands
 from broker.tools.security import read_command_config
 
@@ -334,6 +334,7 @@ def arguments() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     mirror_command.add_parser(sub, common)
+    zookeeper_command.add_parser(sub, common)
     security_commands.add_parsers(sub, common)
     p = sub.add_parser("topics", parents=[common], help="list, create or describe topics",
                        usage="logbus topics {list,create,describe} [NAME] | --list | --create NAME | --describe [NAME]")
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kazoo").setLevel(max(logging.ERROR, logging.getLogger().level))
     cluster = None
     try:
-        cluster = Cluster(args)
+        cluster = None if getattr(args, "own_connection", False) else Cluster(args)
         return args.run(args, cluster)
     except (CommandError, LogbusError, ValueError) as exc:
         print(f"logbus: {exc}", file=sys.stderr)

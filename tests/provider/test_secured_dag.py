@@ -69,7 +69,7 @@ def scenario(zookeeper, airflow_db, tmp_path_factory):
 
 
 def run_scenario(secured: SecuredCluster, work: Path) -> dict:
-    zk = secured.zookeeper.connect_string
+    zk = secured.connect_string
     os.environ["AIRFLOW_CONN_LOGBUS_DEFAULT"] = json.dumps({
         "conn_type": "logbus", "login": "loader", "password": PASSWORD,
         "extra": {"zookeeper": zk, "security_protocol": "SASL_SSL", "listener": "CLIENT",

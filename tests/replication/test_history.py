@@ -226,7 +226,7 @@ def play_secured_history(ensemble, tmp_path, topic: str, faults: int) -> None:
     settings = {**BROKER_SETTINGS, "leader.imbalance.check.interval.seconds": 3}
     secured = SecuredCluster(tmp_path, ensemble, settings=settings)
     try:
-        with zookeeper_client(ensemble.connect_string, secured.auth) as zk:
+        with zookeeper_client(secured.connect_string, secured.auth) as zk:
             secured.start(3)
             secured.add_user("history", "history-secret")
             for operation in (Operation.READ, Operation.WRITE):

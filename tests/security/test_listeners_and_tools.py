@@ -82,7 +82,7 @@ def run(secured: SecuredCluster, tmp_path: Path, *args: str, stdin: str = "") ->
                       "zookeeper.set.acl=true\n")
     config.chmod(0o600)
     env = {k: v for k, v in os.environ.items() if k != "LOGBUS_ZOOKEEPER"}
-    return subprocess.run([str(LOGBUS), "--zookeeper", secured.zookeeper.connect_string, "--command-config",
+    return subprocess.run([str(LOGBUS), "--zookeeper", secured.connect_string, "--command-config",
                            str(config), *args], input=stdin, capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -128,7 +128,7 @@ def test_bad_input_is_one_line_and_changes_nothing(secured, tmp_path, args, says
 
 def test_without_the_zookeeper_identity_the_command_cannot_write_acls(secured, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "LOGBUS_ZOOKEEPER"}
-    result = subprocess.run([str(LOGBUS), "--zookeeper", secured.zookeeper.connect_string, "acls", "--add",
+    result = subprocess.run([str(LOGBUS), "--zookeeper", secured.connect_string, "acls", "--add",
                              "--allow-principal", "User:mallory", "--operation", "All", "--cluster"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode != 0 and "NoAuth" in result.stderr, result.stderr

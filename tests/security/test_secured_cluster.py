@@ -145,11 +145,11 @@ def test_produce_fetch_replication_and_groups_over_tls_with_a_certificate_princi
     principal = "User:CN=carol,O=logbus-tests"
     secured.allow(principal, Operation.WRITE, ResourceType.TOPIC, topic)
     secured.allow(principal, Operation.READ, ResourceType.TOPIC, topic)
-    with Producer(zookeeper=secured.zookeeper.connect_string, security=carol, acks=-1, monitoring=False) as producer:
+    with Producer(zookeeper=secured.connect_string, security=carol, acks=-1, monitoring=False) as producer:
         for i in range(50):
             producer.send(topic, f"m{i}".encode())
         producer.flush(30)
-    consumer = SimpleConsumer(topic, 0, secured.zookeeper.connect_string, security=carol, max_wait_ms=100)
+    consumer = SimpleConsumer(topic, 0, secured.connect_string, security=carol, max_wait_ms=100)
     try:
         got = []
         deadline = time.monotonic() + 30
@@ -158,7 +158,7 @@ def test_produce_fetch_replication_and_groups_over_tls_with_a_certificate_princi
     finally:
         consumer.close()
     assert got == [f"m{i}".encode() for i in range(50)]
-    group = ConsumerGroup(f"g-{topic}", {topic: 1}, secured.zookeeper.connect_string, security=carol,
+    group = ConsumerGroup(f"g-{topic}", {topic: 1}, secured.connect_string, security=carol,
                           consumer_timeout_ms=10_000)
     try:
         seen = [m.value for _, m in zip(range(50), group.streams[topic][0])]
@@ -253,7 +253,7 @@ def test_a_prefixed_acl_covers_new_topics_and_deny_beats_allow(secured):
     secured.allow("User:alice", Operation.CREATE, ResourceType.TOPIC, prefix, PatternType.PREFIXED)
     secured.allow("User:alice", Operation.WRITE, ResourceType.TOPIC, prefix + "secret", permission=Permission.DENY)
     alice = secured.scram("alice", "alice-secret")
-    with Producer(zookeeper=secured.zookeeper.connect_string, security=alice, acks=1, monitoring=False) as producer:
+    with Producer(zookeeper=secured.connect_string, security=alice, acks=1, monitoring=False) as producer:
         producer.send(prefix + "orders", b"created by a first produce")
     with BrokerConnection(*secured.address(0, "CLIENT"), security=alice).connect() as conn:
         conn.create_topic(prefix + "secret", 1)
@@ -284,7 +284,7 @@ def test_acl_changes_reach_every_broker(secured):
 
 def test_an_ordinary_zookeeper_client_cannot_change_what_brokers_own(secured):
     topic, _, _ = new_topic(secured)
-    zk = KazooClient(secured.zookeeper.connect_string)
+    zk = KazooClient(secured.connect_string)
     zk.start(30)
     try:
         zk.get(broker_path(0))  # reading is open

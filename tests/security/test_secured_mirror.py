@@ -34,12 +34,12 @@ def test_the_mirror_crosses_two_secured_clusters(tmp_path):
                 offline.allow("User:mirror-writer", Operation.CREATE, ResourceType.TOPIC, topic)
             create_topic(east.admin_zk, "clicks", 1)
             admin = east.scram("admin", "admin-secret")
-            with Producer(zookeeper=zk_east.connect_string, security=admin, monitoring=False) as producer:
+            with Producer(zookeeper=east.connect_string, security=admin, monitoring=False) as producer:
                 for i in range(40):
                     producer.send("clicks", b"click %d" % i)
-            source = MirrorSource("east", zookeeper=zk_east.connect_string,
+            source = MirrorSource("east", zookeeper=east.connect_string,
                                   security=east.scram("mirror-reader", "reader-secret"))
-            mirror = Mirror("secured", [source], zk_offline.connect_string, topics=["clicks"],
+            mirror = Mirror("secured", [source], offline.connect_string, topics=["clicks"],
                             target_security=offline.scram("mirror-writer", "writer-secret"))
             stop = threading.Event()
             runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
@@ -47,7 +47,7 @@ def test_the_mirror_crosses_two_secured_clusters(tmp_path):
             values: list[bytes] = []
             try:
                 wait_until(lambda: mirror.target.partitions("clicks"), 60, "the mirror to create the target topic")
-                with SimpleConsumer("clicks", 0, zk_offline.connect_string, max_wait_ms=100,
+                with SimpleConsumer("clicks", 0, offline.connect_string, max_wait_ms=100,
                                     security=offline.scram("admin", "admin-secret")) as consumer:
                     wait_until(lambda: values.extend(m.value for m in consumer.fetch()) or len(values) >= 40, 60,
                                "the mirrored messages")

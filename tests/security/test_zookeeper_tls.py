@@ -11,7 +11,7 @@ from broker.client.errors import ZooKeeperUnavailable
 from broker.client.producer import Producer
 from broker.client.security import ClientSecurity
 from harness.certificates import CertificateAuthority
-from harness.secured import SecuredCluster
+from harness.secured import CHROOT, SecuredCluster
 from harness.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def test_brokers_and_clients_reach_zookeeper_over_tls(tmp_path):
             scram = secured.scram("admin", "admin-secret")
             client = ClientSecurity(scram.protocol, scram.listener, scram.ssl_cafile, sasl_username="admin",
                                    sasl_password="admin-secret", zookeeper_ssl_cafile=str(ca.cafile))
-            over_tls = zookeeper.secure_connect_string
+            over_tls = zookeeper.secure_connect_string + CHROOT
             with Producer(zookeeper=over_tls, security=client, monitoring=False, acks=-1) as producer:
                 producer.send("over-tls", b"found through ZooKeeper's TLS port", partition=0)
             with SimpleConsumer("over-tls", 0, over_tls, security=client, max_wait_ms=200) as consumer:
