@@ -145,7 +145,7 @@ class Mirror:
         watchers = [SourceWatcher(self, source, metadata, discover_every)
                     for source, metadata in self._sources.items()]
         try:
-            if self._events is not None:
+            if self._events is not None and not self.mirrors(self.monitoring_topic):
                 pool = ConnectionPool(self.target, f"mirror-{self.name}", self.settings.request_timeout_ms / 1000 + 5)
                 try:
                     self._events.check_topic(pool, stop, self.settings.retry_backoff, self.target_zookeeper)
@@ -157,11 +157,13 @@ class Mirror:
             while not stop.wait(min(0.1, self.checkpoint_interval)):
                 failure = next((t.failure for t in [*watchers, *self._tasks()] if t.failure is not None), None)
                 if failure is not None:
-                    logger.error("mirror %s stops: %s", self.name, failure)
                     raise failure
                 if time.monotonic() >= next_checkpoint:
                     self.checkpoint()
                     next_checkpoint = time.monotonic() + self.checkpoint_interval
+        except Exception as exc:
+            logger.error("mirror %s stops: %s", self.name, exc)
+            raise
         finally:
             self.halt.set()
             deadline = time.monotonic() + SHUTDOWN_WAIT_S
@@ -190,11 +192,13 @@ class Mirror:
 
     # ------------------------------------------------------------ what to mirror
 
+    def mirrors(self, topic: str) -> bool:
+        """Whether `topic` is one to mirror (named, or matching the pattern)."""
+        return topic in self._topics if self._topics is not None else bool(self._pattern.fullmatch(topic))
+
     def selected(self, metadata: ClusterMetadata) -> list[str]:
         """The source's topics to mirror."""
-        if self._topics is not None:
-            return self._topics
-        return [t for t in metadata.topics() if self._pattern.fullmatch(t)]
+        return self._topics if self._topics is not None else [t for t in metadata.topics() if self.mirrors(t)]
 
     def add_task(self, source: str, topic: str, partition: int) -> None:
         """Start copying `source`/`topic`-`partition`, unless it is being copied."""

@@ -11,7 +11,10 @@ moment. A checkpoint may therefore hold counts not yet published: a restarted mi
 publishes every window its checkpoints restore (`MonitoringCounter.restore`).
 
 What can never work is refused at start (`check_topic`): the monitoring topic missing
-on a target that will not create it, or a principal that may not create it.
+on a target that will not create it, or a principal that may not create it. A mirror
+that copies the sources' monitoring topic too creates the target's as it creates every
+target topic, with the sources' partition count; its events wait for that (`publish`
+never lets the producer create the topic with the broker's `num.partitions` first).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class MirrorEvents:
         self._producer = Producer(metadata=metadata, mode="async", acks=-1, monitoring=False, linger_ms=0,
                                   client_id=client_id)
         self._in_flight: list[tuple[MonitoringCounter, bytes, RecordFuture]] = []
+        self._waiting = False  # for the topic to exist: said once
 
     def check_topic(self, pool: ConnectionPool, stop: threading.Event, backoff: float, target: str) -> None:
         """Return once the monitoring topic exists on the target, created as a first
@@ -68,8 +72,15 @@ class MirrorEvents:
 
     def publish(self, counters: Iterable[MonitoringCounter]) -> None:
         """Send an event for every window whose count changed, without waiting; the
-        windows of earlier events that failed meanwhile are sent again."""
+        windows of earlier events that failed meanwhile are sent again. Nothing is sent
+        while the target has no such topic (the counts wait)."""
         self._settle()
+        if not self._producer.metadata.partitions(self.topic):
+            if not self._waiting:
+                logger.warning("monitoring events wait for topic %s to exist in the target", self.topic)
+            self._waiting = True
+            return
+        self._waiting = False
         for counter in counters:
             if counter.pending():
                 for key, value in counter.events():

@@ -241,9 +241,9 @@ class PartitionTask(threading.Thread):
                 self._retry(f"cannot start: {type(exc).__name__}: {exc}")
         if self.counter is not None:
             self.counter.restore(checkpoint.counts, now_ms())  # seq above anything a predecessor published
+        self.saved_offset = checkpoint.source_offset
         with self._lock:
             self._acked = Checkpoint(checkpoint.producer_id, checkpoint.source_offset, checkpoint.sequences)
-        self.saved_offset = checkpoint.source_offset
         logger.info("%s from offset %d (producer id %d)", self, checkpoint.source_offset, checkpoint.producer_id)
 
     def _step(self) -> None:

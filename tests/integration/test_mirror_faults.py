@@ -18,7 +18,7 @@ import pytest
 from broker.client.consumer import SimpleConsumer
 from broker.client.metadata import ZooKeeperMetadata, open_metadata
 from broker.client.mirror import Checkpoint, Mirror, MirrorSource
-from broker.client.monitoring import MONITORING_TOPIC
+from broker.client.monitoring import MIRROR_TIER, MONITORING_TOPIC, read_events, sum_by_source, sum_counts
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic, mirror_checkpoint_path, read_partition_state
 from harness.process import wait_until
@@ -203,6 +203,36 @@ def test_a_target_that_will_not_create_the_missing_monitoring_topic_stops_the_mi
     mirror.send_signal(signal.SIGTERM)
     assert mirror.wait(60) == 0, log.read_text()[-3000:]
     assert_once_in_order(read_topic(target, TOPIC, PARTITIONS), sent)
+
+
+def test_a_mirrored_monitoring_topic_is_created_from_the_sources_on_a_target_that_will_not_auto_create(
+        zk_connect, tmp_path, cleanup):
+    """What can work is not refused: with `_logbus_monitoring` among the mirrored topics
+    the target's copy is created as every mirrored topic is, with the source's partition
+    count (auto.create.topics=false does not refuse that), and it carries the producers'
+    events and the mirror's own, each counting every message once."""
+    clusters = start_clusters(zk_connect, tmp_path, {"east": 1, "offline": 1},
+                              {"offline": {"auto.create.topics": "false"}})
+    cleanup.append(lambda: stop_clusters(clusters))
+    east, target = clusters["east"][0], clusters["offline"][0]
+    with client(east) as zk:
+        create_topic(zk, TOPIC, PARTITIONS)
+        create_topic(zk, MONITORING_TOPIC, 3)
+    with Producer(zookeeper=east) as producer:  # publishes its events into east's monitoring topic
+        for i in range(10):
+            producer.send(TOPIC, b"east:%d:%d" % (i % PARTITIONS, i // PARTITIONS), partition=i % PARTITIONS)
+    mirror = Mirror("dc", [MirrorSource("east", zookeeper=east)], target, topics=[TOPIC, MONITORING_TOPIC])
+    run_in_thread(mirror, cleanup)
+
+    def counted() -> tuple[int, int]:
+        events = read_events(target)
+        mirrored = sum_by_source(events, MIRROR_TIER).get("east", {})
+        return (sum(c.count for (topic, _), c in sum_counts(events).items() if topic == TOPIC),
+                sum(c.count for (topic, _), c in mirrored.items() if topic == TOPIC))
+
+    wait_until(lambda: counted() == (10, 10), 60, "the producer's and the mirror's events in the target", 0.5)
+    assert len(mirror.target.partitions(MONITORING_TOPIC)) == 3
+    assert_once_in_order(read_topic(target, TOPIC, PARTITIONS), {"east": {0: 5, 1: 5}})
 
 
 def test_a_source_broker_stopped_for_45_s_delays_only_its_own_partitions(zk_connect, tmp_path, cleanup):
