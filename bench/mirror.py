@@ -64,11 +64,13 @@ def visible(target: str, topic: str, partitions: int) -> int:
 def run_mirror(source: str, target: str, topic: str, count: int, name: str) -> float:
     moved = [0]
     done = threading.Event()
+    lock = threading.Lock()
 
-    def mirrored(_source: str, _topic: str, messages: list) -> None:
-        moved[0] += len(messages)
-        if moved[0] >= count:
-            done.set()
+    def mirrored(_source: str, _topic: str, messages: list) -> None:  # in the partitions' threads
+        with lock:
+            moved[0] += len(messages)
+            if moved[0] >= count:
+                done.set()
 
     mirror = Mirror(name, [MirrorSource("src", zookeeper=source)], target, topics=[topic], checkpoint_interval=1.0,
                     on_mirrored=mirrored)
