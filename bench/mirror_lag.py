@@ -32,9 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.mirror import fill
+from bench.mirror import copy_times, fill
 from broker.client.consumer import SimpleConsumer
-from broker.client.mirror import Mirror, MirrorSource
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.cluster import LocalCluster, scratch_cluster
@@ -128,39 +127,6 @@ def lag_run(root: str, workdir: Path, flush_ms: int, linger_ms: int, rate: float
             stop_process(mirror, signal.SIGTERM, 30)
         for cluster in clusters:
             cluster.stop()
-
-
-def copy_times(sources: dict[str, str], target: str, topic: str, count: int, name: str,
-               wait_for: set[str]) -> dict[str, float]:
-    """Seconds from the mirror's start until the target acknowledged `count` messages
-    of each source in `wait_for` (600 s at most)."""
-    lock = threading.Lock()
-    moved = {source: 0 for source in sources}
-    finished: dict[str, float] = {}
-    done = threading.Event()
-
-    def mirrored(source: str, _topic: str, messages: list) -> None:  # in the partitions' threads
-        with lock:
-            moved[source] += len(messages)
-            if moved[source] >= count and source not in finished:
-                finished[source] = time.perf_counter() - start
-                if wait_for <= set(finished):
-                    done.set()
-
-    mirror = Mirror(name, [MirrorSource(s, zookeeper=c) for s, c in sources.items()], target, topics=[topic],
-                    on_mirrored=mirrored)
-    stop = threading.Event()
-    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
-    start = time.perf_counter()
-    runner.start()
-    try:
-        if not done.wait(600):
-            raise SystemExit(f"the mirror moved {moved} messages of {count} a source in 600 s")
-        return dict(finished)
-    finally:
-        stop.set()
-        runner.join(60)
-        mirror.close()
 
 
 def throughput(root: str, workdir: Path, count: int) -> dict[str, dict[str, float]]:

@@ -167,17 +167,23 @@ def test_the_monitoring_topics_leader_killed_under_the_mirror_loses_and_duplicat
     assert_counted_once(target, sent)
 
 
+def east_and_a_target_that_will_not_auto_create(zk_connect: str, tmp_path, cleanup: list) -> tuple[str, str]:
+    """Connect strings of a source "east" holding the topic and of a target whose broker
+    has auto.create.topics=false."""
+    clusters = start_clusters(zk_connect, tmp_path, {"east": 1, "offline": 1},
+                              {"offline": {"auto.create.topics": "false"}})
+    cleanup.append(lambda: stop_clusters(clusters))
+    with client(clusters["east"][0]) as zk:
+        create_topic(zk, TOPIC, PARTITIONS)
+    return clusters["east"][0], clusters["offline"][0]
+
+
 def test_a_target_that_will_not_create_the_missing_monitoring_topic_stops_the_mirror_at_start(zk_connect, tmp_path,
                                                                                                 cleanup):
     """`auto.create.topics=false` on the target and no `_logbus_monitoring` there: the
     mirror exits non-zero before copying anything, with one line naming the topic and
     the fix; once the topic is created as it says, the mirror runs."""
-    clusters = start_clusters(zk_connect, tmp_path, {"east": 1, "offline": 1},
-                              {"offline": {"auto.create.topics": "false"}})
-    cleanup.append(lambda: stop_clusters(clusters))
-    east, target = clusters["east"][0], clusters["offline"][0]
-    with client(east) as zk:
-        create_topic(zk, TOPIC, PARTITIONS)
+    east, target = east_and_a_target_that_will_not_auto_create(zk_connect, tmp_path, cleanup)
     with Producer(zookeeper=east, monitoring=False) as producer:
         for partition in range(PARTITIONS):
             producer.send(TOPIC, b"east:%d:0" % partition, partition=partition)
@@ -211,12 +217,8 @@ def test_a_mirrored_monitoring_topic_is_created_from_the_sources_on_a_target_tha
     the target's copy is created as every mirrored topic is, with the source's partition
     count (auto.create.topics=false does not refuse that), and it carries the producers'
     events and the mirror's own, each counting every message once."""
-    clusters = start_clusters(zk_connect, tmp_path, {"east": 1, "offline": 1},
-                              {"offline": {"auto.create.topics": "false"}})
-    cleanup.append(lambda: stop_clusters(clusters))
-    east, target = clusters["east"][0], clusters["offline"][0]
+    east, target = east_and_a_target_that_will_not_auto_create(zk_connect, tmp_path, cleanup)
     with client(east) as zk:
-        create_topic(zk, TOPIC, PARTITIONS)
         create_topic(zk, MONITORING_TOPIC, 3)
     with Producer(zookeeper=east) as producer:  # publishes its events into east's monitoring topic
         for i in range(10):
