@@ -151,7 +151,7 @@ class Mirror:
                     self._events.check_topic(pool, stop, self.settings.retry_backoff, self.target_zookeeper)
                 finally:
                     pool.close()
-            for watcher in watchers:
+            for watcher in watchers if not stop.is_set() else []:
                 watcher.start()
             next_checkpoint = time.monotonic() + self.checkpoint_interval
             while not stop.wait(min(0.1, self.checkpoint_interval)):
