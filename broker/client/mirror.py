@@ -151,8 +151,9 @@ class Mirror:
                     self._events.check_topic(pool, stop, self.settings.retry_backoff, self.target_zookeeper)
                 finally:
                     pool.close()
-            for watcher in watchers if not stop.is_set() else []:
-                watcher.start()
+            if not stop.is_set():  # stopped during the check: nothing to start
+                for watcher in watchers:
+                    watcher.start()
             next_checkpoint = time.monotonic() + self.checkpoint_interval
             while not stop.wait(min(0.1, self.checkpoint_interval)):
                 failure = next((t.failure for t in [*watchers, *self._tasks()] if t.failure is not None), None)
