@@ -1,7 +1,7 @@
 """The mirror's end-to-end lag and its throughput with one source stopped (not a test;
 issue 33).
 
-    .venv/bin/python -m bench.mirror_lag --rate 2000 --seconds 10 --flush-ms 200,50,20,5 --linger-ms 5,0 \\
+    .venv/bin/python -m bench.mirror_lag --rate 2000 --seconds 10 --flush-ms 200,20,5 --linger-ms 5,0 \\
         --messages 100000
 
 Lag: for each `--flush-ms` and `--linger-ms`, a fresh source and target cluster (one broker each, under
@@ -167,7 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=2000, help="messages a second for the lag (default 2000)")
     parser.add_argument("--seconds", type=float, default=10, help="seconds of sending per flush setting")
-    parser.add_argument("--flush-ms", default="200,50,20,5",
+    parser.add_argument("--flush-ms", default="200,20,5",
                         help="log.flush.interval.ms of both clusters, one lag run each (comma-separated)")
     parser.add_argument("--linger-ms", default="5,0",
                         help="the source producer's linger_ms, one lag run each (comma-separated; 5 is its default)")

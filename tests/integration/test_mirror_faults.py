@@ -34,11 +34,17 @@ FAST_FAILURE = {"zookeeper.session.timeout.ms": 2000, "replica.lag.time.max.ms":
 
 @pytest.fixture
 def cleanup():
-    """Things to stop after the test, last in first out, even when it fails."""
+    """Things to stop after the test, last in first out, even when it or one of them fails."""
     stack: list = []
     yield stack
+    errors = []
     for stop in reversed(stack):
-        stop()
+        try:
+            stop()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def run_in_thread(mirror: Mirror, cleanup: list) -> None:
@@ -132,7 +138,13 @@ def test_the_monitoring_topics_leader_killed_under_the_mirror_loses_and_duplicat
     assert leader == 1  # the placement's start for this name; the killed broker's session lingers 6 s
     stop = threading.Event()
     producers = [SourceProducer(name, connect, stop) for name, connect in sources.items()]
-    cleanup.append(lambda: [stop.set(), *(p.join(120) for p in producers)])
+
+    def stop_producers() -> None:
+        stop.set()
+        for producer in producers:
+            producer.join(120)
+
+    cleanup.append(stop_producers)
     for producer in producers:
         producer.start()
     log = tmp_path / "mirror.log"
