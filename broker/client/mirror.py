@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError
+from kazoo.exceptions import KazooException, NoAuthError
 
 from broker.client.cluster import ConnectionPool
 from broker.client.errors import MirrorRefused, PartitionUnavailable
@@ -291,7 +291,7 @@ class SourceWatcher(threading.Thread):
                     self.mirror.add_task(self.source, topic, partition)
         except MirrorRefused:
             raise
-        except (ConnectionError, OSError, LogbusError) as exc:
+        except (ConnectionError, OSError, LogbusError, KazooException) as exc:  # its ZooKeeper or brokers away
             logger.warning("mirror %s: cannot list source %s yet: %s", self.mirror.name, self.source, exc)
 
     def _ensure_target_topic(self, topic: str, partitions: int) -> None:
