@@ -1,6 +1,7 @@
 """One source partition of the mirror (`broker.client.mirror`), copied by a thread of
 its own: fetch from the source's leader, write to the target, and keep the state a
-checkpoint may record — everything before `position` acknowledged by the target.
+checkpoint may record — the source offset before which the target acknowledged
+everything, and the sequences that go with it.
 
 Why a thread per partition (issue 33): with one loop for every partition, a fetch
 from a stopped source broker blocked the loop for its socket timeout, and a write
