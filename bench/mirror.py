@@ -61,16 +61,24 @@ def visible(target: str, topic: str, partitions: int) -> int:
         metadata.close()
 
 
-def run_mirror(source: str, target: str, topic: str, count: int, name: str) -> float:
-    moved = [0]
+def copy_times(sources: dict[str, str], target: str, topic: str, count: int, name: str,
+               wait_for: set[str]) -> dict[str, float]:
+    """Seconds from the mirror's start until the target acknowledged `count` messages
+    of each source in `wait_for` (600 s at most)."""
+    lock = threading.Lock()
+    moved = {source: 0 for source in sources}
+    finished: dict[str, float] = {}
     done = threading.Event()
 
-    def mirrored(_source: str, _topic: str, messages: list) -> None:
-        moved[0] += len(messages)
-        if moved[0] >= count:
-            done.set()
+    def mirrored(source: str, _topic: str, messages: list) -> None:  # in the partitions' threads
+        with lock:
+            moved[source] += len(messages)
+            if moved[source] >= count and source not in finished:
+                finished[source] = time.perf_counter() - start
+                if wait_for <= set(finished):
+                    done.set()
 
-    mirror = Mirror(name, [MirrorSource("src", zookeeper=source)], target, topics=[topic], checkpoint_interval=1.0,
+    mirror = Mirror(name, [MirrorSource(s, zookeeper=c) for s, c in sources.items()], target, topics=[topic],
                     on_mirrored=mirrored)
     stop = threading.Event()
     runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
@@ -78,12 +86,16 @@ def run_mirror(source: str, target: str, topic: str, count: int, name: str) -> f
     runner.start()
     try:
         if not done.wait(600):
-            raise SystemExit(f"the mirror moved {moved[0]} of {count} messages in 600 s")
-        return count / (time.perf_counter() - start)
+            raise SystemExit(f"the mirror moved {moved} messages of {count} a source in 600 s")
+        return dict(finished)
     finally:
         stop.set()
         runner.join(60)
         mirror.close()
+
+
+def run_mirror(source: str, target: str, topic: str, count: int, name: str) -> float:
+    return count / copy_times({"src": source}, target, topic, count, name, {"src"})["src"]
 
 
 def run_loop(source: str, target: str, topic: str, partitions: int, count: int, target_topic: str) -> float:

@@ -38,6 +38,13 @@ class ProduceError(ClientError):
         self.cause = cause
 
 
+class MirrorRefused(ClientError):
+    """The mirror (`broker.client.mirror`) met what retrying cannot fix — a missing
+    topic the target will not create, no permission to read, write or checkpoint, an
+    entry the target will not take — and stopped; the message names the topic and what
+    to do."""
+
+
 class QueueFull(ClientError):
     """The async producer's queue is full and `queue_full="raise"` (or blocking timed out)."""
 

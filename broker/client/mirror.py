@@ -19,6 +19,18 @@ appending it. The checkpoint is therefore only ever behind what the target holds
 and the group offset the mirror commits on the source (for lag tools) is the
 checkpoint's.
 
+How it runs. Each source partition is copied by a thread of its own
+(`broker.client.mirror_partition.PartitionTask`, whose docstring says why and with
+which timeouts), so a stopped source broker or a leaderless target partition delays
+only its own partitions. Each source is watched by a thread of its own
+(`SourceWatcher`: topics, partitions, missing target topics). The thread of `run`
+writes the checkpoints — each partition's acknowledged state, read under the
+partition's lock — and publishes the monitoring events (`broker.client.mirror_events`),
+neither of which waits for a partition. What retrying cannot fix stops the mirror with
+`MirrorRefused` naming the topic and what to do: at start, a monitoring topic the target
+will not create; later, a target topic it may not create, a write or read refused by ACL,
+a checkpoint ZooKeeper refuses.
+
 Monitoring events (tier `mirror`, `broker.client.monitoring`): each source partition
 counts what it mirrored per topic and window of message timestamps under a counter
 identity of its own (`mirror:<name>:<source>:<topic>:<partition>`), published into the
@@ -38,35 +50,33 @@ identical batches) but pointless.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
 import time
-from dataclasses import dataclass, field
-from itertools import groupby
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError, NodeExistsError
+from kazoo.exceptions import KazooException, NoAuthError
 
 from broker.client.cluster import ConnectionPool
+from broker.client.errors import MirrorRefused, PartitionUnavailable
 from broker.client.metadata import ClusterMetadata, connect_zookeeper, open_metadata
-from broker.client.errors import PartitionUnavailable
+from broker.client.mirror_events import MirrorEvents
+from broker.client.mirror_partition import Checkpoint, CopySettings, PartitionStatus, PartitionTask
 from broker.client.monitoring import DEFAULT_WINDOW_MS, MIRROR_TIER, MONITORING_TOPIC, MonitoringCounter
-from broker.client.offsets import advance_group_offsets, earliest, latest
-from broker.client.partitioner import partition_for_key
-from broker.client.pipeline import Outgoing, Pipeline
-from broker.client.producer import Producer
+from broker.client.offsets import advance_group_offsets
 from broker.client.security import OPEN, ClientSecurity
-from broker.common.errors import DuplicateSequence, LogbusError, OffsetOutOfRange, TopicAlreadyExists
-from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, decode_messages, encode_batch, now_ms
-from broker.common.protocol import Acks, FetchResponse
-from broker.common.zklayout import mirror_checkpoint_path
+from broker.common.errors import AuthenticationError, AuthorizationFailed, LogbusError, TopicAlreadyExists
+from broker.common.message import now_ms
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["COUNTS_KEPT_MS", "PARTITIONINGS", "Checkpoint", "Mirror", "MirrorSource", "PartitionStatus"]
+
 PARTITIONINGS = ("same", "key")
 COUNTS_KEPT_MS = 48 * 3_600_000
+SHUTDOWN_WAIT_S = 10.0  # how long the end of `run` waits for the partitions' calls in flight
 
 
 @dataclass(frozen=True)
@@ -79,64 +89,20 @@ class MirrorSource:
     security: ClientSecurity = OPEN
 
 
-@dataclass
-class Checkpoint:
-    """Where the mirroring of one source partition stands: everything before
-    `source_offset` is acknowledged by the target; `sequences[target partition]` is
-    the next sequence of `producer_id` there."""
-
-    producer_id: int
-    source_offset: int
-    sequences: dict[int, int] = field(default_factory=dict)
-    counts: dict[str, list[int]] = field(default_factory=dict)  # monitoring counts as of source_offset
-
-    def encode(self) -> bytes:
-        return json.dumps({"producer_id": self.producer_id, "source_offset": self.source_offset,
-                           "sequences": {str(k): v for k, v in self.sequences.items()},
-                           "counts": self.counts}).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> "Checkpoint":
-        raw = json.loads(data)
-        return cls(int(raw["producer_id"]), int(raw["source_offset"]),
-                   {int(k): int(v) for k, v in raw["sequences"].items()}, dict(raw.get("counts", {})))
-
-
-@dataclass
-class PartitionTask:
-    """One source partition being mirrored."""
-
-    source: str
-    topic: str
-    partition: int
-    checkpoint: Checkpoint
-    position: int  # next source offset to read (at or past the checkpoint's)
-    saved_offset: int  # the checkpoint's offset as written to ZooKeeper
-    counter: MonitoringCounter | None = None  # what it mirrored, per topic and window (tier "mirror")
-    latest: int = -1  # the source's end at the last look, for lag
-
-    @property
-    def lag(self) -> int:
-        return max(self.latest - self.position, 0) if self.latest >= 0 else -1
-
-
-def entries(messages: list[Message]) -> list[list[Message]]:
-    """Messages grouped by the source entry that holds them (a wrapper's share its offset)."""
-    return [list(group) for _, group in groupby(messages, key=lambda m: m.offset)]
-
-
 class Mirror:
     """Mirror `topics` (names, or `pattern`, a regular expression) from `sources` into
     the target cluster, whose ZooKeeper holds the checkpoints. `run(stop)` works until
-    `stop` is set; `lag()` reports per-partition lag. `on_mirrored(source, topic,
-    messages)` is called with each acknowledged entry's messages (monitoring)."""
+    `stop` is set; `status()` and `lag()` report per source partition.
+    `on_mirrored(source, topic, messages)` is called with each acknowledged entry's
+    messages, in that partition's thread."""
 
     def __init__(self, name: str, sources: list[MirrorSource], target_zookeeper: str, *,
                  topics: list[str] | None = None, pattern: str | None = None, partitioning: str = "same",
-                 start: str = "earliest", fetch_bytes: int = 1 << 20, checkpoint_interval: float = 1.0,
-                 request_timeout_ms: int = 30_000, retry_backoff: float = 0.2, on_mirrored=None,
-                 monitoring: bool = True, monitoring_topic: str = MONITORING_TOPIC,
-                 monitoring_window_ms: int = DEFAULT_WINDOW_MS, target_security: ClientSecurity = OPEN) -> None:
+                 start: str = "earliest", fetch_bytes: int = 1 << 20, fetch_wait_ms: int = 500,
+                 fetch_timeout_ms: int = 10_000, checkpoint_interval: float = 1.0, request_timeout_ms: int = 30_000,
+                 retry_backoff: float = 0.2, on_mirrored=None, monitoring: bool = True,
+                 monitoring_topic: str = MONITORING_TOPIC, monitoring_window_ms: int = DEFAULT_WINDOW_MS,
+                 target_security: ClientSecurity = OPEN) -> None:
         if partitioning not in PARTITIONINGS:
             raise ValueError(f"partitioning must be one of {', '.join(PARTITIONINGS)}, not {partitioning!r}")
         if start not in ("earliest", "latest"):
@@ -148,254 +114,207 @@ class Mirror:
         names = [s.name for s in sources]
         if not sources or len(set(names)) != len(names):
             raise ValueError(f"give one or more sources with distinct names, not {names}")
+        if not 0 <= fetch_wait_ms < fetch_timeout_ms:
+            raise ValueError(f"fetch_timeout_ms ({fetch_timeout_ms}) must exceed fetch_wait_ms ({fetch_wait_ms}), "
+                             "which must be >= 0: a long poll would time out")
         self.name = name
-        self.partitioning = partitioning
-        self.start = start
-        self.fetch_bytes = fetch_bytes
+        self.settings = CopySettings(partitioning, start, fetch_bytes, fetch_wait_ms, fetch_timeout_ms,
+                                     request_timeout_ms, retry_backoff)
         self.checkpoint_interval = checkpoint_interval
-        self.retry_backoff = retry_backoff
         self.on_mirrored = on_mirrored
         self.monitoring_topic = monitoring_topic
         self.monitoring_window_ms = monitoring_window_ms
         self._topics = list(topics) if topics is not None else None
         self._pattern = re.compile(pattern) if pattern is not None else None
-        self._sources = {s.name: s for s in sources}
-        self._source_metadata: dict[str, ClusterMetadata] = {}
-        self._source_pools: dict[str, ConnectionPool] = {}
+        self.target_zookeeper = target_zookeeper
         self.target_zk: KazooClient = connect_zookeeper(target_zookeeper, auth=target_security.zookeeper())
         self.target = open_metadata(target_zookeeper, client_id=f"mirror-{name}", security=target_security)
-        self.target_pool = ConnectionPool(self.target, f"mirror-{name}", request_timeout_ms / 1000 + 5)
-        self.pipeline = Pipeline(self.target_pool, Acks.FLUSHED, request_timeout_ms)
+        self._sources = {s.name: open_metadata(s.zookeeper, s.brokers, f"mirror-{name}", security=s.security)
+                         for s in sources}
         self.tasks: dict[tuple[str, str, int], PartitionTask] = {}
-        self._lock = threading.Lock()  # guards `tasks` for `lag()` from other threads
-        # publishes the tasks' monitoring events into the target (acks=-1: the audit's ground truth)
-        self._events = Producer(metadata=self.target, acks=-1, monitoring=False, client_id=f"mirror-{name}-events",
-                                linger_ms=0) if monitoring else None
-        for source in sources:
-            self._source_metadata[source.name] = open_metadata(source.zookeeper, source.brokers, f"mirror-{name}",
-                                                                 security=source.security)
-            self._source_pools[source.name] = ConnectionPool(self._source_metadata[source.name], f"mirror-{name}",
-                                                             request_timeout_ms / 1000 + 5)
+        self._lock = threading.Lock()  # guards `tasks`: the watchers add, the checkpoints and `status()` read
+        self.halt = threading.Event()  # set at the end of `run`: every thread of the mirror ends
+        self._events = MirrorEvents(self.target, f"mirror-{name}-events", monitoring_topic) if monitoring else None
 
     # ------------------------------------------------------------------ running
 
     def run(self, stop: threading.Event, discover_every: float = 5.0) -> None:
-        """Mirror until `stop` is set, then write every checkpoint."""
-        next_discovery = 0.0
-        next_checkpoint = time.monotonic() + self.checkpoint_interval
+        """Mirror until `stop` is set, then write every checkpoint. Raises the error
+        that stopped the mirror (`MirrorRefused` for what can never work, or a source
+        entry no reader can decode), after writing the checkpoints."""
+        watchers = [SourceWatcher(self, source, metadata, discover_every)
+                    for source, metadata in self._sources.items()]
         try:
-            while not stop.is_set():
-                now = time.monotonic()
-                if now >= next_discovery:
-                    self._discover()
-                    next_discovery = now + discover_every
-                moved = 0
-                for task in list(self.tasks.values()):
-                    if stop.is_set():
-                        break
-                    try:
-                        moved += self._step(task, stop)
-                    except InterruptedError:  # stopped mid-write: that fetch is not checkpointed
-                        break
+            if self._events is not None and not self.mirrors(self.monitoring_topic):
+                pool = ConnectionPool(self.target, f"mirror-{self.name}", self.settings.request_timeout_ms / 1000 + 5)
+                try:
+                    self._events.check_topic(pool, stop, self.settings.retry_backoff, self.target_zookeeper)
+                finally:
+                    pool.close()
+            if not stop.is_set():  # stopped during the check: nothing to start
+                for watcher in watchers:
+                    watcher.start()
+            next_checkpoint = time.monotonic() + self.checkpoint_interval
+            while not stop.wait(min(0.1, self.checkpoint_interval)):
+                failure = next((t.failure for t in [*watchers, *self._tasks()] if t.failure is not None), None)
+                if failure is not None:
+                    raise failure
                 if time.monotonic() >= next_checkpoint:
                     self.checkpoint()
                     next_checkpoint = time.monotonic() + self.checkpoint_interval
-                if not moved:
-                    stop.wait(0.05)
+        except Exception as exc:
+            logger.error("mirror %s stops: %s", self.name, exc)
+            raise
         finally:
+            self.halt.set()
+            deadline = time.monotonic() + SHUTDOWN_WAIT_S
+            for thread in [*watchers, *self._tasks()]:
+                if thread.is_alive():
+                    thread.join(max(deadline - time.monotonic(), 0.0))
             self.checkpoint()
+
+    def status(self) -> dict[tuple[str, str, int], PartitionStatus]:
+        """Each source partition's lag and stall (`PartitionStatus`), never waiting for one."""
+        with self._lock:
+            tasks = dict(self.tasks)
+        return {key: task.status() for key, task in tasks.items()}
 
     def lag(self) -> dict[tuple[str, str, int], int]:
         """Bytes of each source partition not yet mirrored (-1: not looked at yet)."""
-        with self._lock:
-            return {key: task.lag for key, task in self.tasks.items()}
+        return {key: status.lag for key, status in self.status().items()}
 
     def close(self) -> None:
         if self._events is not None:
-            self._events.close(30)
-        for pool in [*self._source_pools.values(), self.target_pool]:
-            pool.close()
-        for metadata in [*self._source_metadata.values(), self.target]:
+            self._events.close(10)
+        for metadata in [*self._sources.values(), self.target]:
             metadata.close()
         self.target_zk.stop()
         self.target_zk.close()
 
     # ------------------------------------------------------------ what to mirror
 
-    def _discover(self) -> None:
-        for source, metadata in self._source_metadata.items():
-            try:
-                metadata.refresh()
-                topics = self._topics if self._topics is not None else [
-                    t for t in metadata.topics() if self._pattern.fullmatch(t)]
-                for topic in topics:
-                    leaders = metadata.partitions(topic)
-                    if not leaders:
-                        continue
-                    self._ensure_target_topic(topic, len(leaders))
-                    for partition in sorted(leaders):
-                        if (source, topic, partition) not in self.tasks:
-                            self._add_task(source, topic, partition)
-            except (ConnectionError, OSError, LogbusError) as exc:
-                logger.warning("mirror %s: cannot list source %s yet: %s", self.name, source, exc)
+    def mirrors(self, topic: str) -> bool:
+        """Whether `topic` is one to mirror (named, or matching the pattern)."""
+        return topic in self._topics if self._topics is not None else bool(self._pattern.fullmatch(topic))
 
-    def _ensure_target_topic(self, topic: str, partitions: int) -> None:
-        if self.target.partitions(topic):
-            return
-        conn = self.target_pool.any()
-        try:
-            conn.create_topic(topic, partitions, 0)  # 0: the target's default.replication.factor
-            logger.info("mirror %s: created target topic %s with %d partitions", self.name, topic, partitions)
-        except TopicAlreadyExists:
-            pass
-        deadline = time.monotonic() + 30
-        while not self.target.partitions(topic):
-            if time.monotonic() > deadline:
-                raise PartitionUnavailable(f"target topic {topic!r} did not appear within 30s")
-            self.target.refresh(topic)
-            time.sleep(0.05)
+    def selected(self, metadata: ClusterMetadata) -> list[str]:
+        """The source's topics to mirror."""
+        return self._topics if self._topics is not None else [t for t in metadata.topics() if self.mirrors(t)]
 
-    def _add_task(self, source: str, topic: str, partition: int) -> None:
-        path = mirror_checkpoint_path(self.name, source, topic, partition)
-        try:
-            checkpoint = Checkpoint.decode(self.target_zk.get(path)[0])
-        except NoNodeError:
-            pool = self._source_pools[source]
-            offset = (earliest if self.start == "earliest" else latest)(pool, topic, partition)
-            checkpoint = Checkpoint(self.target_pool.any().init_producer_id().producer_id, offset)
-            try:
-                self.target_zk.create(path, checkpoint.encode(), makepath=True)
-            except NodeExistsError:  # another instance of this mirror got there first: use its
-                checkpoint = Checkpoint.decode(self.target_zk.get(path)[0])
-        task = PartitionTask(source, topic, partition, checkpoint, checkpoint.source_offset, checkpoint.source_offset)
-        if self._events is not None:
-            task.counter = MonitoringCounter(f"mirror:{self.name}:{source}:{topic}:{partition}",
-                                             self.monitoring_window_ms, self.monitoring_topic, tier=MIRROR_TIER,
-                                             source=source)
-            task.counter.restore(checkpoint.counts, now_ms())  # seq above anything a predecessor published
+    def add_task(self, source: str, topic: str, partition: int) -> None:
+        """Start copying `source`/`topic`-`partition`, unless it is being copied."""
         with self._lock:
+            if (source, topic, partition) in self.tasks or self.halt.is_set():
+                return
+            counter = None
+            if self._events is not None:
+                counter = MonitoringCounter(f"mirror:{self.name}:{source}:{topic}:{partition}",
+                                            self.monitoring_window_ms, self.monitoring_topic, tier=MIRROR_TIER,
+                                            source=source)
+            task = PartitionTask(self.name, source, topic, partition, self._sources[source], self.target,
+                                 self.target_zk, self.settings, self.halt, counter, self.on_mirrored)
             self.tasks[(source, topic, partition)] = task
-        logger.info("mirror %s: %s/%s-%d from offset %d (producer id %d)", self.name, source, topic, partition,
-                    task.position, checkpoint.producer_id)
+        task.start()
 
-    # ---------------------------------------------------------------- one step
-
-    def _step(self, task: PartitionTask, stop: threading.Event) -> int:
-        """Mirror one fetch of `task`'s partition; the messages moved."""
-        pool = self._source_pools[task.source]
-        try:
-            response: FetchResponse = pool.call_leader(
-                task.topic, task.partition, lambda c: c.fetch(task.topic, task.partition, task.position,
-                                                              self.fetch_bytes))
-        except OffsetOutOfRange:
-            reset = earliest(pool, task.topic, task.partition)
-            logger.warning("mirror %s: %s/%s-%d offset %d is gone (retention); skipping to %d", self.name,
-                           task.source, task.topic, task.partition, task.position, reset)
-            task.position = reset
-            return 0
-        except (ConnectionError, OSError, LogbusError) as exc:
-            logger.info("mirror %s: fetch of %s/%s-%d failed: %s", self.name, task.source, task.topic,
-                        task.partition, exc)
-            return 0
-        task.latest = max(response.high_watermark, task.latest)
-        messages, corrupt = decode_messages(response.messages, task.position)
-        if corrupt is not None and not messages:
-            raise corrupt  # a source entry no reader can decode: stop rather than skip data silently
-        if not messages:
-            return 0
-        groups = entries(messages)
-        self._write(task, groups, stop)
-        return sum(len(g) for g in groups)
-
-    def _target_partition(self, task: PartitionTask, message: Message, count: int) -> int:
-        if self.partitioning == "same":
-            return task.partition
-        if message.key is not None:
-            return partition_for_key(message.key, count)
-        return task.partition % count
-
-    def _write(self, task: PartitionTask, groups: list[list[Message]], stop: threading.Event) -> None:
-        """Send the entries as batches, retrying until the target acknowledged all of
-        them (or `stop`); only then does the task's position move past them."""
-        leaders = self.target.partitions(task.topic) or {}
-        count = len(leaders) if self.partitioning == "key" else 0
-        sequences = dict(task.checkpoint.sequences)
-        batches: list[tuple[int, bytes]] = []
-        for group in groups:
-            by_target: dict[int, list[Message]] = {}
-            for message in group:
-                by_target.setdefault(self._target_partition(task, message, count), []).append(message)
-            for target, messages in by_target.items():
-                sequence = sequences.get(target, 0)
-                identity = BatchIdentity(task.checkpoint.producer_id, 0, sequence, len(messages))
-                batches.append((target, encode_batch([(m.key, m.value, m.timestamp) for m in messages], identity)))
-                sequences[target] = (sequence + len(messages)) % SEQUENCE_LIMIT
-        pending = list(range(len(batches)))
-        while pending:
-            leaders = self.target.partitions(task.topic) or {}
-            outgoing = [Outgoing(i, task.topic, batches[i][0], leaders.get(batches[i][0], -1), batches[i][1])
-                        for i in pending]
-            ready = [o for o in outgoing if o.leader >= 0]
-            outcomes = self.pipeline.send(ready) if ready else []
-            done = {o.batch for o in outcomes if o.error is None or isinstance(o.error, DuplicateSequence)}
-            pending = [i for i in pending if i not in done]
-            if pending:
-                errors = {type(o.error).__name__ for o in outcomes if o.batch not in done}
-                logger.info("mirror %s: %d batches of %s/%s-%d not acknowledged yet (%s); retrying", self.name,
-                            len(pending), task.source, task.topic, task.partition, ", ".join(sorted(errors)) or
-                            "no leader")
-                if stop.wait(self.retry_backoff):
-                    raise InterruptedError("stopped with batches unacknowledged")
-                self.target.refresh(task.topic)
-        task.checkpoint.sequences = sequences
-        task.position = groups[-1][-1].next_offset
-        if task.counter is not None:
-            task.counter.record(task.topic, (m for group in groups for m in group))
-        if self.on_mirrored is not None:
-            for group in groups:
-                self.on_mirrored(task.source, task.topic, group)
+    def _tasks(self) -> list[PartitionTask]:
+        with self._lock:
+            return list(self.tasks.values())
 
     # -------------------------------------------------------------- checkpoints
 
-    def _publish_events(self) -> None:
-        """Publish the counts that changed, and wait for them: a checkpoint written
-        after its events is never ahead of what the audit can read."""
-        if self._events is None:
-            return
-        for task in list(self.tasks.values()):
-            if task.counter is not None and task.counter.pending():
-                for key, value in task.counter.events():
-                    self._events.send(self.monitoring_topic, value, key=key)
-        report = self._events.flush(30)
-        if report.failed:
-            logger.warning("mirror %s: %d monitoring events not published: %s", self.name, len(report.failed),
-                           report.failed[0].error)
-
     def checkpoint(self) -> None:
-        """Write each task's position and sequences (all acknowledged by the target),
-        then commit the same offsets to the source group `mirror-<name>` for lag tools."""
+        """Write each partition's acknowledged state where it moved, publish the
+        monitoring counts that changed, then commit the same offsets to the source
+        group `mirror-<name>` for lag tools."""
         committed: dict[tuple[str, str], dict[int, int]] = {}
-        self._publish_events()
-        for task in list(self.tasks.values()):
-            if task.position == task.saved_offset:
+        tasks = self._tasks()
+        for task in tasks:
+            state = task.acknowledged(now_ms() - COUNTS_KEPT_MS)
+            if state is None or state.source_offset == task.saved_offset:
                 continue
-            task.checkpoint.source_offset = task.position
-            if task.counter is not None:
-                task.checkpoint.counts = task.counter.counts(now_ms() - COUNTS_KEPT_MS)
             try:
-                self.target_zk.set(mirror_checkpoint_path(self.name, task.source, task.topic, task.partition),
-                                   task.checkpoint.encode())
+                self.target_zk.set(task.path, state.encode())
+            except NoAuthError as exc:
+                raise MirrorRefused(f"mirror {self.name}: no permission to write its checkpoint {task.path} in the "
+                                    "target's ZooKeeper; run the mirror with the target's ZooKeeper credentials"
+                                    ) from exc
             except Exception as exc:  # a failed checkpoint costs only re-sent duplicates after a crash
                 logger.warning("mirror %s: checkpoint of %s/%s-%d failed: %s", self.name, task.source, task.topic,
                                task.partition, exc)
                 continue
-            task.saved_offset = task.position
-            committed.setdefault((task.source, task.topic), {})[task.partition] = task.position
+            task.saved_offset = state.source_offset
+            committed.setdefault((task.source, task.topic), {})[task.partition] = state.source_offset
+        if self._events is not None:
+            self._events.publish(task.counter for task in tasks if task.counter is not None)
         for (source, topic), offsets in committed.items():
-            metadata = self._source_metadata[source]
-            zk = getattr(metadata, "zk", None)
+            zk = getattr(self._sources[source], "zk", None)
             if zk is not None:
                 try:
                     advance_group_offsets(zk, f"mirror-{self.name}", topic, offsets)
                 except Exception as exc:
                     logger.warning("mirror %s: cannot commit group offsets on %s: %s", self.name, source, exc)
+
+
+class SourceWatcher(threading.Thread):
+    """Finds what to mirror on one source every `every` seconds — its topics and their
+    partitions — creates the target topics that are missing, and starts a task for
+    each new partition. One per source, so a source that does not answer holds up no
+    other; `failure` is a refusal that stops the mirror."""
+
+    def __init__(self, mirror: Mirror, source: str, metadata: ClusterMetadata, every: float) -> None:
+        super().__init__(name=f"mirror-{mirror.name}-{source}", daemon=True)
+        self.mirror, self.source, self.metadata, self.every = mirror, source, metadata, every
+        self.pool = ConnectionPool(mirror.target, f"mirror-{mirror.name}",
+                                   mirror.settings.request_timeout_ms / 1000 + 5)
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while True:
+                self._discover()
+                if self.mirror.halt.wait(self.every):
+                    return
+        except Exception as exc:
+            self.failure = exc
+        finally:
+            self.pool.close()
+
+    def _discover(self) -> None:
+        try:
+            self.metadata.refresh()
+            for topic in self.mirror.selected(self.metadata):
+                leaders = self.metadata.partitions(topic)
+                if not leaders:
+                    continue
+                self._ensure_target_topic(topic, len(leaders))
+                for partition in sorted(leaders):
+                    self.mirror.add_task(self.source, topic, partition)
+        except MirrorRefused:
+            raise
+        except (ConnectionError, OSError, LogbusError, KazooException) as exc:  # its ZooKeeper or brokers away
+            logger.warning("mirror %s: cannot list source %s yet: %s", self.mirror.name, self.source, exc)
+
+    def _ensure_target_topic(self, topic: str, partitions: int) -> None:
+        """Create a missing target topic with the source's partition count and the
+        target's default replication factor, and wait for it to appear."""
+        target = self.mirror.target
+        if target.partitions(topic):
+            return
+        try:
+            self.pool.any().create_topic(topic, partitions, 0)  # 0: the target's default.replication.factor
+            logger.info("mirror %s: created target topic %s with %d partitions", self.mirror.name, topic, partitions)
+        except TopicAlreadyExists:
+            pass
+        except (AuthorizationFailed, AuthenticationError) as exc:
+            raise MirrorRefused(
+                f"mirror {self.mirror.name}: the target cluster refuses to create topic {topic!r} ({type(exc).__name__}"
+                f": {exc}): create it there with {partitions} partitions (logbus --zookeeper "
+                f"{self.mirror.target_zookeeper} topics create {topic} --partitions {partitions}), or grant the "
+                "mirror's principal Create on it") from exc
+        deadline = time.monotonic() + 30
+        while not target.partitions(topic):
+            if time.monotonic() > deadline:
+                raise PartitionUnavailable(f"target topic {topic!r} did not appear within 30s")
+            target.refresh(topic)
+            if self.mirror.halt.wait(0.05):
+                return

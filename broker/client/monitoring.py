@@ -90,12 +90,25 @@ class MonitoringCounter:
     def restore(self, counts: dict[str, list[int]], seq: int) -> None:
         """Start from counts taken by `counts()` (a restarted mirror continues its
         predecessor's counters from its checkpoint) with `seq` above every event the
-        predecessor may have published, so a reader ranks the new events first."""
+        predecessor may have published, so a reader ranks the new events first. The
+        restored windows are due at the next `events()`: the predecessor may have died
+        before publishing what its checkpoint holds."""
         with self._lock:
             for name, (count, size) in counts.items():
                 topic, _, start = name.rpartition("|")
                 self._counts[(topic, int(start))] = WindowCount(int(count), int(size))
+                self._dirty.add((topic, int(start)))
             self._seq = max(self._seq, seq)
+
+    def requeue(self, keys: Iterable[bytes]) -> None:
+        """Make the windows of events that were not published (keys as `events()` made
+        them) due again: their next event carries the counts of that moment."""
+        with self._lock:
+            for key in keys:
+                window, _, start = key.decode().rpartition(":")
+                topic = window[len(self.producer_id) + 1:]
+                if (topic, int(start)) in self._counts:
+                    self._dirty.add((topic, int(start)))
 
     def record(self, topic: str, messages) -> None:
         """Count delivered messages, given as objects with `key`, `value`, `timestamp`."""

@@ -1,5 +1,7 @@
 """`logbus mirror`: run the mirror (`broker.client.mirror`) from the command line until
-SIGTERM or Ctrl-C, reporting per-partition lag (docs/operations.md, "Mirroring")."""
+SIGTERM or Ctrl-C, reporting per-partition lag and stalls (docs/operations.md,
+"Mirroring"). What can never work (`MirrorRefused`) ends it with one line on stderr
+and exit status 1, as every `logbus` failure does."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ def add_parser(sub, common: argparse.ArgumentParser) -> None:
                    help="where a partition without a checkpoint starts (default earliest)")
     p.add_argument("--report-interval", type=float, default=10.0, metavar="SECONDS",
                    help="print per-partition lag this often (default 10; 0: never)")
+    p.add_argument("--no-monitoring", action="store_true",
+                   help="publish no monitoring events (tier mirror) into the target's _logbus_monitoring")
     p.set_defaults(run=run)
 
 
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace, cluster) -> int:
     sources = [MirrorSource(s.name, s.zookeeper, s.brokers, cluster.security) for s in args.source]
     mirror = Mirror(args.name, sources, cluster.connect, topics=topics, pattern=args.pattern,
                     target_security=cluster.security,
-                    partitioning=args.partitioning, start=args.start)
+                    partitioning=args.partitioning, start=args.start, monitoring=not args.no_monitoring)
     reporter = threading.Thread(target=_report, args=(mirror, stop, args.report_interval), daemon=True)
     try:
         if args.report_interval > 0:
@@ -62,6 +66,9 @@ def run(args: argparse.Namespace, cluster) -> int:
 
 
 def _report(mirror: Mirror, stop: threading.Event, interval: float) -> None:
+    """`lag <source> <topic> <partition> <bytes>` per partition, and while a partition
+    is stalled `<seconds>s stalled: <why>` after it."""
     while not stop.wait(interval):
-        for (source, topic, partition), lag in sorted(mirror.lag().items()):
-            print(f"lag\t{source}\t{topic}\t{partition}\t{lag}", flush=True)
+        for (source, topic, partition), status in sorted(mirror.status().items()):
+            stalled = f"\t{status.stalled:.0f}s stalled: {status.trouble}" if status.trouble else ""
+            print(f"lag\t{source}\t{topic}\t{partition}\t{status.lag}{stalled}", flush=True)

@@ -109,6 +109,11 @@ SMOKES: dict[str, Smoke] = {
     "mirror": Smoke(["--messages", "2000", "--rounds", "1"], [
         r"partition\(s\): mirror +\d+ msg/s +consumer->producer loop +\d+ msg/s",
         r"end-to-end lag through the mirror"], timeout=240),
+    "mirror_lag": Smoke(["--rate", "200", "--seconds", "1", "--flush-ms", "20", "--linger-ms", "5", "--messages",
+                         "2000"], [
+        r"^ +20 +5 +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$",
+        r"^both sources up +west +\d+ msg/s +both +\d+ msg/s$",
+        r"^east stopped \(SIGSTOP\) +west +\d+ msg/s$"], timeout=240),
     "spark_stages": Smoke(["--messages", "500", "--rounds", "1"], [
         r"^round 1 logbus data source +[\d.]+ s$",
         r"^round 1 the whole run_load +[\d.]+ s$",

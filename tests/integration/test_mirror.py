@@ -5,93 +5,31 @@ three single-broker clusters under their own chroots, the mirror as a subprocess
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
 import threading
 import time
-from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
-from broker.client.metadata import open_metadata
-from broker.client.consumer import SimpleConsumer
 from broker.client.mirror import Mirror, MirrorSource
-from broker.client.monitoring import MIRROR_TIER, read_events, sum_by_source
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
-from harness.cluster import LocalCluster
 from harness.process import wait_until
-from harness.zookeeper import client, with_chroot
-
-LOGBUS = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "logbus"
-TOPIC = "events"
-PARTITIONS = 2
+from harness.zookeeper import client
+from tests.integration.mirrorutil import (
+    LOGBUS, PARTITIONS, TOPIC, SourceProducer, assert_counted_once, assert_once_in_order, read_topic,
+    sent_by, start_clusters, start_mirror, stop_clusters, wait_mirrored,
+)
 
 
 @pytest.fixture
 def clusters(zk_connect, tmp_path):
     """{name: (connect string, LocalCluster)} for sources "east", "west" and the "offline" target."""
-    out = {}
-    try:
-        for name in ("east", "west", "offline"):
-            connect = with_chroot(zk_connect, f"/{name}")
-            cluster = LocalCluster(connect, tmp_path / name, settings={"log.flush.interval.ms": 20})
-            cluster.start_broker(0)
-            out[name] = (connect, cluster)
-        yield out
-    finally:
-        for _, cluster in out.values():
-            cluster.stop()
-
-
-def read_topic(connect: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
-    metadata = open_metadata(connect)
-    try:
-        out = {}
-        for partition in range(partitions):
-            with SimpleConsumer(topic, partition, metadata=metadata, offset="smallest", max_wait_ms=0) as consumer:
-                end, values = consumer.latest(), []
-                while consumer.offset < end:
-                    values += [m.value for m in consumer.fetch()]
-                out[partition] = values
-        return out
-    finally:
-        metadata.close()
-
-
-class SourceProducer(threading.Thread):
-    """Writes `name:partition:seq` values to both partitions of a source until stopped."""
-
-    def __init__(self, name: str, connect: str, stop: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self.name, self.connect, self.stop_event = name, connect, stop
-        self.sent: dict[int, int] = defaultdict(int)
-
-    def run(self) -> None:
-        with Producer(zookeeper=self.connect, mode="async", acks=-1, monitoring=False, batch_size=20, linger_ms=5) as producer:
-            while not self.stop_event.is_set():
-                for partition in range(PARTITIONS):
-                    futures = []
-                    for _ in range(25):
-                        seq = self.sent[partition]
-                        futures.append(producer.send(TOPIC, b"%s:%d:%d" % (self.name.encode(), partition, seq),
-                                                     partition=partition))
-                        self.sent[partition] += 1
-                    for future in futures:
-                        future.result(60)
-                time.sleep(0.02)
-
-
-def start_mirror(target: str, sources: dict[str, str], log: Path) -> subprocess.Popen:
-    args = [str(LOGBUS), "--zookeeper", target, "--log-level", "INFO", "mirror", "--name", "dc", "--topics", TOPIC,
-            "--report-interval", "0"]
-    for name, connect in sources.items():
-        args += ["--source", f"{name}={connect}"]
-    env = {k: v for k, v in os.environ.items() if k != "LOGBUS_ZOOKEEPER"}
-    return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
+    out = start_clusters(zk_connect, tmp_path, {"east": 1, "west": 1, "offline": 1})
+    yield out
+    stop_clusters(out)
 
 
 def test_two_sources_into_one_target_exactly_once_across_ten_kills_of_the_mirror(clusters, tmp_path):
@@ -118,31 +56,15 @@ def test_two_sources_into_one_target_exactly_once_across_ten_kills_of_the_mirror
         stop.set()
         for producer in producers:
             producer.join(120)
+    sent = sent_by(producers)
     try:
-        expected = {p: sum(producer.sent[p] for producer in producers) for p in range(PARTITIONS)}
-
-        def caught_up() -> bool:
-            counts = {p: len(v) for p, v in read_topic(target, TOPIC, PARTITIONS).items()}
-            return all(counts[p] >= expected[p] for p in range(PARTITIONS))
-
-        wait_until(caught_up, 120, "the mirror to catch up")
+        wait_mirrored(target, sent)
     finally:
         mirror.send_signal(signal.SIGTERM)
         assert mirror.wait(60) == 0, log.read_text()[-3000:]
-    mirrored = read_topic(target, TOPIC, PARTITIONS)
-    for partition in range(PARTITIONS):
-        values = mirrored[partition]
-        assert len(values) == len(set(values)), f"partition {partition}: duplicates"
-        for producer in producers:
-            prefix = b"%s:%d:" % (producer.name.encode(), partition)
-            seqs = [int(v[len(prefix):]) for v in values if v.startswith(prefix)]
-            assert seqs == list(range(producer.sent[partition])), f"{producer.name} partition {partition}"
+    assert_once_in_order(read_topic(target, TOPIC, PARTITIONS), sent)
     assert "mirror dc stopped" in log.read_text()
-    # its monitoring events (tier "mirror") count each message once, across the ten kills
-    by_source = sum_by_source(read_events(target), MIRROR_TIER)
-    for producer in producers:
-        counted = sum(c.count for (topic, _), c in by_source.get(producer.name, {}).items() if topic == TOPIC)
-        assert counted == sum(producer.sent.values()), producer.name
+    assert_counted_once(target, sent)  # tier "mirror": each message once, across the ten kills
 
 
 def test_a_missing_target_topic_is_created_with_the_sources_partition_count_and_lag_is_reported(clusters):
