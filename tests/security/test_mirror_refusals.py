@@ -47,7 +47,7 @@ def how_it_stops(mirror: Mirror) -> BaseException | None:
 
 def test_a_mirror_the_target_refuses_stops_naming_the_topic_and_the_permission(tmp_path):
     with secured_cluster(1, tmp_path / "east") as east, secured_cluster(1, tmp_path / "offline") as offline:
-        east_zk, offline_zk = east.zookeeper.connect_string, offline.zookeeper.connect_string
+        east_zk, offline_zk = east.connect_string, offline.connect_string
         create_topic(east.admin_zk, "clicks", 1)
         east.add_user("mirror-reader", "reader-secret")
         east.allow("User:mirror-reader", Operation.READ, ResourceType.TOPIC, "clicks")
