@@ -11,7 +11,7 @@ from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOpe
 from broker.client.monitoring import MONITORING_TOPIC
 
 from airflow_provider_logbus.batch import audit_inputs
-from airflow_provider_logbus.completeness import announce_complete_hours, format_report, judge
+from airflow_provider_logbus.completeness import announce_complete_hours, format_report, judge, utc_minute
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.plan import batch_id_for
@@ -68,6 +68,10 @@ class LogbusAuditOperator(BaseOperator):
     def execute(self, context) -> dict:
         start, end = context["data_interval_start"], context["data_interval_end"]
         start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+        # first, before any connection: a manual run's interval ends at its logical date
+        # (Airflow 3), so `dags test <day>` audits the day before — the log says which
+        self.log.info("auditing table %r against topic %r for %s .. %s (the run's data interval)", self.table,
+                      self.topic, utc_minute(start_ms), utc_minute(end_ms))
         threshold, grace_ms = float(self.threshold), int(self.grace.total_seconds() * 1000)
         hook = LogbusHook(self.logbus_conn_id)
         target = resolve_target(self.target, self.table, warehouse=self.warehouse,
