@@ -19,7 +19,9 @@ from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, re
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
+from airflow_provider_logbus.staged import load_result, write_result
 from airflow_provider_logbus.storage import STORAGE_ENV, Storage, join, name_of
+from airflow_provider_logbus.targets.base import describe
 
 LOAD_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "load_job.py")
 EMBEDDED_MASTER = "local[*]"
@@ -105,7 +107,9 @@ def python_environment() -> dict[str, str]:
 class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     """Loads the ranges from `snapshot_task_id`'s XCom into
     `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
-    Skips the work when the snapshot says the batch is already committed. Before Spark
+    Skips the work when the snapshot says the batch is already committed, and starts no
+    Spark application for a batch whose ranges are all empty (it stages the empty batch's
+    counts file for the commit to record). Before Spark
     starts, the target creates its table from the declared `schema` or evolves it
     (Iceberg; an incompatible change fails the task naming the field).
 
@@ -190,6 +194,17 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             storage = target.storage
         finally:
             target.close()
+        if plan.empty:
+            self.stage_empty_batch(plan, staging, layout, storage)
+        else:
+            self.run_spark(plan, staging, layout, storage)
+        self.batch_lineage = {"address": LogbusHook(self.logbus_conn_id).cluster_address(), "table": table,
+                              "batch_id": plan.batch_id, "ranges": plan.ranges}
+        return {"batch_id": plan.batch_id, "staging": staging, "committed": False}
+
+    def run_spark(self, plan: BatchPlan, staging: str, layout: str, storage: Storage) -> None:
+        """spark-submit the load job into `staging`; a failure raises `LogbusLoadError`
+        with the job's own cause."""
         env = python_environment()
         security = LogbusHook(self.logbus_conn_id).security_properties()
         # secrets go to spark-submit's environment, not its command line (docs/provider.md)
@@ -213,9 +228,17 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             raise LogbusLoadError(self.failure_message(staging, Path(spark_log), exc, storage)) from exc
         finally:
             Path(spark_log).unlink(missing_ok=True)
-        self.batch_lineage = {"address": LogbusHook(self.logbus_conn_id).cluster_address(), "table": table,
-                              "batch_id": plan.batch_id, "ranges": plan.ranges}
-        return {"batch_id": plan.batch_id, "staging": staging, "committed": False}
+
+    def stage_empty_batch(self, plan: BatchPlan, staging: str, layout: str, storage: Storage) -> None:
+        """A batch with nothing in its ranges: the counts file the job would write, without
+        starting Spark (40-50 s of a start-up for no row). The commit records the batch as
+        any other, so a re-run is a no-op and its ranges (and any loss) are on record."""
+        declared = self.value_format == "json" and self.schema
+        write_result(staging, load_result(plan.ranges, value_format=self.value_format, layout=layout,
+                                          schema=self.value_schema().to_ddl() if declared else None,
+                                          schema_source="declared" if declared else None), storage)
+        self.log.info("batch %s: every range is empty (%s): nothing to read, no Spark application started; "
+                      "staged an empty batch for the commit to record", plan.batch_id, describe(plan.ranges))
 
     def failure_message(self, staging: str, spark_log: Path, exc: Exception, storage: Storage | None = None) -> str:
         """`<ExceptionType>: <message> (Spark log: <path>)` from what the job recorded in
