@@ -51,8 +51,9 @@ class LogbusAuditOperator(BaseOperator):
     Announced hours are judged again, from `recheck` before the watermark (and the
     interval's own): one found duplicated, unrecorded or incomplete now — rows added to
     or taken from the table since — is withdrawn. The watermark falls back to it, the
-    report lists it (`withdrawn_hours`) and the audit fails naming it; it and the hours
-    after it are announced again once it is complete.
+    report lists it (`withdrawn_hours`) and the audit fails naming it (an incomplete one
+    only with `fail_under_threshold`); it and the hours after it are announced again once
+    it is complete.
     """
 
     # every setting that decides the report: the Airflow page (`ui/`) reads them from the
@@ -100,8 +101,8 @@ class LogbusAuditOperator(BaseOperator):
             note_withdrawn(report, withdrawn, watermark)
             path = target.write_audit(batch_id_for(start, end), report)
             self.log.info("audit report (%s) in %s\n%s", report["status"], path, format_report(report))
-            never_heals = report["duplicated"] or report["overlaps"] or report["unrecorded"] or report[
-                "withdrawn_hours"]
+            never_heals = report["duplicated"] or report["overlaps"] or report["unrecorded"] or any(
+                h["status"] != "incomplete" for h in report["withdrawn_hours"])
             if report["status"] == "failed" and (never_heals or self.fail_under_threshold):
                 raise LogbusCompletenessError(
                     f"audit of table {self.table!r} against topic {self.topic!r} for {report['start']}.."
