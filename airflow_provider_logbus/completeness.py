@@ -129,7 +129,8 @@ def _unrecorded(hour: int, files: list[TableFile] | None, held: dict, recorded: 
     """Why an hour's table holds other rows than its batch records claim: the files of
     that hour no logbus batch published, and the batches whose files hold other counts
     than their records."""
-    outside = [{"path": f.path, "rows": f.rows} for f in files or () if f.hour_ms == hour and f.batch_id is None]
+    outside = [{"path": f.path, "rows": f.rows, "snapshot_id": f.snapshot_id}
+               for f in files or () if f.hour_ms == hour and f.batch_id is None]
     batches = sorted({b for b, h in (*held, *recorded) if h == hour and b is not None})
     off = [{"batch_id": b, "recorded": recorded.get((b, hour), 0), "held": held.get((b, hour), 0)}
            for b in batches if recorded.get((b, hour), 0) != held.get((b, hour), 0)]
