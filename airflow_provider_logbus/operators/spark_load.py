@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import tempfile
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -35,6 +36,10 @@ LOCAL_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBAC
 JVM_NOTICES = frozenset({"WARNING: Using incubator modules: jdk.incubator.vector"})
 
 
+# the connection a LogbusSparkSubmitHook found, while the stock constructor runs
+_FOUND: ContextVar[Connection | None] = ContextVar("logbus_spark_connection", default=None)
+
+
 class LogbusLoadError(AirflowException):
     """The load job failed; the message is its cause and where Spark's log is."""
 
@@ -61,7 +66,12 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
     there are some: the connection through `get_connection`, the binding through the
     constructor's `conf` and `env_vars`; spark-submit's output goes to the task log
     through the stock `_process_spark_submit_log`, less the lines of `JVM_NOTICES`
-    (nothing public reaches them)."""
+    (nothing public reaches them).
+
+    The connection is looked up once per hook: in a task, each lookup of a connection
+    Airflow does not hold is an execution-API request the api-server logs as a 404, and
+    the stock constructor asks `get_connection` again — it gets the one already found
+    (`_FOUND`, set while it runs)."""
 
     def __init__(self, *args: Any, conf: dict[str, Any] | None = None, conn_id: str = "spark_default",
                  env_vars: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -75,10 +85,17 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
             self.log.info("not sending this machine's %s to a driver elsewhere (%s)", ", ".join(sorted(env_vars)),
                           conn.host)
             env_vars = None
-        super().__init__(*args, conf=conf, conn_id=conn_id, env_vars=env_vars, **kwargs)
+        found = _FOUND.set(conn)
+        try:
+            super().__init__(*args, conf=conf, conn_id=conn_id, env_vars=env_vars, **kwargs)
+        finally:
+            _FOUND.reset(found)
 
     @classmethod
     def get_connection(cls, conn_id: str) -> Connection:
+        found = _FOUND.get()
+        if found is not None and found.conn_id == conn_id:
+            return found
         try:
             return super().get_connection(conn_id)
         except AirflowNotFoundException:
