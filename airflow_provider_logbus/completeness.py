@@ -248,7 +248,9 @@ def withdraw_hours(target, report: dict, run_id: str, attempts: int = 20) -> lis
     finds complete, recording which hours were withdrawn: downstream readers of
     `logbus.complete-through` see the fall, and the audits announce that hour and the
     ones after it again once it is complete. A compare-and-swap, like the announcement;
-    returns the withdrawn hours ([] when every announced hour in `report` still holds)."""
+    returns the withdrawn hours ([] when every announced hour in `report` still holds).
+    `report` must cover only hours announced before its inputs were read: an hour
+    announced since could look incomplete on those older inputs."""
     for _ in range(attempts):
         current = target.announcement()
         if not current:

@@ -86,6 +86,8 @@ class LogbusAuditOperator(BaseOperator):
         target = resolve_target(self.target, self.table, warehouse=self.warehouse,
                                 catalog_conn_id=self.catalog_conn_id)
         try:
+            # read before the inputs: an hour announced by then is judged again on inputs
+            # that hold at least what the audit that announced it saw (never a stale view)
             watermark = target.complete_through()
             recheck_from = None if watermark is None else min(start_ms, watermark - int(
                 self.recheck.total_seconds() * 1000))

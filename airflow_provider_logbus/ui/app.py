@@ -2,8 +2,9 @@
 
 Read-only, and behind Airflow's own authentication and authorisation: every route but
 the static assets needs a logged-in user (the api-server's JWT, as a bearer token or
-the UI's cookie), and a table's routes need read access to the DAG whose audit task
-defines it (`requires_access_dag("GET")`, the auth manager's decision). The routes are
+the UI's cookie), and a table's routes need read access to the DAG of the audit task
+they name (`requires_access_dag("GET")`, the auth manager's decision); a table lists
+only the audits of DAGs the user may read. The routes are
 plain functions: FastAPI runs them in its thread pool, so a slow or unreachable cluster
 or catalog holds one worker thread for at most `CLUSTER_TIMEOUT_S`, never the
 api-server's event loop.

@@ -83,11 +83,14 @@ def display_status(hour: dict) -> str:
 
 def hours(table: PageTable, cluster: LogbusCluster, target: CommitTarget, start_ms: int, end_ms: int,
           now_ms: int) -> dict:
-    """`page_report` of [start_ms, end_ms), read from the cluster and the table now."""
+    """`page_report` of [start_ms, end_ms), read from the cluster and the table now —
+    the announcement first, so that every hour it covers is judged on inputs read after
+    it was made."""
     start_ms -= start_ms % HOUR_MS
+    announcement = target.announcement()
     inputs = audit_inputs(cluster, target, table.primary.monitoring_topic, since_ms=start_ms,
                           events_since_ms=start_ms - EVENTS_SLACK_MS)
-    return page_report(table, inputs, start_ms, end_ms, now_ms, target.announcement())
+    return page_report(table, inputs, start_ms, end_ms, now_ms, announcement)
 
 
 def page_report(table: PageTable, inputs: AuditInputs, start_ms: int, end_ms: int, now_ms: int,
