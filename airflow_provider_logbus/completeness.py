@@ -129,7 +129,8 @@ def _unrecorded(hour: int, files: list[TableFile] | None, held: dict, recorded: 
     """Why an hour's table holds other rows than its batch records claim: the files of
     that hour no logbus batch published, and the batches whose files hold other counts
     than their records."""
-    outside = [{"path": f.path, "rows": f.rows} for f in files or () if f.hour_ms == hour and f.batch_id is None]
+    outside = [{"path": f.path, "rows": f.rows, "snapshot_id": f.snapshot_id}
+               for f in files or () if f.hour_ms == hour and f.batch_id is None]
     batches = sorted({b for b, h in (*held, *recorded) if h == hour and b is not None})
     off = [{"batch_id": b, "recorded": recorded.get((b, hour), 0), "held": held.get((b, hour), 0)}
            for b in batches if recorded.get((b, hour), 0) != held.get((b, hour), 0)]
@@ -154,26 +155,45 @@ def judge(report: dict, now_ms: int, grace_ms: int) -> dict:
             h["status"] = "complete" if past_grace else "pending"
         else:
             h["status"] = "incomplete" if past_grace else "pending"
+        h["reasons"] = _hour_reasons(h, threshold)
     reasons = []
     if report["duplicated"] or report["overlaps"]:
-        reasons.append(f"{report['duplicated']} duplicated row(s)" + _where(report, "duplicated") + "".join(
+        reasons.append(f"{report['duplicated']} duplicated row(s)" + _where(report["hours"], "duplicated") + "".join(
             f"; partition {o['partition']} bytes [{o['start']}, {o['end']}) loaded by both batch {o['after']} "
             f"and batch {o['before']}" for o in report["overlaps"]))
     reasons.extend(_table_reason(h) for h in report["hours"] if h["unrecorded"])
     below = report["completeness"] < threshold
     past_grace = now_ms >= report["end_ms"] + grace_ms
     if below and past_grace:
-        reasons.append(f"completeness {report['completeness']:.4%} under the threshold {threshold:.4%} "
-                       f"({report['missing']} missing{_where(report, 'missing')})")
+        reasons.append(_below(report, report["hours"], threshold))
     report["status"] = "failed" if reasons else ("pending" if below else "ok")
     report["reasons"] = reasons
     return report
 
 
-def _where(report: dict, kind: str) -> str:
+def _hour_reasons(h: dict, threshold: float) -> list[str]:
+    """Why one hour is not complete, in the words of the report's reasons (the Airflow
+    page shows them beside the hour)."""
+    reasons = [f"{h['duplicated']} duplicated row(s)" + _where([h], "duplicated")] if h["duplicated"] else []
+    if h["unrecorded"]:
+        reasons.append(_table_reason(h))
+    if h["completeness"] < threshold:
+        reasons.append(_below(h, [h], threshold) + ("; late data may still come until its grace has passed"
+                                               if h["status"] == "pending" else ""))
+    return reasons
+
+
+def _below(counts: dict, hours: list[dict], threshold: float) -> str:
+    """`counts` (a report or an hour) under the threshold, and the tiers of `hours`
+    where rows went missing."""
+    return (f"completeness {counts['completeness']:.4%} under the threshold {threshold:.4%} "
+            f"({counts['missing']} missing{_where(hours, 'missing')})")
+
+
+def _where(hours: list[dict], kind: str) -> str:
     """` at the mirror tier (10), at the table tier (5)`: the tiers where rows went `kind`."""
     per_tier: dict[str, int] = {}
-    for h in report["hours"]:
+    for h in hours:
         for tier in h["tiers"]:
             if tier.get(kind):
                 per_tier[tier["tier"]] = per_tier.get(tier["tier"], 0) + tier[kind]
@@ -208,6 +228,57 @@ def newly_complete_hours(report: dict, complete_through_ms: int | None) -> list[
         if h["produced"] or h["loaded"] or h["rejected"]:
             out.append(h)
     return out
+
+
+# verdicts on an hour that can only come from a change of the table or of what the
+# producers reported (`pending` is not one: an audit with a longer grace finds an hour
+# another audit announced still pending)
+WITHDRAWING = ("duplicated", "unrecorded", "incomplete")
+
+
+def withdrawn_hours(report: dict, complete_through_ms: int) -> list[dict]:
+    """The hours of a judged `report` before the watermark — announced complete — that it
+    finds duplicated, unrecorded or incomplete now: rows were added to the table or taken
+    from it since."""
+    return [h for h in report["hours"] if h["hour_ms"] < complete_through_ms and h["status"] in WITHDRAWING]
+
+
+def withdraw_hours(target, report: dict, run_id: str, attempts: int = 20) -> list[dict]:
+    """Move the table's watermark back to the first announced hour `report` no longer
+    finds complete, recording which hours were withdrawn: downstream readers of
+    `logbus.complete-through` see the fall, and the audits announce that hour and the
+    ones after it again once it is complete. A compare-and-swap, like the announcement;
+    returns the withdrawn hours ([] when every announced hour in `report` still holds).
+    `report` must cover only hours announced before its inputs were read: an hour
+    announced since could look incomplete on those older inputs."""
+    for _ in range(attempts):
+        current = target.announcement()
+        if not current:
+            return []
+        through = int(current["complete_through_ms"])
+        hours = withdrawn_hours(report, through)
+        if not hours:
+            return []
+        new = {"complete_through_ms": hours[0]["hour_ms"], "run_id": run_id, "hours": [],
+               "withdrawn": [h["hour"] for h in hours], "withdrawn_from_ms": through}
+        if target.announce(current, new):
+            return hours
+    raise RuntimeError(f"could not withdraw hours of {target.table}: the announcement kept changing "
+                       f"({attempts} attempts)")
+
+
+def note_withdrawn(report: dict, hours: list[dict], was_through_ms: int | None) -> None:
+    """Put the announced hours an audit withdrew (`withdraw_hours`) into its report —
+    `withdrawn_hours`, and a reason each, which fail it — so that the alert says which
+    hour was taken back and why."""
+    report["withdrawn_hours"] = [{k: h[k] for k in ("hour", "hour_ms", "status", "reasons")} for h in hours]
+    if not hours:
+        return
+    report["reasons"].extend(f"hour {h['hour']} was announced complete and is now {h['status']} "
+                             f"({'; '.join(h['reasons'])})" for h in hours)
+    report["reasons"].append(f"complete-through falls back from {utc_minute(was_through_ms)} to {hours[0]['hour']}: "
+                             "the hours from there are announced again once complete")
+    report["status"] = "failed"
 
 
 def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], int],

@@ -123,3 +123,10 @@ class BatchPlan:
 
     def with_ranges(self, ranges: list[Range]) -> "BatchPlan":
         return replace(self, ranges=tuple(ranges))
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to read: every range is empty (a backfill of hours another run already
+        loaded). Its batch is still committed — with any loss it records — so that a
+        re-run is a no-op and the audit sees the ranges follow each other."""
+        return all(r.end == r.start for r in self.ranges)

@@ -16,6 +16,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from airflow_provider_logbus.plan import Range
 from airflow_provider_logbus.storage import Storage, join, name_of, parent_of
@@ -36,6 +37,25 @@ def write_json_atomic(path: Path, obj, tmp_dir: Path | None = None) -> None:
 def reject_files(root: str | os.PathLike, storage: Storage | None = None) -> list[str]:
     """The Parquet files of the values a load attempt rejected (`<root>/_rejects/`)."""
     return (storage or Storage()).files(join(str(root), REJECTS_DIR), ".parquet")
+
+
+def load_result(ranges: Sequence[Range], *, value_format: str, layout: str, schema: str | None = None,
+                schema_source: str | None = None, window_ms: int = COUNT_WINDOW_MS,
+                written: dict | None = None) -> dict:
+    """The counts file's content (its format: `spark/load_job.py`): what the writer
+    counted (`written`: counts, row_count, rejected, rejected_count; nothing for a batch
+    whose ranges are empty) and how the attempt was loaded."""
+    written = written or {"counts": [], "row_count": 0, "rejected": [], "rejected_count": 0}
+    return {"counts": written["counts"], "row_count": written["row_count"], "window_ms": window_ms,
+            "ranges": [r.to_dict() for r in ranges], "format": value_format, "layout": layout,
+            "rejected": written["rejected"], "rejected_count": written["rejected_count"], "schema": schema,
+            "schema_source": schema_source}
+
+
+def write_result(root: str, result: dict, storage: Storage) -> None:
+    """Write the counts file, which makes the attempt in `root` committable."""
+    storage.make_dirs(root)
+    storage.write_json(join(root, COUNTS_FILE), result, tmp_dir=parent_of(root))
 
 
 class StagingError(RuntimeError):
@@ -94,7 +114,7 @@ class StagedBatch:
         info = self.storage.read_json(join(self.root, COUNTS_FILE))
         info.update(counts=self.counts, row_count=self.row_count, rejected=self.rejected,
                     rejected_count=self.rejected_count)
-        self.storage.write_json(join(self.root, COUNTS_FILE), info, tmp_dir=parent_of(self.root))
+        write_result(self.root, info, self.storage)
 
     def trim(self, ranges: list[Range]) -> "StagedBatch":
         """Drop the rows outside `ranges` (only ever rows below a range's new start, after

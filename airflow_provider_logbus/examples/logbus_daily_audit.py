@@ -6,6 +6,10 @@ Configuration: `airflow_provider_logbus.examples.config`, the same settings the 
 load reads (topic, table, target, catalog, warehouse), so this audits that table on
 whichever target it is; LOGBUS_AUDIT_THRESHOLD (0.999) and
 LOGBUS_DAILY_AUDIT_GRACE_MINUTES (120) are its own.
+
+By hand: a manual run's data interval ends at its logical date (Airflow 3), so
+`airflow dags test logbus_daily_audit 2026-11-26` audits 2026-11-25; the task's first
+log line names the interval it audits.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOpe
 from broker.client.monitoring import MONITORING_TOPIC
 
 from airflow_provider_logbus.batch import audit_inputs
-from airflow_provider_logbus.completeness import announce_complete_hours, format_report, judge
+from airflow_provider_logbus.completeness import (announce_complete_hours, format_report, judge, note_withdrawn,
+                                                  utc_minute, withdraw_hours)
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.plan import batch_id_for
@@ -46,6 +47,13 @@ class LogbusAuditOperator(BaseOperator):
     end, is announced once: an event of `complete_hours_asset(table)` with the hour as
     partition key (extra: hour, rows, rejected, completeness, tiers), and the watermark advances
     past it (a compare-and-swap: two audits never announce the same hour).
+
+    Announced hours are judged again, from `recheck` before the watermark (and the
+    interval's own): one found duplicated, unrecorded or incomplete now — rows added to
+    or taken from the table since — is withdrawn. The watermark falls back to it, the
+    report lists it (`withdrawn_hours`) and the audit fails naming it (an incomplete one
+    only with `fail_under_threshold`); it and the hours after it are announced again once
+    it is complete.
     """
 
     # every setting that decides the report: the Airflow page (`ui/`) reads them from the
@@ -57,31 +65,46 @@ class LogbusAuditOperator(BaseOperator):
                  grace: timedelta = timedelta(hours=1), fail_under_threshold: bool = True,
                  monitoring_topic: str = MONITORING_TOPIC, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID,
-                 logbus_conn_id: str = LogbusHook.default_conn_name, **kwargs: Any) -> None:
+                 logbus_conn_id: str = LogbusHook.default_conn_name, recheck: timedelta = timedelta(days=1),
+                 **kwargs: Any) -> None:
         kwargs.setdefault("outlets", [complete_hours_asset(table)])
         super().__init__(**kwargs)
         self.warehouse, self.table, self.topic, self.threshold = warehouse, table, topic, threshold
-        self.grace, self.fail_under_threshold = grace, fail_under_threshold
+        self.grace, self.fail_under_threshold, self.recheck = grace, fail_under_threshold, recheck
         self.monitoring_topic, self.logbus_conn_id = monitoring_topic, logbus_conn_id
         self.target, self.catalog_conn_id = target, catalog_conn_id
 
     def execute(self, context) -> dict:
         start, end = context["data_interval_start"], context["data_interval_end"]
         start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+        # first, before any connection: a manual run's interval ends at its logical date
+        # (Airflow 3), so `dags test <day>` audits the day before — the log says which
+        self.log.info("auditing table %r against topic %r for %s .. %s (the run's data interval)", self.table,
+                      self.topic, utc_minute(start_ms), utc_minute(end_ms))
         threshold, grace_ms = float(self.threshold), int(self.grace.total_seconds() * 1000)
         hook = LogbusHook(self.logbus_conn_id)
         target = resolve_target(self.target, self.table, warehouse=self.warehouse,
                                 catalog_conn_id=self.catalog_conn_id)
         try:
+            # read before the inputs: an hour announced by then is judged again on inputs
+            # that hold at least what the audit that announced it saw (never a stale view)
             watermark = target.complete_through()
-            inputs = audit_inputs(hook.get_conn(), target, self.monitoring_topic,
-                                  since_ms=None if watermark is None else min(start_ms, watermark))
+            recheck_from = None if watermark is None else min(start_ms, watermark - int(
+                self.recheck.total_seconds() * 1000))
+            inputs = audit_inputs(hook.get_conn(), target, self.monitoring_topic, since_ms=recheck_from)
             now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
             report = judge(inputs.report(self.table, self.topic, start_ms, end_ms, threshold), now_ms, grace_ms)
             report["run_id"] = context["run_id"]
+            withdrawn = []
+            if watermark is not None:  # the hours announced complete, judged again
+                announced = judge(inputs.report(self.table, self.topic, recheck_from, watermark, threshold), now_ms,
+                                  grace_ms)
+                withdrawn = withdraw_hours(target, announced, context["run_id"])
+            note_withdrawn(report, withdrawn, watermark)
             path = target.write_audit(batch_id_for(start, end), report)
             self.log.info("audit report (%s) in %s\n%s", report["status"], path, format_report(report))
-            never_heals = report["duplicated"] or report["overlaps"] or report["unrecorded"]
+            never_heals = report["duplicated"] or report["overlaps"] or report["unrecorded"] or any(
+                h["status"] != "incomplete" for h in report["withdrawn_hours"])
             if report["status"] == "failed" and (never_heals or self.fail_under_threshold):
                 raise LogbusCompletenessError(
                     f"audit of table {self.table!r} against topic {self.topic!r} for {report['start']}.."

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import tempfile
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -19,7 +20,9 @@ from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, re
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
+from airflow_provider_logbus.staged import load_result, write_result
 from airflow_provider_logbus.storage import STORAGE_ENV, Storage, join, name_of
+from airflow_provider_logbus.targets.base import describe
 
 LOAD_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "load_job.py")
 EMBEDDED_MASTER = "local[*]"
@@ -31,6 +34,10 @@ LOCAL_CONF = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBAC
 # launcher always adds `--add-modules=jdk.incubator.vector` (for its vectorized BLAS), and
 # the JVM announces an incubator module on stderr, with no option to turn that off.
 JVM_NOTICES = frozenset({"WARNING: Using incubator modules: jdk.incubator.vector"})
+
+
+# the connection a LogbusSparkSubmitHook found, while the stock constructor runs
+_FOUND: ContextVar[Connection | None] = ContextVar("logbus_spark_connection", default=None)
 
 
 class LogbusLoadError(AirflowException):
@@ -59,7 +66,12 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
     there are some: the connection through `get_connection`, the binding through the
     constructor's `conf` and `env_vars`; spark-submit's output goes to the task log
     through the stock `_process_spark_submit_log`, less the lines of `JVM_NOTICES`
-    (nothing public reaches them)."""
+    (nothing public reaches them).
+
+    The connection is looked up once per hook: in a task, each lookup of a connection
+    Airflow does not hold is an execution-API request the api-server logs as a 404, and
+    the stock constructor asks `get_connection` again — it gets the one already found
+    (`_FOUND`, set while it runs)."""
 
     def __init__(self, *args: Any, conf: dict[str, Any] | None = None, conn_id: str = "spark_default",
                  env_vars: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -73,10 +85,17 @@ class LogbusSparkSubmitHook(SparkSubmitHook):
             self.log.info("not sending this machine's %s to a driver elsewhere (%s)", ", ".join(sorted(env_vars)),
                           conn.host)
             env_vars = None
-        super().__init__(*args, conf=conf, conn_id=conn_id, env_vars=env_vars, **kwargs)
+        found = _FOUND.set(conn)
+        try:
+            super().__init__(*args, conf=conf, conn_id=conn_id, env_vars=env_vars, **kwargs)
+        finally:
+            _FOUND.reset(found)
 
     @classmethod
     def get_connection(cls, conn_id: str) -> Connection:
+        found = _FOUND.get()
+        if found is not None and found.conn_id == conn_id:
+            return found
         try:
             return super().get_connection(conn_id)
         except AirflowNotFoundException:
@@ -105,7 +124,9 @@ def python_environment() -> dict[str, str]:
 class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     """Loads the ranges from `snapshot_task_id`'s XCom into
     `<warehouse>/<table>/_staging/<batch_id>.<try_number>/`; returns {"staging", "batch_id"}.
-    Skips the work when the snapshot says the batch is already committed. Before Spark
+    Skips the work when the snapshot says the batch is already committed, and starts no
+    Spark application for a batch whose ranges are all empty (it stages the empty batch's
+    counts file for the commit to record). Before Spark
     starts, the target creates its table from the declared `schema` or evolves it
     (Iceberg; an incompatible change fails the task naming the field).
 
@@ -190,6 +211,17 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             storage = target.storage
         finally:
             target.close()
+        if plan.empty:
+            self.stage_empty_batch(plan, staging, layout, storage)
+        else:
+            self.run_spark(plan, staging, layout, storage)
+        self.batch_lineage = {"address": LogbusHook(self.logbus_conn_id).cluster_address(), "table": table,
+                              "batch_id": plan.batch_id, "ranges": plan.ranges}
+        return {"batch_id": plan.batch_id, "staging": staging, "committed": False}
+
+    def run_spark(self, plan: BatchPlan, staging: str, layout: str, storage: Storage) -> None:
+        """spark-submit the load job into `staging`; a failure raises `LogbusLoadError`
+        with the job's own cause."""
         env = python_environment()
         security = LogbusHook(self.logbus_conn_id).security_properties()
         # secrets go to spark-submit's environment, not its command line (docs/provider.md)
@@ -213,9 +245,17 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             raise LogbusLoadError(self.failure_message(staging, Path(spark_log), exc, storage)) from exc
         finally:
             Path(spark_log).unlink(missing_ok=True)
-        self.batch_lineage = {"address": LogbusHook(self.logbus_conn_id).cluster_address(), "table": table,
-                              "batch_id": plan.batch_id, "ranges": plan.ranges}
-        return {"batch_id": plan.batch_id, "staging": staging, "committed": False}
+
+    def stage_empty_batch(self, plan: BatchPlan, staging: str, layout: str, storage: Storage) -> None:
+        """A batch with nothing in its ranges: the counts file the job would write, without
+        starting Spark (40-50 s of a start-up for no row). The commit records the batch as
+        any other, so a re-run is a no-op and its ranges (and any loss) are on record."""
+        declared = self.value_format == "json" and self.schema
+        write_result(staging, load_result(plan.ranges, value_format=self.value_format, layout=layout,
+                                          schema=self.value_schema().to_ddl() if declared else None,
+                                          schema_source="declared" if declared else None), storage)
+        self.log.info("batch %s: every range is empty (%s): nothing to read, no Spark application started; "
+                      "staged an empty batch for the commit to record", plan.batch_id, describe(plan.ranges))
 
     def failure_message(self, staging: str, spark_log: Path, exc: Exception, storage: Storage | None = None) -> str:
         """`<ExceptionType>: <message> (Spark log: <path>)` from what the job recorded in

@@ -51,8 +51,8 @@ from airflow_provider_logbus.spark.decode import (
     ERROR, META_COLUMNS, RAW, REJECT, JsonSchema, decode_json, explain_rejects, json_schema, non_null_default,
     required_fields,
 )
-from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR
-from airflow_provider_logbus.storage import Storage, join, name_of, parent_of, properties_from_environment
+from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, load_result, write_result  # noqa: F401
+from airflow_provider_logbus.storage import Storage, join, name_of, properties_from_environment
 
 logger = logging.getLogger("logbus.load_job")
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
@@ -202,18 +202,15 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
             for _, out in outputs], reject.alias(REJECT))
         written = write_parquet(add_partition_columns(rows, layout), staging, PARTITION_COLUMNS[layout], int96,
                                 window_ms, storage, reject_column=REJECT)
-    storage.make_dirs(staging)  # an empty batch writes no files
-    counts, row_count = written["counts"], written["row_count"]
-    rejected_counts, rejected_count = written["rejected"], written["rejected_count"]
-    result = {"counts": counts, "row_count": row_count, "window_ms": window_ms, "ranges": [r.to_dict() for r in ranges],
-              "format": value_format, "layout": layout, "rejected": rejected_counts,
-              "rejected_count": rejected_count, "schema": schema_ddl, "schema_source": schema_source}
-    if rejected_count:
-        logger.warning("%d values rejected into %s (%s)", rejected_count, rejects_path,
-                       ", ".join(f"{t}: {n}" for t, n in sorted(per_topic(rejected_counts).items())))
-        check_reject_rate(spark, counts, rejected_counts, max_reject_rate, rejects_path)
-    storage.write_json(join(staging, COUNTS_FILE), result, tmp_dir=parent_of(staging))
-    logger.info("loaded %d rows (%d rejected) into %s, layout %s", row_count, rejected_count, staging, layout)
+    result = load_result(ranges, value_format=value_format, layout=layout, schema=schema_ddl,
+                         schema_source=schema_source, window_ms=window_ms, written=written)
+    if result["rejected_count"]:
+        logger.warning("%d values rejected into %s (%s)", result["rejected_count"], rejects_path,
+                       ", ".join(f"{t}: {n}" for t, n in sorted(per_topic(result["rejected"]).items())))
+        check_reject_rate(spark, result["counts"], result["rejected"], max_reject_rate, rejects_path)
+    write_result(staging, result, storage)  # an empty batch writes no data files, only this
+    logger.info("loaded %d rows (%d rejected) into %s, layout %s", result["row_count"], result["rejected_count"],
+                staging, layout)
     return result
 
 

@@ -99,12 +99,15 @@ class BatchRecord:
 class TableFile:
     """The rows of one hour in one data file, as the table's metadata says (manifests,
     Parquet footers: no data read), and the logbus batch that published the file — None
-    for a file that came into the table outside the commit protocol."""
+    for a file that came into the table outside the commit protocol. `snapshot_id`: the
+    Iceberg snapshot that added the file (None for the directory target), which is where
+    to look for how a file outside every batch came in."""
 
     path: str
     hour_ms: int
     rows: int
     batch_id: str | None
+    snapshot_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,11 @@ class CommitTarget(ABC):
     def reject_files(self, batch_id: str) -> list[str]:
         """The Parquet files holding the values committed batch `batch_id` rejected
         (topic, partition, offset, timestamp, key, value, error); [] when it rejected none."""
+
+    def snapshot(self, snapshot_id: int) -> dict | None:
+        """A table version's id, parent, time, operation and summary, for people tracing
+        how a file came in (the Airflow page); None where the target has no versions."""
+        return None
 
     def complete_through(self) -> int | None:
         """The `logbus.complete-through` watermark in ms, or None."""

@@ -44,7 +44,8 @@ from airflow_provider_logbus.storage import Storage, join, parent_of
 from airflow_provider_logbus.targets.base import (BatchRecord, CommitTarget, TableContents, TableState, TargetError,
                                                   committed_ends)
 from airflow_provider_logbus.targets.iceberg_batches import (
-    BATCH_ID, batch_snapshots, files_added_by, publish_rejects, record_of, summary, summary_of, table_files,
+    BATCH_ID, batch_snapshots, files_added_by, publish_rejects, record_of, snapshot_info, summary, summary_of,
+    table_files,
 )
 from airflow_provider_logbus.targets.iceberg_ledger import BATCH, Ledger, LedgerEntry
 from airflow_provider_logbus.targets.iceberg_tables import IcebergTables, embedded_catalog, local_path
@@ -59,9 +60,8 @@ ANNOUNCED = "logbus.announced"
 
 
 class IcebergTarget(CommitTarget):
-    """The commit protocol's target on an Iceberg table (module docstring). The catalog
-    and the tables are `IcebergTables`'; the batch records in snapshot summaries are
-    `iceberg_batches`'."""
+    """The commit protocol's target on an Iceberg table (module docstring): catalog and
+    tables in `IcebergTables`, batch records in snapshot summaries in `iceberg_batches`."""
 
     layout = "iceberg"
 
@@ -87,8 +87,7 @@ class IcebergTarget(CommitTarget):
         self.ledger = Ledger(self.tables)
 
     def dataset(self) -> tuple[str, str]:
-        """The catalog's warehouse location (else its URI without credentials) and the
-        table's identifier."""
+        """The catalog's warehouse location (else its URI without credentials), the identifier."""
         location = self.catalog_properties.get("warehouse") or re.sub(
             r"//[^/@]*@", "//", str(self.catalog_properties.get("uri", "")))
         return str(location), self.identifier
@@ -140,8 +139,7 @@ class IcebergTarget(CommitTarget):
         return self.ledger.records(self.table, self._load())
 
     def contents(self, since_ms: int | None = None) -> TableContents:
-        """Batch records and data files of one snapshot: both come from the table read once
-        (and the ledger, which only ever grows)."""
+        """Batch records and data files of one snapshot, from the table read once (and the ledger, which only grows)."""
         return self.contents_of(self._load())
 
     def contents_of(self, table) -> TableContents:
@@ -152,6 +150,9 @@ class IcebergTarget(CommitTarget):
 
     def reject_files(self, batch_id: str) -> list[str]:
         return [local_path(p) for p in files_added_by(self._load(self.rejects_identifier), batch_id)]
+
+    def snapshot(self, snapshot_id: int) -> dict | None:
+        return snapshot_info(self._load(), snapshot_id)
 
     # ----------------------------------------------------------------- writing
 

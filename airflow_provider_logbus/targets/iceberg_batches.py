@@ -8,6 +8,7 @@ audit's table tier ties each data file to the batch of the snapshot that added i
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 
 from airflow_provider_logbus.plan import ranges_from_json, ranges_to_json
 from airflow_provider_logbus.staged import StagedBatch, reject_files
@@ -75,6 +76,20 @@ def record_of(table: str, snapshot) -> BatchRecord:
         rejected_count=int(s.get(PREFIX + "rejected-count", 0)), schema=s.get(PREFIX + "schema"),
         schema_source=s.get(PREFIX + "schema-source"), planned_ranges=ranges_from_json(planned) if planned else None,
         extra={"snapshot_id": snapshot.snapshot_id, "staging": s.get(PREFIX + "staging", "")})
+
+
+def snapshot_info(table, snapshot_id: int) -> dict | None:
+    """Snapshot `snapshot_id` of `table` for people: id and parent (strings: Iceberg's
+    64-bit ids lose digits as JavaScript numbers), time, operation and summary; None
+    when the table has no such snapshot."""
+    found = table.snapshot_by_id(snapshot_id) if table is not None else None
+    if found is None:
+        return None
+    committed_at = datetime.fromtimestamp(found.timestamp_ms / 1000, timezone.utc).isoformat(timespec="seconds")
+    return {"snapshot_id": str(found.snapshot_id),
+            "parent_id": None if found.parent_snapshot_id is None else str(found.parent_snapshot_id),
+            "committed_at": committed_at, "operation": found.summary.operation.value if found.summary else None,
+            "summary": summary(found)}
 
 
 def summary_of(record: BatchRecord, staged: StagedBatch) -> dict[str, str]:
@@ -156,12 +171,13 @@ def table_files(table, identifier: str, batch_of: dict[int, str],
             account = (compacted or {}).get(data.file_path) if sign == 1 else None
             if account is None:
                 files.append(TableFile(data.file_path, hour_of(data), sign * data.record_count,
-                                       batch_of.get(entry.snapshot_id)))
+                                       batch_of.get(entry.snapshot_id), entry.snapshot_id))
                 continue
             for batch_id, rows in sorted(account.items()):
-                files.append(TableFile(data.file_path, hour_of(data), rows, batch_id))
+                files.append(TableFile(data.file_path, hour_of(data), rows, batch_id, entry.snapshot_id))
             if data.record_count != sum(account.values()):
-                files.append(TableFile(data.file_path, hour_of(data), data.record_count - sum(account.values()), None))
+                files.append(TableFile(data.file_path, hour_of(data), data.record_count - sum(account.values()), None,
+                                       entry.snapshot_id))
     return files
 
 

@@ -2,8 +2,9 @@
 
 Read-only, and behind Airflow's own authentication and authorisation: every route but
 the static assets needs a logged-in user (the api-server's JWT, as a bearer token or
-the UI's cookie), and a table's routes need read access to the DAG whose audit task
-defines it (`requires_access_dag("GET")`, the auth manager's decision). The routes are
+the UI's cookie), and a table's routes need read access to the DAG of the audit task
+they name (`requires_access_dag("GET")`, the auth manager's decision); a table lists
+only the audits of DAGs the user may read. The routes are
 plain functions: FastAPI runs them in its thread pool, so a slow or unreachable cluster
 or catalog holds one worker thread for at most `CLUSTER_TIMEOUT_S`, never the
 api-server's event loop.
@@ -28,7 +29,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from airflow_provider_logbus.ui.status import AuditedTable, hours, lag, reject_rows
+from airflow_provider_logbus.ui.status import AuditedTable, PageTable, hours, lag, reject_rows
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +135,10 @@ def _ms(text: str | None, default: datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
-def create_app(find_tables: Callable[[Any], list[AuditedTable]] | None = None) -> FastAPI:
+def create_app(find_tables: Callable[[Any], list[PageTable]] | None = None) -> FastAPI:
     """The app. `find_tables(user)` lists the tables a user may see (by default: the
-    audit tasks of the DAGs the auth manager lets the user read)."""
+    tables of the audit tasks in the DAGs the auth manager lets the user read, one entry
+    per table)."""
     find_tables = find_tables or _readable_tables
     app = FastAPI(title="logbus", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -149,9 +151,10 @@ def create_app(find_tables: Callable[[Any], list[AuditedTable]] | None = None) -
         logger.warning("logbus page: %s unreachable: %s", exc.failed, exc)
         return JSONResponse({"error": str(exc), "failed": exc.failed}, status_code=503)
 
-    def table_of(user, dag_id: str, task_id: str) -> AuditedTable:
+    def table_of(user, dag_id: str, task_id: str) -> PageTable:
+        """The table audit task `dag_id.task_id` checks (any of its audits names it)."""
         for table in find_tables(user):
-            if (table.dag_id, table.task_id) == (dag_id, task_id):
+            if any((audit.dag_id, audit.task_id) == (dag_id, task_id) for audit in table.audits):
                 return table
         raise HTTPException(404, f"no logbus audit task {task_id!r} in DAG {dag_id!r}")
 
@@ -161,7 +164,7 @@ def create_app(find_tables: Callable[[Any], list[AuditedTable]] | None = None) -
 
     @app.get("/api/tables")
     def tables(user: GetUserDep) -> dict:
-        return {"tables": [{**table.__dict__, "key": table.key} for table in find_tables(user)]}
+        return {"tables": [table.as_json() for table in find_tables(user)]}
 
     @app.get("/api/tables/{dag_id}/{task_id}/hours", dependencies=[read_dag])
     def table_hours(dag_id: str, task_id: str, user: GetUserDep, start: str | None = Query(None),
@@ -173,23 +176,35 @@ def create_app(find_tables: Callable[[Any], list[AuditedTable]] | None = None) -
         if not 0 < end_ms - start_ms <= MAX_HOURS * 3_600_000:
             raise HTTPException(400, f"the range must be 1 to {MAX_HOURS} hours, start before end")
         return reports.get((table, start_ms, end_ms), lambda: with_cluster_and_target(
-            table, lambda cluster, target: hours(table, cluster, target, start_ms, end_ms, _now_ms())))
+            table.primary, lambda cluster, target: hours(table, cluster, target, start_ms, end_ms, _now_ms())))
 
     @app.get("/api/tables/{dag_id}/{task_id}/lag", dependencies=[read_dag])
     def table_lag(dag_id: str, task_id: str, user: GetUserDep) -> dict:
-        table = table_of(user, dag_id, task_id)
+        table = table_of(user, dag_id, task_id).primary
         partitions = lags.get((table,), lambda: with_cluster_and_target(
             table, lambda cluster, target: lag(table, cluster, target, _now_ms())))
         return {"topic": table.topic, "partitions": partitions}
 
     @app.get("/api/tables/{dag_id}/{task_id}/rejects/{batch_id}", dependencies=[read_dag])
     def table_rejects(dag_id: str, task_id: str, batch_id: str, user: GetUserDep) -> dict:
-        table = table_of(user, dag_id, task_id)
-        target = open_table_target(table)
+        target = open_table_target(table_of(user, dag_id, task_id).primary)
         try:
             return reject_rows(target, batch_id)
         finally:
             target.close()
+
+    @app.get("/api/tables/{dag_id}/{task_id}/snapshots/{snapshot_id}", dependencies=[read_dag])
+    def table_snapshot(dag_id: str, task_id: str, snapshot_id: int, user: GetUserDep) -> dict:
+        """The Iceberg snapshot that added a file (the page links a file outside every
+        batch to it): its time, operation and summary."""
+        target = open_table_target(table_of(user, dag_id, task_id).primary)
+        try:
+            found = target.snapshot(snapshot_id)
+        finally:
+            target.close()
+        if found is None:
+            raise HTTPException(404, f"no snapshot {snapshot_id} in table {target.table!r}")
+        return found
 
     return app
 
@@ -205,9 +220,9 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _readable_tables(user) -> list[AuditedTable]:
+def _readable_tables(user) -> list[PageTable]:
     from airflow.api_fastapi.app import get_auth_manager
 
-    from airflow_provider_logbus.ui.tables import audited_tables
+    from airflow_provider_logbus.ui.tables import audited_tables, page_tables
 
-    return audited_tables(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+    return page_tables(audited_tables(get_auth_manager().get_authorized_dag_ids(user=user, method="GET")))

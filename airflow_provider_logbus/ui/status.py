@@ -1,10 +1,11 @@
 """The numbers the Airflow page shows, computed by the code the audit operator runs.
 
 `hours` is the audit's report (`batch.audit_inputs`, `completeness.build_report`,
-`completeness.judge`) for a range of hours, plus, per hour, the batches that loaded it;
-`lag` is the table's committed end per partition (`CommitTarget.state`) against the
-broker's latest offset. Nothing here counts rows its own way, so the page and the
-audit cannot disagree.
+`completeness.judge`) for a range of hours, as each audit task of the table judges it,
+plus, per hour, the batches that loaded it, why it is not complete and the files outside
+every batch; `lag` is the table's committed end per partition (`CommitTarget.state`)
+against the broker's latest offset. Nothing here counts rows its own way, so the page
+and the audit cannot disagree.
 
 Bounded work per view: the monitoring topic is read from the segment holding the
 range's start (minus `EVENTS_SLACK_MS`), not from its beginning; the table's contents
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from airflow_provider_logbus.batch import audit_inputs
+from airflow_provider_logbus.batch import AuditInputs, audit_inputs
 from airflow_provider_logbus.cluster import LogbusCluster
-from airflow_provider_logbus.completeness import HOUR_MS, judge
+from airflow_provider_logbus.completeness import HOUR_MS, judge, withdrawn_hours
 from airflow_provider_logbus.targets.base import BatchRecord, CommitTarget
 
 EVENTS_SLACK_MS = 2 * HOUR_MS  # monitoring events about an hour are published during it or soon after
@@ -48,6 +49,30 @@ class AuditedTable:
         return f"{self.dag_id}.{self.task_id}"
 
 
+@dataclass(frozen=True)
+class PageTable:
+    """One table on the page and the audit tasks that check it against the same topic
+    and monitoring events (an hourly and a daily audit of one table are one entry). The
+    first audit's verdicts colour the page — the one in the DAG that loads the table,
+    when the user may read it — and every audit's verdict is given beside each hour."""
+
+    audits: tuple[AuditedTable, ...]
+
+    @property
+    def primary(self) -> AuditedTable:
+        return self.audits[0]
+
+    @property
+    def key(self) -> str:
+        return self.primary.key
+
+    def as_json(self) -> dict:
+        """The API's description: the primary audit's settings, and every audit's."""
+        return {**self.primary.__dict__, "key": self.key, "audits": [
+            {"dag_id": a.dag_id, "task_id": a.task_id, "key": a.key, "threshold": a.threshold,
+             "grace_ms": a.grace_ms} for a in self.audits]}
+
+
 def display_status(hour: dict) -> str:
     """The audit's verdict of an hour (`completeness.judge`), with "no data" for an hour
     no tier counted anything in."""
@@ -56,20 +81,47 @@ def display_status(hour: dict) -> str:
     return hour["status"]
 
 
-def hours(table: AuditedTable, cluster: LogbusCluster, target: CommitTarget, start_ms: int, end_ms: int,
+def hours(table: PageTable, cluster: LogbusCluster, target: CommitTarget, start_ms: int, end_ms: int,
           now_ms: int) -> dict:
-    """The audit's report of [start_ms, end_ms) with each hour's batches and display
-    status, and the table's complete-through watermark."""
+    """`page_report` of [start_ms, end_ms), read from the cluster and the table now —
+    the announcement first, so that every hour it covers is judged on inputs read after
+    it was made."""
     start_ms -= start_ms % HOUR_MS
-    inputs = audit_inputs(cluster, target, table.monitoring_topic, since_ms=start_ms,
+    announcement = target.announcement()
+    inputs = audit_inputs(cluster, target, table.primary.monitoring_topic, since_ms=start_ms,
                           events_since_ms=start_ms - EVENTS_SLACK_MS)
-    report = judge(inputs.report(table.table, table.topic, start_ms, end_ms, table.threshold), now_ms,
-                   table.grace_ms)
-    by_hour = batches_by_hour(inputs.batches, table.topic)
-    for hour in report["hours"]:
+    return page_report(table, inputs, start_ms, end_ms, now_ms, announcement)
+
+
+def page_report(table: PageTable, inputs: AuditInputs, start_ms: int, end_ms: int, now_ms: int,
+                announcement: dict | None) -> dict:
+    """The first audit's report of [start_ms, end_ms), each hour with its display status,
+    every audit's verdict (`verdicts`), its batches, and — from the report — why it is
+    not complete (`reasons`) and the files outside every batch (`outside_batches`, with
+    the snapshot that added each). `complete_through_ms` is the announced watermark, or
+    the first announced hour of the range that is no longer complete (`withdrawn`): the
+    page does not show as complete what the next audit will withdraw."""
+    primary = table.primary
+    reports = [judge(inputs.report(primary.table, primary.topic, start_ms, end_ms, audit.threshold), now_ms,
+                     audit.grace_ms) for audit in table.audits]
+    report = reports[0]
+    by_hour = batches_by_hour(inputs.batches, primary.topic)
+    for i, hour in enumerate(report["hours"]):
         hour["display_status"] = display_status(hour)
+        hour["verdicts"] = [{"audit": audit.key, "status": display_status(judged["hours"][i])}
+                            for audit, judged in zip(table.audits, reports)]
         hour["batches"] = by_hour.get(hour["hour_ms"], [])
-    report["complete_through_ms"] = target.complete_through()
+        for outside in hour.get("outside_batches", ()):  # a string: Iceberg's ids lose digits in JavaScript
+            outside["snapshot_id"] = None if outside["snapshot_id"] is None else str(outside["snapshot_id"])
+    report["audits"] = [{"audit": audit.key, "status": judged["status"], "reasons": judged["reasons"]}
+                        for audit, judged in zip(table.audits, reports)]
+    announced = int(announcement["complete_through_ms"]) if announcement else None
+    withdrawn = withdrawn_hours(report, announced) if announced is not None else []
+    report["announced_through_ms"] = announced
+    report["complete_through_ms"] = withdrawn[0]["hour_ms"] if withdrawn else announced
+    report["withdrawn"] = [{k: h[k] for k in ("hour", "hour_ms", "status")} for h in withdrawn]
+    report["withdrawal"] = ({k: announcement.get(k) for k in ("run_id", "withdrawn", "withdrawn_from_ms")}
+                            if announcement and announcement.get("withdrawn") else None)
     return report
 
 

@@ -14,7 +14,7 @@ from broker.client.monitoring import MONITORING_TOPIC
 
 from airflow_provider_logbus.hooks.iceberg import DEFAULT_CONN_ID as DEFAULT_CATALOG_CONN_ID
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.ui.status import AuditedTable
+from airflow_provider_logbus.ui.status import AuditedTable, PageTable
 
 AUDIT_OPERATOR = ("airflow_provider_logbus.operators.audit", "LogbusAuditOperator")
 COMMIT_OPERATOR = ("airflow_provider_logbus.operators.commit", "LogbusCommitOperator")
@@ -49,6 +49,18 @@ def with_loading_dags(tables: list[AuditedTable], dags: dict[str, dict]) -> list
         load_dag = table.dag_id if table.dag_id in loaders or not loaders else sorted(loaders)[0]
         out.append(replace(table, load_dag_id=load_dag))
     return sorted(out, key=lambda t: (t.table, t.key))
+
+
+def page_tables(audits: list[AuditedTable]) -> list[PageTable]:
+    """One entry per table: the audits of one table (its target, warehouse and catalog)
+    that count it against the same topic and monitoring events, the loading DAG's own
+    audit first; audits that differ in those are entries of their own."""
+    groups: dict[tuple, list[AuditedTable]] = {}
+    for audit in audits:
+        groups.setdefault((audit.table, audit.target, audit.warehouse, audit.catalog_conn_id, audit.topic,
+                           audit.logbus_conn_id, audit.monitoring_topic), []).append(audit)
+    return [PageTable(tuple(sorted(group, key=lambda a: (a.dag_id != a.load_dag_id, a.key))))
+            for _, group in sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0]))]
 
 
 def _tasks(serialized: dict, operator: tuple[str, str]) -> list[dict]:

@@ -1,13 +1,15 @@
-"""The Logbus page in the Airflow UI (issue 22), in a real browser against a real
+"""The Logbus page in the Airflow UI (issues 22 and 39), in a real browser against a real
 api-server: Debian's chromium driven by Playwright, Airflow on PostgreSQL with the
 simple auth manager's users (an admin and a viewer), three hourly runs of the example
 DAG (`airflow dags test`: real snapshot, Spark load, commit and audit, recorded in the
-deployment's database) into an Iceberg table, real ZooKeeper and two brokers — the
-logbus connection reaches ZooKeeper through a TCP proxy the last test cuts.
+deployment's database) into an Iceberg table, which the example daily audit DAG audits
+too (one table, two audits: one entry), real ZooKeeper and two brokers — the logbus
+connection reaches ZooKeeper through a TCP proxy the last test cuts.
 
 One scenario for the module; the tests run in order: the untouched table first, then
 an hour made incomplete (its batch's snapshot rolled back) and one duplicated (a data
-file added a second time outside the commit protocol), then ZooKeeper unreachable.
+file added a second time outside the commit protocol) — both announced complete
+before — then ZooKeeper unreachable.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .helpers import produce
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]
 
 DAG_ID = "logbus_hourly_load"
+DAILY_DAG_ID = "logbus_daily_audit"
 TASK_ID = "audit"
 TOPIC = TABLE = "web_page"
 SCHEMA = "server string, n long, ts_ms long"
@@ -68,7 +71,8 @@ def page_scenario(request, module_cluster, postgres, tmp_path_factory):
     zookeeper = f"{proxy.address}/{chroot}"
     warehouse = tmp_path_factory.mktemp("page-warehouse")
     dags = tmp_path_factory.mktemp("page-dags")
-    shutil.copy(ROOT / "dags" / "examples" / f"{DAG_ID}.py", dags)
+    for dag_id in (DAG_ID, DAILY_DAG_ID):
+        shutil.copy(ROOT / "dags" / "examples" / f"{dag_id}.py", dags)
     env = {
         "LOGBUS_TARGET": "iceberg", "LOGBUS_TOPIC": TOPIC, "LOGBUS_TABLE": TABLE, "LOGBUS_WAREHOUSE": str(warehouse),
         "LOGBUS_GROUP": "page_loader", "LOGBUS_SENSOR_GRACE_MINUTES": "0", "LOGBUS_AUDIT_GRACE_MINUTES": "0",
@@ -81,6 +85,7 @@ def page_scenario(request, module_cluster, postgres, tmp_path_factory):
     try:
         deployment.start()
         deployment.wait_for_dag(DAG_ID)
+        deployment.wait_for_dag(DAILY_DAG_ID)
         for hour in range(HOURS):  # as web servers would: an hour's events, the next hour's first ones, its run
             start = ms(FIRST_HOUR + timedelta(hours=hour))
             produce(zookeeper, TOPIC, [start + i * (HOUR_MS // EVENTS_PER_HOUR) for i in range(EVENTS_PER_HOUR)]
@@ -175,7 +180,8 @@ def test_anonymous_requests_are_refused_and_a_viewer_sees_the_tables(page_scenar
     status, answer = api_get(deployment, "/logbus/api/tables", deployment.token("viewer"))
     assert status == 200
     assert [(t["dag_id"], t["task_id"], t["table"], t["topic"], t["target"]) for t in answer["tables"]] == [
-        (DAG_ID, TASK_ID, TABLE, TOPIC, "iceberg")]
+        (DAG_ID, TASK_ID, TABLE, TOPIC, "iceberg")]  # one entry for the table both DAGs audit
+    assert [a["key"] for a in answer["tables"][0]["audits"]] == [f"{DAG_ID}.{TASK_ID}", f"{DAILY_DAG_ID}.{TASK_ID}"]
 
 
 def test_the_grid_shows_the_audits_numbers(browser, page_scenario, tmp_path):
@@ -264,18 +270,42 @@ def test_an_incomplete_and_a_duplicated_hour_turn_so(browser, page_scenario, tmp
         shutil.copy(local_path(second[0].path), copy)
         with table.transaction() as tx:  # the same rows a second time, outside the commit protocol
             tx.add_files([str(copy)])
+        added_by = target.table_or_fail().current_snapshot().snapshot_id
     finally:
         target.close()
     page = open_page(browser, page_scenario, tmp_path / "broken.png")
-    page.click(f'#grid .cell[data-hour="{hour_label(1)}"]')
-    page.wait_for_selector("#batches tr[data-batch-id]")
-    page.screenshot(path=str(tmp_path / "broken-hour.png"), full_page=True)  # docs/logbus-page.png is one of these
     shown = cells(page)
     assert shown[hour_label(0)]["status"] == "complete"
     assert shown[hour_label(1)]["status"] == "duplicated" and int(shown[hour_label(1)]["duplicated"]) > 0
     produced = EVENTS_PER_HOUR + NEXT_HOUR_EVENTS  # the previous run's batch still holds the first events
     assert shown[hour_label(2)] == {"status": "incomplete", "produced": str(produced), "loaded": str(NEXT_HOUR_EVENTS),
                                     "rejected": "0", "missing": str(EVENTS_PER_HOUR), "duplicated": "0"}
+
+    # both hours had been announced complete: "complete through" falls back to the first, and the page says so
+    assert int(page.get_attribute("#watermark", "data-complete-through")) == ms(FIRST_HOUR + timedelta(hours=1))
+    assert int(page.get_attribute("#watermark", "data-announced-through")) == ms(FIRST_HOUR + timedelta(hours=HOURS))
+    assert page.is_visible("#withdrawn")
+    assert page.get_attribute("#withdrawn", "data-hours") == f"{hour_label(1)} {hour_label(2)}"
+    assert "(duplicated)" in page.inner_text("#withdrawn") and "(incomplete)" in page.inner_text("#withdrawn")
+
+    # the hour says why, and which file no batch published, with its rows and the snapshot that added it
+    page.click(f'#grid .cell[data-hour="{hour_label(1)}"]')
+    page.wait_for_selector("#outside tr[data-path]")
+    (outside,) = page.query_selector_all("#outside tr[data-path]")
+    assert (outside.get_attribute("data-path"), int(outside.get_attribute("data-rows"))) == (str(copy), second[0].rows)
+    reasons = page.inner_text("#hour-reasons")
+    assert f"{copy} ({second[0].rows} rows)" in reasons and "duplicated row(s) at the table tier" in reasons
+    assert {r.get_attribute("data-audit"): r.get_attribute("data-status")
+            for r in page.query_selector_all("#verdicts tr[data-audit]")} == {
+        f"{DAG_ID}.{TASK_ID}": "duplicated", f"{DAILY_DAG_ID}.{TASK_ID}": "duplicated"}
+    outside.query_selector("a.snapshot-link").click()
+    page.wait_for_selector("#snapshot-summary tr[data-key]")
+    assert page.inner_text("#snapshot h3") == f"Snapshot {added_by}"  # every digit of Iceberg's id
+    summary = {r.get_attribute("data-key"): r.query_selector_all("td")[1].inner_text()
+               for r in page.query_selector_all("#snapshot-summary tr[data-key]")}
+    assert summary["added-records"] == str(second[0].rows) and "logbus.batch-id" not in summary
+    assert "not a logbus batch" in page.inner_text("#snapshot")
+    page.screenshot(path=str(tmp_path / "broken-hour.png"), full_page=True)  # docs/logbus-page.png is this one
 
 
 def test_zookeeper_unreachable_shows_the_error_and_airflow_goes_on(browser, page_scenario, tmp_path):

@@ -94,6 +94,28 @@ def test_embedded_spark_binds_loopback_unless_the_conf_says_otherwise(airflow_db
     assert set(LOCAL_CONF) <= set(hook._conf)
 
 
+@pytest.mark.parametrize("conn_id", ["spark_nonexistent", "spark_cluster"])
+def test_a_load_looks_its_spark_connection_up_once(airflow_db, monkeypatch, conn_id):
+    """In a task every lookup of a connection Airflow does not hold is a request to the
+    execution API that the api-server logs as a 404: a load used to look `spark_default`
+    up twice (the hook's own check, then the stock hook's)."""
+    from airflow.sdk.bases.hook import BaseHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps({"conn_type": "spark", "host": "spark://master",
+                                                                 "port": 7077}))
+    asked: list[str] = []
+    lookup = BaseHook.get_connection.__func__
+
+    def counting(cls, wanted: str):
+        asked.append(wanted)
+        return lookup(cls, wanted)
+
+    monkeypatch.setattr(BaseHook, "get_connection", classmethod(counting))
+    hook = LogbusSparkSubmitHook(conf={}, conn_id=conn_id, env_vars={})
+    assert asked == [conn_id]
+    assert hook._connection["master"] == ("local[*]" if conn_id == "spark_nonexistent" else "spark://master:7077")
+
+
 def test_a_cluster_master_gets_no_loopback_binding(airflow_db, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps({"conn_type": "spark", "host": "spark://spark-master",
                                                                  "port": 7077}))

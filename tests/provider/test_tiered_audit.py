@@ -62,19 +62,21 @@ def batch_file(target: CommitTarget) -> Path:
     return Path(local_path(first.path))
 
 
-def add_by_hand(target: CommitTarget, rows, name: str) -> str:
+def add_by_hand(target: CommitTarget, rows, name: str) -> dict:
     """Put `rows` into the table outside the commit protocol, as a user would: a Parquet
-    file copied into the batch's hour directory, or `add_files` with pyiceberg."""
+    file copied into the batch's hour directory, or `add_files` with pyiceberg. The file
+    as the audit should name it: path, rows, the snapshot that added it (Iceberg)."""
     if target.layout == "directory":
         path = batch_file(target).parent / name
         pq.write_table(rows, path)
-        return str(path)
+        return {"path": str(path), "rows": rows.num_rows, "snapshot_id": None}
     table = target.table_or_fail()
     path = Path(local_path(table.location())) / "data" / "by-hand" / name
     path.parent.mkdir(parents=True)
     pq.write_table(rows, path)
     table.add_files([str(path)])
-    return str(path)
+    return {"path": str(path), "rows": rows.num_rows,
+            "snapshot_id": target.table_or_fail().current_snapshot().snapshot_id}
 
 
 def test_the_table_as_committed_passes_every_tier(committed):
@@ -86,14 +88,19 @@ def test_the_table_as_committed_passes_every_tier(committed):
 
 def test_a_file_added_outside_the_commit_protocol_fails_the_audit_naming_it(committed):
     rows = pq.read_table(batch_file(committed)).slice(0, 7)
-    path = add_by_hand(committed, rows, f"part-by-hand-{uuid.uuid4().hex}.parquet")
+    added = add_by_hand(committed, rows, f"part-by-hand-{uuid.uuid4().hex}.parquet")
     report = audit_table(committed)
     (hour,) = report["hours"]
     assert report["status"] == "failed" and hour["status"] == "duplicated"
     assert (hour["loaded"], hour["recorded"], hour["unrecorded"]) == (ROWS + 7, ROWS, 7)
-    assert hour["outside_batches"] == [{"path": path, "rows": 7}]
+    assert hour["outside_batches"] == [added]
     assert hour["duplicated_at"] == ["table"] and hour["missing_at"] == []
-    assert any(path in reason and "table tier" in reason for reason in report["reasons"])
+    assert any(added["path"] in reason and "table tier" in reason for reason in report["reasons"])
+    if added["snapshot_id"] is not None:  # Iceberg: the snapshot that added it, which the Airflow page shows
+        snapshot = committed.snapshot(added["snapshot_id"])
+        assert (snapshot["snapshot_id"], snapshot["operation"]) == (str(added["snapshot_id"]), "append")
+        assert snapshot["summary"]["added-records"] == "7" and "logbus.batch-id" not in snapshot["summary"]
+    assert committed.snapshot(1234567) is None
 
 
 def test_a_batch_whose_rows_are_added_again_is_a_duplicate_at_the_table_tier(committed):
@@ -103,7 +110,7 @@ def test_a_batch_whose_rows_are_added_again_is_a_duplicate_at_the_table_tier(com
     table_tier = hour["tiers"][-1]
     assert (table_tier["tier"], table_tier["duplicated"], table_tier["missing"]) == ("table", ROWS, 0)
     assert hour["status"] == "duplicated" and report["status"] == "failed"
-    assert hour["outside_batches"] == [{"path": again, "rows": ROWS}]
+    assert hour["outside_batches"] == [again]
     assert "duplicated row(s) at the table tier" in report["reasons"][0]
 
 

@@ -123,3 +123,75 @@ def test_bytes_lost_to_retention_are_reported_per_batch_and_are_not_a_hole():
 def test_a_hole_between_batches_is_reported_with_both_batch_ids():
     gaps = offset_gaps([record("a", [(0, 0, 100)], {}), record("b", [(0, 150, 200)], {})], "t")
     assert gaps == [{"partition": 0, "kind": "hole", "start": 100, "end": 150, "after": "a", "before": "b"}]
+
+
+def test_each_hour_says_why_it_is_not_complete():
+    ok, short, doubled = (record("b1", [(0, 0, 100)], {T0: 10, T0 + H: 8}),
+                          record("b2", [(0, 100, 200)], {T0 + 2 * H: 10}), record("b3", [(1, 0, 50)], {T0 + 2 * H: 2}))
+    r = judge(build_report("tbl", "t", T0, T0 + 3 * H, {("t", T0): 10, ("t", T0 + H): 10, ("t", T0 + 2 * H): 10},
+                           [ok, short, doubled], 0.999), now_ms=T0 + 9 * H, grace_ms=0)
+    assert [h["reasons"] for h in r["hours"]] == [
+        [], ["completeness 80.0000% under the threshold 99.9000% (2 missing at the table tier (2))"],
+        ["2 duplicated row(s) at the table tier (2)"]]
+    pending = judge(build_report("tbl", "t", T0, T0 + H, {("t", T0): 10}, [record("b", [(0, 0, 9)], {T0: 9})], 0.999),
+                    now_ms=T0 + H, grace_ms=H)
+    assert pending["hours"][0]["reasons"] == [
+        "completeness 90.0000% under the threshold 99.9000% (1 missing at the table tier (1)); late data may still "
+        "come until its grace has passed"]
+
+
+def announced_table(tmp_path, batches, produced):
+    """A directory target whose hours of `batches` are announced complete, as audits do."""
+    from airflow_provider_logbus.completeness import announce_complete_hours
+    from airflow_provider_logbus.targets.directory import DirectoryTarget
+
+    target = DirectoryTarget(tmp_path, "tbl")
+    announce_complete_hours(target, "t", produced, batches, 0.999, T0 + 10 * H, 0, T0 + 3 * H, "announcing-run")
+    assert target.complete_through() == T0 + 3 * H
+    return target
+
+
+def test_an_announced_hour_that_is_no_longer_complete_is_withdrawn_and_the_watermark_falls_back(tmp_path):
+    from airflow_provider_logbus.completeness import withdraw_hours, withdrawn_hours
+
+    produced = {("t", T0): 10, ("t", T0 + H): 10, ("t", T0 + 2 * H): 10}
+    batches = [record("b1", [(0, 0, 100)], {T0: 10, T0 + H: 10, T0 + 2 * H: 10})]
+    target = announced_table(tmp_path, batches, produced)
+    copied = record("copied-by-hand", [(0, 0, 100)], {T0 + H: 10})  # hour 1's rows a second time
+    now = judge(build_report("tbl", "t", T0, T0 + 3 * H, produced, batches + [copied], 0.999), T0 + 10 * H, 0)
+    assert [h["hour"] for h in withdrawn_hours(now, T0 + 3 * H)] == ["2024-01-01T01:00Z"]
+    withdrawn = withdraw_hours(target, now, "auditing-run")
+    assert [(h["hour"], h["status"]) for h in withdrawn] == [("2024-01-01T01:00Z", "duplicated")]
+    assert target.complete_through() == T0 + H
+    assert target.announcement() == {"complete_through_ms": T0 + H, "run_id": "auditing-run", "hours": [],
+                                     "withdrawn": ["2024-01-01T01:00Z"], "withdrawn_from_ms": T0 + 3 * H}
+    assert withdraw_hours(target, now, "again") == []  # nothing before the watermark is wrong any more
+
+
+def test_a_pending_hour_is_not_withdrawn():
+    """An audit with a longer grace than the one that announced an hour finds it pending:
+    not a change of the table, so nothing to withdraw."""
+    from airflow_provider_logbus.completeness import withdrawn_hours
+
+    batches = [record("b1", [(0, 0, 100)], {T0: 9})]
+    r = judge(build_report("tbl", "t", T0, T0 + H, {("t", T0): 10}, batches, 0.999), now_ms=T0 + H, grace_ms=2 * H)
+    assert r["hours"][0]["status"] == "pending" and withdrawn_hours(r, T0 + H) == []
+
+
+def test_once_the_withdrawn_hour_is_complete_again_it_and_the_hours_after_it_are_announced_again(tmp_path):
+    from airflow_provider_logbus.completeness import announce_complete_hours, withdraw_hours
+
+    produced = {("t", T0): 10, ("t", T0 + H): 10, ("t", T0 + 2 * H): 10}
+    batches = [record("b1", [(0, 0, 100)], {T0: 10, T0 + H: 10, T0 + 2 * H: 10})]
+    target = announced_table(tmp_path, batches, produced)
+    broken = batches + [record("copied-by-hand", [(0, 0, 100)], {T0 + H: 10})]
+    withdraw_hours(target, judge(build_report("tbl", "t", T0, T0 + 3 * H, produced, broken, 0.999), T0 + 10 * H, 0),
+                   "auditing-run")
+
+    def announce(table_batches) -> list[str]:
+        return [h["hour"] for h in announce_complete_hours(target, "t", produced, table_batches, 0.999, T0 + 10 * H,
+                                                           0, T0 + 3 * H, "later-run")]
+
+    assert announce(broken) == [] and target.complete_through() == T0 + H  # the broken hour holds the rest back
+    assert announce(batches) == ["2024-01-01T01:00Z", "2024-01-01T02:00Z"]  # the copy removed
+    assert target.complete_through() == T0 + 3 * H

@@ -6,6 +6,7 @@ tests/provider/test_airflow_page.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -129,3 +130,91 @@ def test_a_batchs_rejects_are_read_from_its_reject_files(tmp_path):
          "error": "not a JSON object: an array"}]
     assert answer["rows"][2]["value"] == "caf\u00e9 {" and len(answer["rows"][3]["value"]) == 200
     assert reject_rows(target, "no-such-batch") == {"batch_id": "no-such-batch", "files": [], "rows": []}
+
+
+def test_a_table_two_dags_audit_is_one_entry_with_both_audits(monkeypatch):
+    from airflow_provider_logbus.ui.tables import page_tables
+
+    env = {"LOGBUS_TARGET": "iceberg", "LOGBUS_TABLE": "clicks", "LOGBUS_WAREHOUSE": "/wh"}
+    dags = {"logbus_daily_audit": serialized_example(monkeypatch, "logbus_daily_audit.py", **env),
+            "logbus_hourly_load": serialized_example(monkeypatch, **env)}
+    audits = with_loading_dags([t for d, data in dags.items() for t in tables_of(d, data)], dags)
+    elsewhere = replace(audits[0], dag_id="other_dag", warehouse="/other")  # another table of the same name
+    entries = {t.primary.warehouse: t for t in page_tables(audits + [elsewhere])}
+    clicks, other = entries["/wh"], entries["/other"]
+    assert len(entries) == 2
+    assert [a.key for a in clicks.audits] == ["logbus_hourly_load.audit", "logbus_daily_audit.audit"]
+    assert clicks.key == "logbus_hourly_load.audit"  # the loading DAG's own audit colours the page
+    assert [a.key for a in other.audits] == ["other_dag.audit"]
+    listed = clicks.as_json()
+    assert (listed["table"], listed["key"], listed["load_dag_id"]) == ("clicks", "logbus_hourly_load.audit",
+                                                                       "logbus_hourly_load")
+    assert [(a["key"], a["grace_ms"]) for a in listed["audits"]] == [
+        ("logbus_hourly_load.audit", 60 * 60_000), ("logbus_daily_audit.audit", 120 * 60_000)]
+
+
+def audited(task: str, grace_minutes: int, dag_id: str = "hourly") -> "AuditedTable":
+    from airflow_provider_logbus.ui.status import AuditedTable
+
+    return AuditedTable(dag_id=dag_id, task_id=task, table="t", topic="web", target="directory", warehouse="/wh",
+                        catalog_conn_id="c", logbus_conn_id="l", threshold=0.999, grace_ms=grace_minutes * 60_000,
+                        monitoring_topic="_logbus_monitoring", load_dag_id="hourly")
+
+
+def inputs(batches: list[BatchRecord], produced: dict[int, int], files=None):
+    from airflow_provider_logbus.batch import AuditInputs
+
+    return AuditInputs({("web", w): n for w, n in produced.items()}, {}, batches, files)
+
+
+def window(hour: int, n: int) -> dict:
+    return {"topic": "web", "window_start": T0 + hour * HOUR_MS, "count": n}
+
+
+T0 = 1_709_287_200_000  # 2024-03-01T10:00Z
+
+
+def test_every_audits_verdict_is_given_beside_the_hour():
+    from airflow_provider_logbus.ui.status import PageTable, page_report
+
+    table = PageTable((audited("audit", 60), audited("daily", 120, dag_id="daily")))
+    report = page_report(table, inputs([record("b", [window(0, 10)])], {T0: 10}), T0, T0 + HOUR_MS,
+                         now_ms=T0 + 2 * HOUR_MS + 1, announcement=None)
+    (hour,) = report["hours"]
+    assert hour["display_status"] == "complete"  # the first audit's: 60 minutes of grace have passed
+    assert hour["verdicts"] == [{"audit": "hourly.audit", "status": "complete"},
+                                {"audit": "daily.daily", "status": "pending"}]
+    assert [(a["audit"], a["status"]) for a in report["audits"]] == [("hourly.audit", "ok"), ("daily.daily", "ok")]
+
+
+def test_an_hour_says_why_and_names_the_files_outside_any_batch_with_their_snapshot():
+    from airflow_provider_logbus.targets.base import TableFile
+    from airflow_provider_logbus.ui.status import PageTable, page_report
+
+    files = [TableFile("wh/t/data/part-0.parquet", T0, 10, "b", 7719492545836353017),
+             TableFile("wh/t/data/by-hand.parquet", T0, 1382, None, 7719492545836353099)]
+    report = page_report(PageTable((audited("audit", 0),)), inputs([record("b", [window(0, 10)])], {T0: 10}, files),
+                         T0, T0 + HOUR_MS, now_ms=T0 + 2 * HOUR_MS, announcement=None)
+    (hour,) = report["hours"]
+    assert hour["display_status"] == "duplicated"
+    assert hour["outside_batches"] == [{"path": "wh/t/data/by-hand.parquet", "rows": 1382,
+                                        "snapshot_id": "7719492545836353099"}]  # a string: every digit
+    assert any("wh/t/data/by-hand.parquet (1382 rows)" in reason for reason in hour["reasons"])
+    assert any("1382 duplicated row(s) at the table tier" in reason for reason in hour["reasons"])
+
+
+def test_an_announced_hour_no_longer_complete_lowers_complete_through():
+    from airflow_provider_logbus.ui.status import PageTable, page_report
+
+    batches = [record("b", [window(0, 10), window(1, 10), window(2, 10)]), record("copy", [window(1, 10)])]
+    announcement = {"complete_through_ms": T0 + 3 * HOUR_MS, "run_id": "r", "hours": []}
+    report = page_report(PageTable((audited("audit", 0),)), inputs(batches, {T0: 10, T0 + HOUR_MS: 10,
+                                                                             T0 + 2 * HOUR_MS: 10}),
+                         T0, T0 + 3 * HOUR_MS, now_ms=T0 + 9 * HOUR_MS, announcement=announcement)
+    assert report["announced_through_ms"] == T0 + 3 * HOUR_MS
+    assert report["complete_through_ms"] == T0 + HOUR_MS
+    assert report["withdrawn"] == [{"hour": "2024-03-01T11:00Z", "hour_ms": T0 + HOUR_MS, "status": "duplicated"}]
+    after = page_report(PageTable((audited("audit", 0),)), inputs(batches[:1], {T0: 10, T0 + HOUR_MS: 10,
+                                                                                 T0 + 2 * HOUR_MS: 10}),
+                        T0, T0 + 3 * HOUR_MS, now_ms=T0 + 9 * HOUR_MS, announcement=announcement)
+    assert after["complete_through_ms"] == T0 + 3 * HOUR_MS and after["withdrawn"] == []

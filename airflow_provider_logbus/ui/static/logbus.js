@@ -68,7 +68,9 @@ function errorText(error) {
 function toLocalInput(ms) { return new Date(ms).toISOString().slice(0, 16); }
 function fromLocalInput(value) { return value ? value + ":00Z" : ""; }
 
+// a table is named in links (?table=) by any of its audits: one entry per table
 function selectedTable() { return tables.find((t) => t.key === $("table").value); }
+function tableOfAudit(key) { return tables.find((t) => t.audits.some((a) => a.key === key)); }
 function tablePath(t) { return `api/tables/${encodeURIComponent(t.dag_id)}/${encodeURIComponent(t.task_id)}`; }
 
 async function loadTables() {
@@ -76,9 +78,9 @@ async function loadTables() {
   tables = answer.tables;
   const select = $("table");
   select.replaceChildren(...tables.map((t) => el("option", { value: t.key },
-    `${t.table} (${t.target}, topic ${t.topic}; ${t.dag_id}.${t.task_id})`)));
-  const wanted = new URLSearchParams(location.search).get("table");
-  if (wanted && tables.some((t) => t.key === wanted)) select.value = wanted;
+    `${t.table} (${t.target}, topic ${t.topic}; audited by ${t.audits.map((a) => a.key).join(", ")})`)));
+  const wanted = tableOfAudit(new URLSearchParams(location.search).get("table"));
+  if (wanted) select.value = wanted.key;
 }
 
 async function loadHours() {
@@ -94,22 +96,42 @@ async function loadHours() {
   drawChart();
 }
 
-function drawGrid() {
+function drawWatermark() {
   const through = report.complete_through_ms;
   $("watermark").textContent = through ? `complete through ${hourLabel(through)}` : "no hour announced complete yet";
   $("watermark").setAttribute("data-complete-through", through ?? "");
+  $("watermark").setAttribute("data-announced-through", report.announced_through_ms ?? "");
+  const box = $("withdrawn");
+  box.setAttribute("data-hours", report.withdrawn.map((h) => h.hour).join(" "));
+  if (report.withdrawn.length) {
+    box.textContent = `Announced complete through ${hourLabel(report.announced_through_ms)}, but no longer complete: ` +
+      report.withdrawn.map((h) => `${hourLabel(h.hour_ms)} (${h.status})`).join(", ") +
+      ". The next audit withdraws them and fails; downstream consumers may have read these hours.";
+  } else if (report.withdrawal) {
+    const w = report.withdrawal;
+    box.textContent = `Audit run ${w.run_id} withdrew ${w.withdrawn.join(", ")} (it had been announced complete; ` +
+      `complete through was ${hourLabel(w.withdrawn_from_ms)}).`;
+  }
+  box.hidden = !(report.withdrawn.length || report.withdrawal);
+}
+
+function drawGrid() {
+  const through = report.complete_through_ms;
+  drawWatermark();
   $("legend").replaceChildren(...STATUSES.map((s) => el("span", { class: cssStatus(s) }, s)));
   const cells = report.hours.map((h) => {
     const status = h.display_status;
     const title = `${hourLabel(h.hour_ms)}: ${status}\nproduced ${h.produced}, loaded ${h.loaded}, ` +
       `rejected ${h.rejected}, missing ${h.missing}, duplicated ${h.duplicated}, completeness ${pct(h.completeness)}` +
       h.tiers.map((tier) => `\n  ${tier.tier}: ${tier.count}` +
-        (tier.missing ? `, missing ${tier.missing}` : "") + (tier.duplicated ? `, duplicated ${tier.duplicated}` : "")).join("");
+        (tier.missing ? `, missing ${tier.missing}` : "") + (tier.duplicated ? `, duplicated ${tier.duplicated}` : "")).join("") +
+      (h.verdicts.length > 1 ? "\n" + h.verdicts.map((v) => `${v.audit}: ${v.status}`).join(", ") : "");
     return el("div", {
       class: `cell ${cssStatus(status)}${through && h.hour_ms < through ? " through" : ""}`, title,
       "data-hour": h.hour, "data-hour-ms": h.hour_ms, "data-status": status, "data-produced": h.produced,
       "data-loaded": h.loaded, "data-rejected": h.rejected, "data-missing": h.missing,
       "data-duplicated": h.duplicated, "data-completeness": h.completeness,
+      "data-verdicts": h.verdicts.map((v) => `${v.audit}=${v.status}`).join(" "),
       onclick: (event) => selectHour(h, event.currentTarget),
     }, new Date(h.hour_ms).getUTCHours());
   });
@@ -151,27 +173,63 @@ function runLink(t, runId) {
                    target: "_top", class: "run-link" }, runId);
 }
 
+function fillTable(id, headers, rows, empty) {
+  $(id).replaceChildren(el("tr", {}, ...headers.map((name) => el("th", {}, name))), ...rows);
+  if (!rows.length && empty) $(id).append(el("tr", {}, el("td", { colSpan: headers.length }, empty)));
+}
+
 function selectHour(h, cell) {
   const t = selectedTable();
   document.querySelectorAll(".cell.selected").forEach((c) => c.classList.remove("selected"));
   cell.classList.add("selected");
   $("hour").hidden = false;
   $("rejects").hidden = true;
+  $("snapshot").hidden = true;
   $("hour-title").textContent = `${hourLabel(h.hour_ms)}: ${h.display_status}, completeness ${pct(h.completeness)}`;
-  $("tiers").replaceChildren(
-    el("tr", {}, el("th", {}, "tier"), el("th", {}, "count"), el("th", {}, "missing"), el("th", {}, "duplicated")),
-    ...h.tiers.map((tier) => el("tr", { "data-tier": tier.tier }, el("td", {}, tier.tier), el("td", {}, tier.count),
-      el("td", {}, tier.missing ?? ""), el("td", {}, tier.duplicated ?? ""))));
-  const header = el("tr", {}, ...["batch", "run", "snapshot", "offset ranges", "rows in hour", "rejected in hour", ""]
-    .map((name) => el("th", {}, name)));
-  const rows = h.batches.map((b) => el("tr", { "data-batch-id": b.batch_id },
-    el("td", {}, b.batch_id), el("td", {}, runLink(t, b.run_id)), el("td", {}, b.snapshot_id ?? ""),
-    el("td", {}, b.ranges.map((r) => `p${r.partition} [${r.start}, ${r.end})`).join(", ")),
-    el("td", {}, b.rows), el("td", {}, b.rejected),
-    el("td", {}, b.batch_rejected ? el("a", { href: "#", class: "rejects-link",
-      onclick: (event) => { event.preventDefault(); showRejects(t, b.batch_id); } }, "rejects") : "")));
-  $("batches").replaceChildren(header, ...rows);
-  if (!rows.length) $("batches").append(el("tr", {}, el("td", { colSpan: 7 }, "No batch loaded rows of this hour.")));
+  fillTable("verdicts", ["audit", "threshold", "grace", "verdict"], h.verdicts.map((v) => {
+    const audit = t.audits.find((a) => a.key === v.audit);
+    return el("tr", { "data-audit": v.audit, "data-status": v.status }, el("td", {}, v.audit),
+      el("td", {}, pct(audit.threshold)), el("td", {}, `${Math.round(audit.grace_ms / 60000)} min`), el("td", {}, v.status));
+  }));
+  $("hour-reasons").replaceChildren(...h.reasons.map((reason) => el("li", {}, reason)));
+  $("why").hidden = !h.reasons.length;
+  fillTable("tiers", ["tier", "count", "missing", "duplicated"], h.tiers.map((tier) => el("tr", { "data-tier": tier.tier },
+    el("td", {}, tier.tier), el("td", {}, tier.count), el("td", {}, tier.missing ?? ""), el("td", {}, tier.duplicated ?? ""))));
+  fillTable("batches", ["batch", "run", "snapshot", "offset ranges", "rows in hour", "rejected in hour", ""],
+    h.batches.map((b) => el("tr", { "data-batch-id": b.batch_id },
+      el("td", {}, b.batch_id), el("td", {}, runLink(t, b.run_id)), el("td", {}, b.snapshot_id ?? ""),
+      el("td", {}, b.ranges.map((r) => `p${r.partition} [${r.start}, ${r.end})`).join(", ")),
+      el("td", {}, b.rows), el("td", {}, b.rejected),
+      el("td", {}, b.batch_rejected ? el("a", { href: "#", class: "rejects-link",
+        onclick: (event) => { event.preventDefault(); showRejects(t, b.batch_id); } }, "rejects") : ""))),
+    "No batch loaded rows of this hour.");
+  const outside = h.outside_batches || [];
+  fillTable("outside", ["file", "rows", "added by snapshot"], outside.map((f) => el("tr", { "data-path": f.path,
+    "data-rows": f.rows }, el("td", {}, f.path), el("td", {}, f.rows),
+    el("td", {}, f.snapshot_id ? el("a", { href: "#", class: "snapshot-link", "data-snapshot-id": f.snapshot_id,
+      onclick: (event) => { event.preventDefault(); showSnapshot(t, f.snapshot_id); } }, f.snapshot_id) : ""))));
+  $("outside-section").hidden = !outside.length;
+  const off = h.batches_off || [];
+  fillTable("batches-off", ["batch", "rows its files hold", "rows its record claims"], off.map((b) => el("tr",
+    { "data-batch-id": b.batch_id }, el("td", {}, b.batch_id), el("td", {}, b.held), el("td", {}, b.recorded))));
+  $("batches-off-section").hidden = !off.length;
+}
+
+async function showSnapshot(t, snapshotId) {
+  const box = $("snapshot");
+  box.hidden = false;
+  box.replaceChildren(el("p", {}, `Loading snapshot ${snapshotId}…`));
+  try {
+    const s = await api(`${tablePath(t)}/snapshots/${encodeURIComponent(snapshotId)}`);
+    box.replaceChildren(
+      el("h3", {}, `Snapshot ${s.snapshot_id}`),
+      el("p", { class: "muted" }, `${s.operation ?? "?"}, committed ${s.committed_at}, parent ${s.parent_id ?? "none"}` +
+        (s.summary["logbus.batch-id"] ? "" : " — not a logbus batch: it came in outside the commit protocol")),
+      el("table", { id: "snapshot-summary" }, ...Object.entries(s.summary).map(([k, v]) => el("tr", { "data-key": k },
+        el("td", {}, k), el("td", {}, v)))));
+  } catch (error) {
+    showMessage(box, errorText(error), true);
+  }
 }
 
 async function showRejects(t, batchId) {
