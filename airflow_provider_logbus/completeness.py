@@ -246,8 +246,9 @@ def withdrawn_hours(report: dict, complete_through_ms: int) -> list[dict]:
 def withdraw_hours(target, report: dict, run_id: str, attempts: int = 20) -> list[dict]:
     """Move the table's watermark back to the first announced hour `report` no longer
     finds complete, recording which hours were withdrawn: downstream readers of
-    `logbus.complete-through` see the fall, and the audits announce that hour and the
-    ones after it again once it is complete. A compare-and-swap, like the announcement;
+    `logbus.complete-through` see the fall, and the audits announce the withdrawn hours
+    again once complete (the hours between them that still hold are passed without a
+    second Asset event: `stood_announced`). A compare-and-swap, like the announcement;
     returns the withdrawn hours ([] when every announced hour in `report` still holds).
     `report` must cover only hours announced before its inputs were read: an hour
     announced since could look incomplete on those older inputs."""
@@ -277,7 +278,7 @@ def note_withdrawn(report: dict, hours: list[dict], was_through_ms: int | None) 
     report["reasons"].extend(f"hour {h['hour']} was announced complete and is now {h['status']} "
                              f"({'; '.join(h['reasons'])})" for h in hours)
     report["reasons"].append(f"complete-through falls back from {utc_minute(was_through_ms)} to {hours[0]['hour']}: "
-                             "the hours from there are announced again once complete")
+                             "the withdrawn hours are announced again once complete")
     report["status"] = "failed"
 
 
@@ -303,11 +304,29 @@ def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], 
         hours = newly_complete_hours(report, start)
         if not hours:
             return []
+        fresh = [h for h in hours if not stood_announced(current, h)]
         new = {"complete_through_ms": hours[-1]["hour_ms"] + HOUR_MS, "run_id": run_id,
-               "hours": [h["hour"] for h in hours]}
+               "hours": [h["hour"] for h in fresh], **still_withdrawn(current, hours[-1]["hour_ms"] + HOUR_MS)}
         if target.announce(current, new):
-            return hours
+            return fresh
     return []
+
+
+def stood_announced(current: dict | None, hour: dict) -> bool:
+    """Whether `hour` was announced and is still complete, though a withdrawal of an
+    earlier hour moved the watermark back below it: passing it again needs no second
+    Asset event (its consumers already ran on data that has not changed)."""
+    return (bool(current) and hour["hour_ms"] < int(current.get("withdrawn_from_ms", 0))
+            and hour["hour"] not in current.get("withdrawn", ()))
+
+
+def still_withdrawn(current: dict | None, through_ms: int) -> dict:
+    """The withdrawal an announcement carries on until the watermark is back where it
+    was, so that a re-announcement cut short by an incomplete hour still spares the
+    hours announced before."""
+    if current and through_ms < int(current.get("withdrawn_from_ms", 0)):
+        return {"withdrawn": current["withdrawn"], "withdrawn_from_ms": current["withdrawn_from_ms"]}
+    return {}
 
 
 def data_losses(batches: list[BatchRecord], topic: str) -> list[dict]:

@@ -52,8 +52,8 @@ class LogbusAuditOperator(BaseOperator):
     interval's own): one found duplicated, unrecorded or incomplete now — rows added to
     or taken from the table since — is withdrawn. The watermark falls back to it, the
     report lists it (`withdrawn_hours`) and the audit fails naming it (an incomplete one
-    only with `fail_under_threshold`); it and the hours after it are announced again once
-    it is complete.
+    only with `fail_under_threshold`); once it is complete the watermark moves on again,
+    with a second Asset event for the withdrawn hours only.
     """
 
     # every setting that decides the report: the Airflow page (`ui/`) reads them from the

@@ -1,7 +1,7 @@
 """An hour announced complete and then changed (issue 39, item 2): the next audit — an
 hourly run of a later hour — withdraws it: the table's complete-through watermark falls
 back to that hour, the audit fails naming it, later audits announce nothing past it, and
-once the table is mended the hour and those after it are announced again.
+once the table is mended the hour is announced again.
 
 Real producers and their monitoring events on a real broker; a directory table whose
 batch is committed by the protocol (its rows written as the load job lays them out, no

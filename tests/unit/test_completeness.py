@@ -193,5 +193,33 @@ def test_once_the_withdrawn_hour_is_complete_again_it_and_the_hours_after_it_are
                                                            0, T0 + 3 * H, "later-run")]
 
     assert announce(broken) == [] and target.complete_through() == T0 + H  # the broken hour holds the rest back
-    assert announce(batches) == ["2024-01-01T01:00Z", "2024-01-01T02:00Z"]  # the copy removed
+    assert announce(batches) == ["2024-01-01T01:00Z"]  # the copy removed: hour 2 still held, no second event
     assert target.complete_through() == T0 + 3 * H
+    assert "withdrawn" not in target.announcement()  # back where it was: the withdrawal is over
+
+
+def test_a_re_announcement_cut_short_still_spares_the_hours_that_held(tmp_path):
+    """Hours 1 and 3 withdrawn from a watermark at hour 4; hour 1 mended first: hour 1 is
+    announced again, hour 2 is passed silently, and hour 3 waits — and gets its event
+    once mended, while hour 2 never gets a second one."""
+    from airflow_provider_logbus.completeness import announce_complete_hours, withdraw_hours
+    from airflow_provider_logbus.targets.directory import DirectoryTarget
+
+    hours = [T0 + i * H for i in range(4)]
+    produced = {("t", h): 10 for h in hours}
+    batches = [record("b1", [(0, 0, 100)], {h: 10 for h in hours})]
+    target = DirectoryTarget(tmp_path, "tbl")
+    announce_complete_hours(target, "t", produced, batches, 0.999, T0 + 10 * H, 0, T0 + 4 * H, "announcing-run")
+    copies = [record("copy-1", [(0, 200, 300)], {T0 + H: 10}), record("copy-3", [(0, 300, 400)], {T0 + 3 * H: 10})]
+    withdraw_hours(target, judge(build_report("tbl", "t", T0, T0 + 4 * H, produced, batches + copies, 0.999),
+                                 T0 + 10 * H, 0), "auditing-run")
+    assert target.complete_through() == T0 + H
+
+    def announce(table_batches) -> list[str]:
+        return [h["hour"] for h in announce_complete_hours(target, "t", produced, table_batches, 0.999, T0 + 10 * H,
+                                                           0, T0 + 4 * H, "later-run")]
+
+    assert announce(batches + copies[1:]) == ["2024-01-01T01:00Z"]  # hour 2 passed, hour 3 still duplicated
+    assert target.complete_through() == T0 + 3 * H
+    assert announce(batches) == ["2024-01-01T03:00Z"]
+    assert target.complete_through() == T0 + 4 * H
