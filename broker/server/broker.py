@@ -10,6 +10,7 @@ import functools
 import logging
 import signal
 import time
+import warnings
 
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
@@ -117,6 +118,9 @@ class Broker:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.logs.load)
         self.replicas.start(loop)
+        # kazoo warns when the chroot does not exist yet; a broker creates it itself
+        # (`_prepare_zookeeper`, registration), so on a new cluster that is no news (issue 39)
+        warnings.filterwarnings("ignore", message="No chroot path exists", module="kazoo.client")
         await loop.run_in_executor(None, self.zk.start, self.config.zookeeper_connection_timeout_ms / 1000)
         await loop.run_in_executor(None, self._prepare_zookeeper)
         await loop.run_in_executor(None, self.registry.start)

@@ -50,3 +50,18 @@ def test_unreachable_zookeeper_fails_with_one_line(tmp_path):
     assert result.returncode == 1
     assert "logbus-broker: cannot reach ZooKeeper at 127.0.0.1:1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_broker_on_a_new_chroot_creates_it_without_kazoo_s_warning(tmp_path, zookeeper):
+    """Issue 39: every first start of a cluster logged kazoo's `No chroot path exists`
+    although the broker creates its chroot itself."""
+    from harness.cluster import LocalCluster
+
+    cluster = LocalCluster(f"{zookeeper.connect_string}/new-{tmp_path.name[-12:]}", tmp_path)
+    try:
+        broker = cluster.start_broker(0, {})
+        with connect(broker) as conn:
+            produce(conn, "first", -1, [b"x"])  # the cluster works under the chroot it made
+        assert "No chroot path exists" not in broker.log_path.read_text()
+    finally:
+        cluster.stop()
