@@ -55,7 +55,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from airflow_provider_logbus.cluster import LogbusCluster
-    from airflow_provider_logbus.ui.status import hours, lag
+    from airflow_provider_logbus.ui.status import PageTable, hours, lag
     from broker.client.producer import Producer
 
     work = Path(tempfile.mkdtemp(prefix="bench-ui-page-"))
@@ -81,10 +81,11 @@ def main() -> int:
                     commit_hour(target, h)
                 print(f"{kind:<10} {args.batches} commits in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
                 cluster = stack.enter_context(LogbusCluster(local.zookeeper))
+                page = PageTable((table,))  # the page's entry: this table's one audit
                 views = {
-                    "hours, last 48 h": lambda: hours(table, cluster, target, end_ms - 48 * HOUR_MS, end_ms,
+                    "hours, last 48 h": lambda: hours(page, cluster, target, end_ms - 48 * HOUR_MS, end_ms,
                                                       end_ms + HOUR_MS),
-                    f"hours, all {args.batches} h": lambda: hours(table, cluster, target, end_ms - args.batches * HOUR_MS,
+                    f"hours, all {args.batches} h": lambda: hours(page, cluster, target, end_ms - args.batches * HOUR_MS,
                                                                  end_ms, end_ms + HOUR_MS),
                     "lag": lambda: lag(table, cluster, target, end_ms + HOUR_MS),
                 }
