@@ -249,6 +249,7 @@ def test_a_mirrored_monitoring_topic_is_created_from_the_sources_on_a_target_tha
     assert_once_in_order(read_topic(target, TOPIC, PARTITIONS), {"east": {0: 5, 1: 5}})
 
 
+@pytest.mark.long  # 45 s of pause; make test keeps the leaderless target partition's test of the same independence
 def test_a_source_broker_stopped_for_45_s_delays_only_its_own_partitions(zk_connect, tmp_path, cleanup):
     """East's only broker is stopped with SIGSTOP for 45 s. Meanwhile every message sent
     to west reaches the target within 2 s, west's checkpoints keep up, and the mirror's
