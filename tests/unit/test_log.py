@@ -227,6 +227,24 @@ def test_retention_while_a_reader_reads(make_log):
     assert log.start_offset > 0
 
 
+def test_a_read_of_a_segment_retention_just_deleted_is_out_of_range_and_leaves_no_file(make_log):
+    """The reader took the segment list before retention deleted its segment (the race
+    of the test above, made certain): reopening the dropped file must not create an
+    empty one in its place, whose missing header read as 'not a message boundary'."""
+    log = make_log(segment_bytes=2048, retention_bytes=4096, retention_ms=-1)
+    for i in range(60):
+        append(log, [b"%05d" % i * 20])
+    log.flush()
+    first = log.segments[0]
+    stale_view = log._view  # what a reader holds
+    log.delete_old_segments(now_ms=0)
+    assert not first.path.exists(), "retention must have deleted the first segment"
+    log._view = stale_view
+    with pytest.raises(OffsetOutOfRange):
+        log.read(first.base_offset + 122, 1000)  # the second entry of the deleted segment
+    assert not first.path.exists(), "the read made an empty file where the segment was"
+
+
 def test_manager_places_new_partitions_in_the_least_loaded_dir(tmp_path):
     dirs = (tmp_path / "a", tmp_path / "b")
     manager = LogManager(dirs, LogConfig())

@@ -34,6 +34,11 @@ class Cached(Protocol):
     _used: bool
 
 
+def _existing(path: str, flags: int) -> int:
+    """`open` flags of mode "a+" less O_CREAT: the file must already exist."""
+    return os.open(path, flags & ~os.O_CREAT)
+
+
 def default_capacity() -> int:
     """Half of the soft open-files limit (the other half is for sockets, ZooKeeper,
     regions being sent), at least 16."""
@@ -53,8 +58,10 @@ class FileCache:
         self.opened = 0  # files opened so far (a reopened segment counts again)
 
     def open(self, segment: Cached) -> SegmentFile:
-        """The segment's file, opened now; may drop other segments' files."""
-        file = SegmentFile(os.fspath(segment.path), "a+")
+        """The segment's file, opened now; may drop other segments' files. Never created
+        here (`Segment.create` makes new files): a reader racing retention must find the
+        file gone (FileNotFoundError: out of range), not an empty one made in its place."""
+        file = SegmentFile(os.fspath(segment.path), "a+", opener=_existing)
         with self._lock:
             current = segment._file
             if current is not None:  # another thread opened it meanwhile
