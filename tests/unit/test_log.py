@@ -245,6 +245,26 @@ def test_a_read_of_a_segment_retention_just_deleted_is_out_of_range_and_leaves_n
     assert not first.path.exists(), "the read made an empty file where the segment was"
 
 
+def test_a_flush_racing_retention_skips_the_segments_retention_deleted(make_log):
+    """The flush lists its dirty segments, then retention deletes some before their
+    fsync (the race, made certain): their bytes need no durability any more, so the
+    flush must finish and move the flushed offset, not fail the log directory."""
+    log = make_log(segment_bytes=2048, retention_bytes=4096, retention_ms=-1)
+    for i in range(60):
+        append(log, [b"%05d" % i * 20])
+    first = log.segments[0]
+    fsync = first.fsync
+
+    def fsync_then_retention() -> None:
+        fsync()
+        log.delete_old_segments(now_ms=0)
+
+    first.fsync = fsync_then_retention
+    assert log.flush() == log.end_offset
+    assert log.start_offset > first.end_offset, "retention must have deleted segments the flush listed"
+    assert log.flushed_offset == log.end_offset
+
+
 def test_manager_places_new_partitions_in_the_least_loaded_dir(tmp_path):
     dirs = (tmp_path / "a", tmp_path / "b")
     manager = LogManager(dirs, LogConfig())

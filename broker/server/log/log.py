@@ -330,13 +330,22 @@ class Log:
                 self._unflushed_messages = 0
             try:
                 for segment in dirty:
-                    segment.fsync()
+                    self._fsync(segment)
             except OSError as exc:  # the flushed offset stays: nothing past it is acknowledged
                 raise self.log_dir.failed(exc, self.name, "fsync") from None
             with self._lock:
                 if target > self._flushed:
                     self._flushed = target
             return self._flushed
+
+    def _fsync(self, segment: Segment) -> None:
+        """A segment retention deleted after the flush listed it is gone, and its bytes
+        need no durability: only a segment still in the log must be synced."""
+        try:
+            segment.fsync()
+        except FileNotFoundError:
+            if segment in self.segments:
+                raise
 
     # -------------------------------------------------------------------------- read
 
