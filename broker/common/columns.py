@@ -39,6 +39,7 @@ from broker.common.message import (
     checksum,
     inner_set,
     iter_messages,
+    record_offset,
 )
 
 COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
@@ -66,7 +67,7 @@ class MessageColumns:
     """The messages of a fetched set, one array element per message.
 
     `offsets`, `next_offsets` and `timestamps` are as `Message`'s (a wrapper's inner
-    messages share its offset; the last one's `next_offset` is past it). The message's
+    message i has the wrapper's offset + i; the last one's `next_offset` is past it). The message's
     entry sits at `data[starts[i]:ends[i]]` — the fetched bytes, each compressed wrapper
     replaced by its decompressed inner set, so entries lie in message order — so its key
     is `data[starts[i] + 22 : starts[i] + 22 + key_lengths[i]]` (None when the length is
@@ -222,7 +223,7 @@ def decode_columns(
         if _wrapper_ok(view, pos, entry_end, end, size, magic, attributes, crc, key_length, verify_crc):
             opened = cols.open_wrapper(view, pos, entry_end, magic, attributes, key_length, max_decompressed_bytes)
             if opened:
-                cols.offsets += [offset] * opened
+                cols.offsets += [record_offset(offset, i, entry_end - pos) for i in range(opened)]
                 pos = entry_end
                 continue
         corrupt = _reference(view, pos, entry_end, end, offset, verify_crc, max_decompressed_bytes)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 import crcmod.predefined
@@ -222,6 +222,7 @@ class ScanResult:
     error: str | None = None
     compressed: int = 0  # entries in the valid prefix whose value is a compressed set
     batches: int = 0  # magic-3 entries (producer batches) in the valid prefix
+    records: int = -1  # messages (records) in the valid prefix; -1 where `scan` alone cannot tell (see `count_records`)
 
     @property
     def partial_tail(self) -> bool:
@@ -291,7 +292,8 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             pos = entry_end
     finally:
         view.release()
-    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches)
+    records = count if not (compressed or batches) else -1
+    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches, records)
 
 
 def _header_error(pos: int, magic: int, attributes: int, key_length: int) -> str:
@@ -317,24 +319,44 @@ def validate_message_set(
     if result.stop is not ScanStop.END:
         raise InvalidMessage(f"invalid message set: {result.error}")
     if result.compressed or result.batches:
-        _validate_wrappers(buf, max_decompressed_bytes)
+        return replace(result, records=_validate_wrappers(buf, max_decompressed_bytes))
     return result
 
 
-def _validate_wrappers(buf: bytes | memoryview, max_decompressed_bytes: int) -> None:
-    """Open every wrapper (compressed entry or producer batch) of a scanned set and
-    check its inner set."""
+def _validate_wrappers(buf: bytes | memoryview, max_decompressed_bytes: int) -> int:
+    """Open every wrapper (compressed entry or producer batch) of a scanned set, check
+    its inner set and that it spans an offset per message; returns the set's records."""
+    records = 0
     with memoryview(buf) as view:
         pos, end = 0, len(view)
         while pos < end:
             size, magic, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
             entry_end = pos + SIZE_FIELD + size
             if attributes or magic == MAGIC_BATCH:
-                problem = inner_set(view, pos, entry_end, max_decompressed_bytes)[1]
+                inner, problem = inner_set(view, pos, entry_end, max_decompressed_bytes)
+                what = "producer batch" if magic == MAGIC_BATCH else f"{Codec(attributes).name.lower()} entry"
                 if problem:
-                    what = "producer batch" if magic == MAGIC_BATCH else f"{Codec(attributes).name.lower()} entry"
                     raise InvalidMessage(f"invalid message set: {what} at byte {pos}: {problem}")
+                count = scan(inner).count
+                if count > entry_end - pos:
+                    raise InvalidMessage(
+                        f"invalid message set: {what} at byte {pos} holds {count} messages in {entry_end - pos} bytes; "
+                        f"a message's offset is its entry's position plus its index, so an entry must span at least "
+                        f"as many bytes as it holds messages: compress fewer messages together, or send them uncompressed"
+                    )
+                records += count
+            else:
+                records += 1
             pos = entry_end
+    return records
+
+
+def record_offset(entry_offset: int, index: int, entry_span: int) -> int:
+    """The offset of message `index` of the entry at `entry_offset`: its position plus
+    the index (docs/architecture.md, "Offsets"). Writers keep `index < entry_span`; an
+    entry written before that rule could break it, and its surplus messages share the
+    entry's last offset rather than run into the next entry's."""
+    return entry_offset + min(index, entry_span - 1)
 
 
 def inner_set(view: memoryview, pos: int, entry_end: int,
@@ -372,10 +394,11 @@ def _inner_set_error(inner: bytes | memoryview, count: int = -1) -> str | None:
 class Message:
     """A message as a consumer sees it.
 
-    `offset` addresses the entry that holds it; `next_offset` is where to resume once
-    this message is processed. For messages inside a compressed wrapper both point at
-    the wrapper, except that the last inner message's `next_offset` is past the
-    wrapper — so committing `next_offset` never skips half a wrapper.
+    `offset` is the message's own: the position of the entry that holds it plus its
+    index in the entry (0 for a plain entry; docs/architecture.md, "Offsets"), unique
+    and increasing in a partition. `next_offset` is where to resume once this message
+    is processed: the next message's offset inside a wrapper, past the entry after its
+    last message — so a fetch resumes in the middle of a batch or at the next entry.
     """
 
     offset: int
@@ -467,9 +490,12 @@ def iter_messages(
                 inner = list(iter_messages(inner_bytes, 0, verify_crc=False))  # `_inner_set_error` checked every CRC
             except InvalidMessage as exc:
                 raise CorruptEntry(offset, size, f"{what}: {exc}") from None
+            last = len(inner) - 1
+            span = SIZE_FIELD + size
             for i, message in enumerate(inner):
-                resume = next_offset if i == len(inner) - 1 else offset
-                yield Message(offset, resume, message.timestamp, message.key, message.value)
+                own = record_offset(offset, i, span)
+                resume = next_offset if i == last else record_offset(offset, i + 1, span)
+                yield Message(own, resume, message.timestamp, message.key, message.value)
         pos = entry_end
 
 

@@ -57,13 +57,13 @@ def _same(buf: bytes, base: int = 4096, verify_crc: bool = True) -> None:
 
 
 @pytest.mark.parametrize("codec", [Codec.NONE, Codec.GZIP])
-def test_a_producer_batch_decodes_to_its_messages_at_the_wrapper_offset(codec):
+def test_a_producer_batch_decodes_to_its_messages_at_the_wrapper_offset_plus_their_index(codec):
     messages = _messages(6, 9)
     buf = encode_batch(messages, BatchIdentity(3, 1, 100, 6), codec)
     columns = decode_columns(buf, 1000)
     assert [(columns.key(i), columns.value(i), columns.timestamps[i]) for i in range(len(columns))] == messages
-    assert list(columns.offsets) == [1000] * 6
-    assert list(columns.next_offsets) == [1000] * 5 + [1000 + len(buf)]
+    assert list(columns.offsets) == [1000 + i for i in range(6)]
+    assert list(columns.next_offsets) == [1001 + i for i in range(5)] + [1000 + len(buf)]
     assert columns.next_offset == 1000 + len(buf) and columns.corrupt is None
 
 

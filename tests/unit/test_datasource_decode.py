@@ -30,12 +30,12 @@ def test_a_corrupt_entry_fails_naming_partition_and_offset(codec):
 
 
 @pytest.mark.parametrize("codec", [None, "gzip"])
-def test_a_producer_batch_decodes_to_one_row_per_message_at_the_batchs_offset(codec):
+def test_a_producer_batch_decodes_to_one_row_per_message_at_the_batchs_offset_plus_its_index(codec):
     plain = encode_message_set(MESSAGES[:1])
     buf = plain + encode_batch(MESSAGES, BatchIdentity(9, 0, 0, 3), codec)
     batch = decode_record_batch("t", 3, 1000, buf)
     assert batch.column("value").to_pylist() == [MESSAGES[0][1]] + [m[1] for m in MESSAGES]
-    assert batch.column("offset").to_pylist() == [1000] + [1000 + len(plain)] * 3
+    assert batch.column("offset").to_pylist() == [1000] + [1000 + len(plain) + i for i in range(3)]
 
 
 BATCH = [(None if i % 2 else b"k%d" % i, b"value-%d" % i, 1_704_067_200_000 + i) for i in range(5)]

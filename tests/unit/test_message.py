@@ -64,12 +64,12 @@ def test_corrupt_payload_fails_crc():
     assert scan(data).valid_bytes == len(data) // 2
 
 
-def test_gzip_wrapper_addresses_inner_messages_by_wrapper_offset():
+def test_gzip_wrapper_gives_inner_message_i_the_wrapper_offset_plus_i():
     data = encode_message_set(entries(3), codec="gzip")
     messages = list(iter_messages(data, 64))
     assert [m.value for m in messages] == [b"A" * 10, b"B" * 10, b"C" * 10]
-    assert {m.offset for m in messages} == {64}
-    assert [m.next_offset for m in messages] == [64, 64, 64 + len(data)]
+    assert [m.offset for m in messages] == [64, 65, 66]
+    assert [m.next_offset for m in messages] == [65, 66, 64 + len(data)]
 
 
 def test_gzip_wrapper_timestamp_is_largest_inner():

@@ -17,13 +17,13 @@ IDENTITY = BatchIdentity(producer_id=7_000_000_001, epoch=3, base_sequence=40, c
 
 
 @pytest.mark.parametrize("codec", [None, "gzip"])
-def test_a_batch_reads_back_its_messages_at_the_wrapper_offset(codec):
+def test_a_batch_reads_back_its_messages_at_the_wrapper_offset_plus_their_index(codec):
     batch = encode_batch(MESSAGES, IDENTITY, codec)
     assert batch[4] == MAGIC_BATCH and batch_identity(batch) == IDENTITY
     read = list(iter_messages(batch, 1000))
     assert [(m.key, m.value, m.timestamp) for m in read] == MESSAGES
-    assert {m.offset for m in read} == {1000}
-    assert [m.next_offset for m in read] == [1000, 1000, 1000 + len(batch)]
+    assert [m.offset for m in read] == [1000, 1001, 1002]
+    assert [m.next_offset for m in read] == [1001, 1002, 1000 + len(batch)]
     assert validate_message_set(batch, 1 << 20).batches == 1
 
 
