@@ -17,7 +17,7 @@ from collections import deque
 from broker.client.security import OPEN, ClientSecurity
 from broker.common.errors import InvalidRequest, LogbusError
 from broker.common.protocol import (
-    METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
+    FETCH_VERSION, METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
     MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult,
     ProduceRequest, ProduceResponse, ProducerIdResponse, Reader, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
     raise_for_error,
@@ -165,11 +165,14 @@ class BrokerConnection:
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20,
               max_wait_ms: int = 0, min_bytes: int = 0) -> FetchResponse:
-        reader = self.call(ApiKey.FETCH, FetchRequest(topic, partition, offset, max_bytes, max_wait_ms, min_bytes).encode())
-        return FetchResponse.read(reader)
+        """The set holding the record at `offset` (version 1): it starts at the answer's
+        `set_offset`, below `offset` when that is a record inside an entry."""
+        request = FetchRequest(topic, partition, offset, max_bytes, max_wait_ms, min_bytes).encode()
+        return FetchResponse.read(self.call(ApiKey.FETCH, request, FETCH_VERSION))
 
     def multifetch(self, fetches: list[FetchRequest]) -> list[PartitionResult]:
-        return decode_multifetch(self.call(ApiKey.MULTIFETCH, MultiFetchRequest(fetches).encode()))
+        reader = self.call(ApiKey.MULTIFETCH, MultiFetchRequest(fetches).encode(), FETCH_VERSION)
+        return decode_multifetch(reader)
 
     def offsets(self, topic: str, partition: int, time: int, max_offsets: int = 1) -> list[int]:
         return decode_offsets(self.call(ApiKey.OFFSETS, OffsetsRequest(topic, partition, time, max_offsets).encode()))

@@ -32,7 +32,7 @@ from broker.client.errors import FetchSizeTooSmall, PartitionUnavailable, confir
 from broker.client.security import OPEN, ClientSecurity
 from broker.client.settings import require_at_least
 from broker.common.errors import BrokerShuttingDown, OffsetOutOfRange, UnknownTopic
-from broker.common.columns import MessageColumns, decode_columns
+from broker.common.columns import MessageColumns, decode_fetched
 from broker.common.message import CorruptEntry, Message, first_entry_size
 from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 
@@ -176,7 +176,7 @@ class SimpleConsumer:
                 continue
             self.high_watermark = response.high_watermark
             data = response.messages
-            columns = decode_columns(data, self.offset, self.verify_crc)
+            columns = decode_fetched(data, response.set_offset, self.offset, self.verify_crc)
             if len(columns):
                 self.offset = columns.next_offset
                 return columns

@@ -29,9 +29,9 @@ from broker.client.metadata import ClusterMetadata
 from broker.client.errors import FetchSizeTooSmall, confirm_corrupt
 from broker.client.stream import Chunk, MessageStream
 from broker.common.errors import InvalidRequest, LogbusError, OffsetOutOfRange, error_for
-from broker.common.columns import decode_columns, empty_columns
+from broker.common.columns import decode_fetched, empty_columns
 from broker.common.message import CorruptEntry, first_entry_size
-from broker.common.protocol import EARLIEST, LATEST, ApiKey, FetchRequest, MultiFetchRequest, decode_multifetch, raise_for_error
+from broker.common.protocol import EARLIEST, FETCH_VERSION, LATEST, ApiKey, FetchRequest, MultiFetchRequest, decode_multifetch, raise_for_error
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Fetcher(threading.Thread):
                                          for f in fetches])
             try:
                 conn = self.pool.get(leader)
-                conn.send(ApiKey.MULTIFETCH, request.encode())
+                conn.send(ApiKey.MULTIFETCH, request.encode(), api_version=FETCH_VERSION)
                 sent.append((leader, conn, fetches))
             except (ConnectionError, OSError) as exc:
                 self._lost(leader, fetches, exc)
@@ -178,7 +178,7 @@ class Fetcher(threading.Thread):
                 self.metadata.refresh(f.topic)
             return
         data = result.value.messages
-        columns = decode_columns(data, f.offset)
+        columns = decode_fetched(data, result.value.set_offset, f.offset)
         if not len(columns) and columns.corrupt is not None:
             self._corrupt(f, columns.corrupt, generation)
             return

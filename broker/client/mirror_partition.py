@@ -47,7 +47,8 @@ from broker.common.errors import (
     AuthenticationError, AuthorizationFailed, DuplicateSequence, InvalidTopicName, LogbusError, MessageTooLarge,
     OffsetOutOfRange, RequestTooLarge,
 )
-from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, decode_messages, encode_batch, now_ms
+from broker.common.columns import decode_fetched
+from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, encode_batch, now_ms
 from broker.common.protocol import Acks, FetchResponse
 from broker.common.zklayout import mirror_checkpoint_path
 
@@ -268,7 +269,8 @@ class PartitionTask(threading.Thread):
             return
         with self._lock:
             self._latest = max(response.high_watermark, self._latest)
-        messages, corrupt = decode_messages(response.messages, position)
+        columns = decode_fetched(response.messages, response.set_offset, position)
+        messages, corrupt = columns.messages(), columns.corrupt
         if corrupt is not None and not messages:
             raise corrupt  # a source entry no reader can decode: stop rather than skip data silently
         self._moving()

@@ -36,6 +36,9 @@ def walk_range(fetch: Fetch, where: str, start: int, end: int,
     while offset < end:
         fetched = fetch(offset, min(fetch_bytes, end - offset))
         buf = fetched.messages
+        if 0 <= fetched.set_offset != offset:  # -1: a version-0 answer, at the offset asked for
+            raise LogbusError(f"{where}: range start {offset} is inside an entry (it starts at {fetched.set_offset}): "
+                              f"ranges start and end at entry boundaries")
         whole = whole_entries(buf)
         if whole:
             yield offset, bytes(buf[:whole]) if whole < len(buf) else bytes(buf)

@@ -19,6 +19,7 @@ handed to `iter_messages` itself, so every error is the reference's by construct
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from dataclasses import dataclass
 
@@ -188,6 +189,17 @@ def decode_arrow(topic: str, partition: int, base: int, buf: bytes, verify_crc: 
         raise InvalidMessage(f"{topic}-{partition}: the set read at offset {base} ends in a partial entry at "
                              f"offset {columns.next_offset}")
     return columns.to_arrow(topic, partition)
+
+
+def decode_fetched(buf: bytes | bytearray | memoryview, set_offset: int, requested: int,
+                   verify_crc: bool = True) -> MessageColumns:
+    """A FETCH answer's set — which starts at `set_offset` — from the record at
+    `requested` on: a fetch at a record inside an entry is answered with the whole entry
+    (docs/protocol.md, FETCH), and the records below the one asked for are dropped."""
+    columns = decode_columns(buf, set_offset, verify_crc)
+    if set_offset >= requested:
+        return columns
+    return columns.tail(bisect.bisect_left(columns.offsets, requested))
 
 
 def empty_columns(offset: int) -> MessageColumns:

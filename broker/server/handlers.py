@@ -25,7 +25,7 @@ from broker.common.errors import (
 )
 from broker.common.message import batch_identity, validate_message_set
 from broker.common.protocol import (
-    METADATA_VERSION, ApiKey, Body, FetchRequest, FetchResponse, InitProducerIdRequest, LeaderEpochEndRequest,
+    FETCH_VERSION, METADATA_VERSION, ApiKey, Body, FetchRequest, FetchResponse, InitProducerIdRequest, LeaderEpochEndRequest,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
     ProducerIdResponse, Reader, ReplicaFetchRequest, RequestHeader, check_topic_name, encode_offsets, encode_results,
 )
@@ -46,8 +46,10 @@ from broker.server.topics import TopicRequests
 
 logger = logging.getLogger(__name__)
 
-MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION}  # every other api: version 0 only
+MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION, ApiKey.FETCH: FETCH_VERSION,
+                    ApiKey.MULTIFETCH: FETCH_VERSION}  # every other api: version 0 only
 _HANDSHAKE = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+_VERSIONED = (ApiKey.METADATA, ApiKey.FETCH, ApiKey.MULTIFETCH)  # their handlers take the request's version
 
 
 class Appended(NamedTuple):
@@ -101,8 +103,8 @@ class RequestHandler:
                                    "SASL_AUTHENTICATE before any other request")
         if self.shutting_down:
             raise BrokerShuttingDown(f"broker {self.config.broker_id} is shutting down")
-        if header.api_key == ApiKey.METADATA:
-            return self.topics.metadata(reader, session, header.api_version)
+        if header.api_key in _VERSIONED:
+            return handler(reader, session, header.api_version)
         return handler(reader, session)
 
     @functools.cached_property
@@ -251,55 +253,64 @@ class RequestHandler:
 
     # ---------------------------------------------------------------------- fetch
 
-    def fetch(self, reader: Reader, session: Session) -> Reply:
+    def fetch(self, reader: Reader, session: Session, version: int = 0) -> Reply:
         req = FetchRequest.decode(reader)
         self.rules.topic(session, Operation.READ, req.topic)
         log = self.leader_log(req.topic, req.partition)
-        region = log.read(req.offset, req.max_bytes)
-        if region.length >= req.min_bytes or req.max_wait_ms == 0:
-            return answered(FetchResponse(log.visible_offset, region).encode_parts())
-        return later(self._fetch_later(log, req))
+        answer = self._fetched(log, req, version)
+        if len(answer.messages) >= req.min_bytes or req.max_wait_ms == 0:
+            return answered(answer.encode_parts())
+        return later(self._fetch_later(log, req, version))
 
-    async def _fetch_later(self, log: Log, req: FetchRequest) -> Body:
+    async def _fetch_later(self, log: Log, req: FetchRequest, version: int) -> Body:
         await self.scheduler.wait_for_data([(log, req.offset, req.min_bytes)], self._wait_seconds(req.max_wait_ms))
-        return FetchResponse(log.visible_offset, log.read(req.offset, req.max_bytes)).encode_parts()
+        return self._fetched(log, req, version).encode_parts()
+
+    @staticmethod
+    def _fetched(log: Log, req: FetchRequest, version: int) -> FetchResponse:
+        """Version 1 answers the set covering a record's offset and says where it
+        starts; version 0 reads at entry boundaries only (docs/protocol.md, FETCH)."""
+        if version >= 1:
+            set_offset, region = log.read_covering(req.offset, req.max_bytes)
+            return FetchResponse(log.visible_offset, region, set_offset, version)
+        return FetchResponse(log.visible_offset, log.read(req.offset, req.max_bytes), req.offset, version)
 
     def _wait_seconds(self, max_wait_ms: int) -> float:
         return min(max_wait_ms, self.config.fetch_max_wait_ms) / 1000
 
-    def multifetch(self, reader: Reader, session: Session) -> Reply:
+    def multifetch(self, reader: Reader, session: Session, version: int = 0) -> Reply:
         req = MultiFetchRequest.decode(reader)
-        logs, results = self._multifetch_results(req, session)
+        logs, results = self._multifetch_results(req, session, version)
         if not req.fetches or any(
             len(r.value.messages) >= f.min_bytes for r, f in zip(results, req.fetches) if r.error_code == ErrorCode.NONE
         ):
             return answered(encode_results(results))
-        return later(self._multifetch_later(req, session, logs, results))
+        return later(self._multifetch_later(req, session, logs, results, version))
 
-    def _multifetch_results(self, req: MultiFetchRequest,
-                            session: Session) -> tuple[list[Log | None], list[PartitionResult]]:
+    def _multifetch_results(self, req: MultiFetchRequest, session: Session,
+                            version: int) -> tuple[list[Log | None], list[PartitionResult]]:
         """Each fetch's log (None when refused, by ACL too) and its result."""
         logs, results = [], []
         for f in req.fetches:
             try:
                 self.rules.topic(session, Operation.READ, f.topic)
                 log = self.leader_log(f.topic, f.partition)
-                region = log.read(f.offset, f.max_bytes)
+                answer = self._fetched(log, f, version)
             except LogbusError as exc:
                 logs.append(None)
                 results.append(PartitionResult.failed(exc))
             else:
                 logs.append(log)
-                results.append(PartitionResult(ErrorCode.NONE, FetchResponse(log.visible_offset, region)))
+                results.append(PartitionResult(ErrorCode.NONE, answer))
         return logs, results
 
     async def _multifetch_later(self, req: MultiFetchRequest, session: Session, logs: list[Log | None],
-                                results) -> Body:
+                                results, version: int) -> Body:
         waits = [(log, f.offset, f.min_bytes) for log, f in zip(logs, req.fetches) if log is not None]
         timeout = self._wait_seconds(max(f.max_wait_ms for f in req.fetches))
         if waits and timeout > 0:
             await self.scheduler.wait_for_data(waits, timeout)
-            results = self._multifetch_results(req, session)[1]
+            results = self._multifetch_results(req, session, version)[1]
         return encode_results(results)
 
     # ------------------------------------------------------------ offsets, producer ids

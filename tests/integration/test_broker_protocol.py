@@ -187,7 +187,7 @@ def test_long_poll_fetch_returns_when_data_arrives(cluster, broker):
         assert code == 0
         from broker.common.protocol import FetchResponse
 
-        response = FetchResponse.read(body)
+        response = FetchResponse.read(body, version=0, requested=0)  # the request above is version 0
         assert [m.value for m in iter_messages(response.messages, 0)] == [b"wake up"]
 
 

@@ -98,3 +98,29 @@ def test_reading_continues_after_the_leader_restarts(cluster, zk, zk_connect):
         cluster.start_broker(0)
         produce(zk_connect, "restart", [b"two"])
         assert wait_until(consumer.fetch, 30, "the message after the restart")[0].value == b"two"
+
+
+def test_a_consumer_resumes_at_any_record_of_a_batch_or_a_compressed_set(one_partition, zk_connect):
+    """Every record has its own offset (docs/architecture.md, "Offsets"): a consumer
+    started at the offset of any record — inside an idempotent producer's batch, inside
+    a gzip set, or just past a batch's last record (a Kafka reader's last + 1) — reads
+    exactly the records from there on, each once."""
+    with Producer(zookeeper=zk_connect, monitoring=False, mode="async", linger_ms=200, batch_size=10) as producer:
+        for i in range(10):
+            producer.send("events", b"batched-%d" % i, partition=0)
+    with Producer(zookeeper=zk_connect, monitoring=False, mode="async", enable_idempotence=False, compression="gzip",
+                  linger_ms=200, batch_size=10) as producer:
+        for i in range(10):
+            producer.send("events", b"gzipped-%d" % i, partition=0)
+    everything = wait_visible(zk_connect, "events", 20)[0]
+    offsets = [m.offset for m in everything]
+    assert offsets == sorted(set(offsets)), "offsets must be unique and increasing"
+    assert len({m.next_offset for m in everything}) == 20
+    shared_entries = sum(1 for a, b in zip(everything, everything[1:]) if b.offset == a.offset + 1)
+    assert shared_entries >= 10, "the test needs records that share an entry"
+    for i, start in enumerate(offsets):
+        with SimpleConsumer("events", 0, zookeeper=zk_connect, offset=start, max_wait_ms=0) as consumer:
+            assert [m.value for m in consumer] == [m.value for m in everything[i:]]
+    past_last = everything[9].offset + 1  # inside the batch's entry, after its last record
+    with SimpleConsumer("events", 0, zookeeper=zk_connect, offset=past_last, max_wait_ms=0) as consumer:
+        assert [m.value for m in consumer] == [m.value for m in everything[10:]]

@@ -195,11 +195,20 @@ def test_produce_response_frame_layout():
 
 
 def test_multifetch_response_layout():
-    # int16 n, n × (int16 error_code, FETCH response body or error string)
-    body = encode_results([PartitionResult(ErrorCode.NONE, FetchResponse(7, b"M")), PartitionResult(3, None, "no")])
+    # int16 n, n × (int16 error_code, FETCH response body or error string); version 0's body
+    body = encode_results([PartitionResult(ErrorCode.NONE, FetchResponse(7, b"M", version=0)),
+                           PartitionResult(3, None, "no")])
     assert body_bytes(body) == (
         b"\x00\x02" b"\x00\x00" + struct.pack(">qi", 7, 1) + b"M" + b"\x00\x03" b"\x00\x02no"
     )
+
+
+def test_fetch_response_version_1_says_where_its_set_starts():
+    # int64 high_watermark, int64 set_offset, int32 set_size, set
+    body = encode_results([PartitionResult(ErrorCode.NONE, FetchResponse(70, b"MM", 44))])
+    assert body_bytes(body) == b"\x00\x01" b"\x00\x00" + struct.pack(">qqi", 70, 44, 2) + b"MM"
+    decoded = decode_multifetch(Reader(body_bytes(body)))[0].unwrap()
+    assert (decoded.high_watermark, decoded.set_offset, bytes(decoded.messages)) == (70, 44, b"MM")
 
 
 def test_multiproduce_response_layout():

@@ -21,7 +21,7 @@ from broker.common.protocol.security import (
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 )
 from broker.common.protocol.responses import (
-    BrokerInfo, FETCH_RESPONSE_HEAD, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, ProducerIdResponse, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,
+    BrokerInfo, FETCH_RESPONSE_HEAD, FETCH_RESPONSE_HEAD_V1, FETCH_VERSION, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, ProducerIdResponse, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,
 )
 
 __all__ = [
@@ -34,6 +34,8 @@ __all__ = [
     "CreateTopicRequest",
     "EARLIEST",
     "FETCH_RESPONSE_HEAD",
+    "FETCH_RESPONSE_HEAD_V1",
+    "FETCH_VERSION",
     "FetchRequest",
     "FetchResponse",
     "InitProducerIdRequest",

@@ -45,21 +45,33 @@ class ProducerIdResponse:
         return response
 
 
-FETCH_RESPONSE_HEAD = struct.Struct(">qi")  # high_watermark, set_size
+FETCH_RESPONSE_HEAD = struct.Struct(">qi")  # version 0: high_watermark, set_size
+FETCH_RESPONSE_HEAD_V1 = struct.Struct(">qqi")  # version 1: high_watermark, set_offset, set_size
+FETCH_VERSION = 1  # what clients send: a fetch at any record's offset (docs/protocol.md, FETCH)
 
 
 @dataclass(frozen=True)
 class FetchResponse:
+    """A fetched set and where it starts: `set_offset` is the offset of its first byte
+    (version 1; at or below the offset asked for, when that is a record inside an
+    entry). Version 0 does not carry it: the set starts at the offset asked for, which
+    a reader passes as `requested`."""
+
     high_watermark: int
     messages: bytes | memoryview  # or, in the broker, the file region holding them
+    set_offset: int = -1
+    version: int = FETCH_VERSION
 
     def encode_parts(self) -> Body:
+        if self.version >= 1:
+            return [FETCH_RESPONSE_HEAD_V1.pack(self.high_watermark, self.set_offset, len(self.messages)), self.messages]
         return [FETCH_RESPONSE_HEAD.pack(self.high_watermark, len(self.messages)), self.messages]
 
     @classmethod
-    def read(cls, r: Reader) -> "FetchResponse":
+    def read(cls, r: Reader, version: int = FETCH_VERSION, requested: int = -1) -> "FetchResponse":
         high_watermark = r.int64()
-        return cls(high_watermark, r.raw(r.int32()))
+        set_offset = r.int64() if version >= 1 else requested
+        return cls(high_watermark, r.raw(r.int32()), set_offset, version)
 
 
 @dataclass(frozen=True)
@@ -104,8 +116,8 @@ def encode_results(results: list[PartitionResult], keys: list[tuple[str, int]] |
     return body
 
 
-def decode_multifetch(r: Reader) -> list[PartitionResult]:
-    return _decode_results(r, FetchResponse.read)
+def decode_multifetch(r: Reader, version: int = FETCH_VERSION) -> list[PartitionResult]:
+    return _decode_results(r, lambda reader: FetchResponse.read(reader, version))
 
 
 def decode_multiproduce(r: Reader) -> list[PartitionResult]:

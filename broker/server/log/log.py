@@ -27,6 +27,7 @@ from typing import Callable
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
 from broker.common.message import BatchIdentity, ScanStop, now_ms, scan, whole_entries
 from broker.common.protocol import EARLIEST, LATEST
+from broker.server.log.entries import entry_around, records_at
 from broker.server.log.epochs import LeaderEpochCache
 from broker.server.log.files import SHARED, FileCache
 from broker.server.log.logdir import LogDir
@@ -383,6 +384,24 @@ class Log:
             raise OffsetOutOfRange(f"offset {offset} of partition {self.name} was just deleted by retention") from None
         except OSError as exc:  # e.g. EMFILE: a failure of this read, not of the log
             raise StorageError(f"cannot read partition {self.name} at offset {offset}: {exc.strerror or exc}") from None
+
+    def read_covering(self, offset: int, max_bytes: int) -> tuple[int, FileRegion]:
+        """FETCH version 1: the set holding the record at `offset` and where it starts.
+        At an entry boundary that is `offset`; inside an entry it is the entry's start
+        while `offset` is one of its records' (the reader drops those below), else the
+        next entry (a Kafka reader's last offset + 1)."""
+        segments, bases = self._view
+        if bases[0] <= offset < self.visible_offset:
+            segment = segments[bisect.bisect_right(bases, offset) - 1]
+            position = offset - segment.base_offset
+            try:
+                if position and not segment.is_boundary(position):
+                    start, end = entry_around(segment, position, segment.end_offset - segment.base_offset)
+                    inside = position - start < records_at(segment, start, end)
+                    offset = segment.base_offset + (start if inside else end)
+            except FileNotFoundError:
+                raise OffsetOutOfRange(f"offset {offset} of partition {self.name} was just deleted by retention") from None
+        return offset, self.read(offset, max_bytes)
 
     def offsets_before(self, timestamp: int, max_offsets: int = 1) -> list[int]:
         """Offsets from which to read everything produced after `timestamp`, newest first:
