@@ -139,8 +139,8 @@ def append_entry(
     attributes: int = 0,
     magic: int = MAGIC,
 ) -> None:
-    """Encode one entry at the end of `out` (the producer's inner loop: the covered
-    bytes are built once and checksummed once)."""
+    """Encode one entry at the end of `out` (the covered bytes are built once and
+    checksummed once)."""
     covered = _ENTRY_TAIL.pack(now_ms() if timestamp is None else timestamp, -1 if key is None else len(key))
     if key:
         covered += key
@@ -157,29 +157,47 @@ def encode_message_set(
     """Encode (key, value, timestamp) tuples as one message set.
 
     With a codec, the whole set becomes the value of a single wrapper entry whose
-    timestamp is the largest inner timestamp (docs/protocol.md).
+    timestamp is the largest inner timestamp (docs/protocol.md) — unless that entry
+    would span fewer bytes than it holds messages (docs/architecture.md, "Offsets":
+    thousands of tiny alike messages), which the broker refuses: then the set goes
+    uncompressed, its messages as plain entries.
     """
     codec = Codec.parse(codec)
-    out, largest = _inner_set(messages)
-    if codec is Codec.NONE or not out:
-        return bytes(out)
+    parts, largest, count = _inner_parts(messages)
+    inner = b"".join(parts)
+    if codec is Codec.NONE or not inner:
+        return inner
     wrapper = bytearray()
-    append_entry(wrapper, compress(codec, bytes(out)), None, largest, int(codec))
-    return bytes(wrapper)
+    append_entry(wrapper, compress(codec, inner), None, largest, int(codec))
+    return inner if len(wrapper) < count else bytes(wrapper)
 
 
-def _inner_set(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> tuple[bytearray, int]:
-    """Magic-2 entries of (key, value, timestamp) tuples, and their largest timestamp."""
-    out = bytearray()
+def _inner_parts(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> tuple[list[bytes], int, int]:
+    """Magic-2 entries of (key, value, timestamp) tuples as pieces to join, their
+    largest timestamp and their number: the producer's inner loop. Each entry costs one
+    header `pack`, a CRC continued over the header's tail, the key and the value (no
+    copy of either), and the pieces are copied once, by the caller's join."""
+    parts: list[bytes] = []
+    add = parts.append
     largest = -1
     now = None
+    crc, tail, header = checksum, _ENTRY_TAIL.pack, HEADER.pack
+    seed = V2_SEEDS[0]
+    keyed = 0
     for key, value, timestamp in messages:
         if timestamp is None:
             timestamp = now = now or now_ms()
         if timestamp > largest:
             largest = timestamp
-        append_entry(out, value, key, timestamp)
-    return out, largest
+        if key is None:
+            add(header(len(value) + 18, MAGIC, 0, crc(value, crc(tail(timestamp, -1), seed)), timestamp, -1))
+        else:
+            add(header(len(key) + len(value) + 18, MAGIC, 0,
+                       crc(value, crc(key, crc(tail(timestamp, len(key)), seed))), timestamp, len(key)))
+            add(key)
+            keyed += 1
+        add(value)
+    return parts, largest, (len(parts) - keyed) // 2  # two pieces a message, three with a key
 
 
 def encode_batch(
@@ -187,15 +205,24 @@ def encode_batch(
     codec: Codec | str | None = Codec.NONE,
 ) -> bytes:
     """An idempotent producer's batch: one magic-3 entry holding `messages`, whose
-    count `identity` must give."""
+    count `identity` must give. Compressed, unless the entry would then span fewer
+    bytes than it holds messages (see `encode_message_set`): then it goes uncompressed,
+    with the same identity. Uncompressed, the entry is built in one join: its CRC
+    continues over the identity and the inner entries' pieces."""
     if identity.count != len(messages) or not messages:
         raise ValueError(f"a batch of {len(messages)} messages cannot carry count {identity.count}")
     codec = Codec.parse(codec)
-    inner, largest = _inner_set(messages)
-    value = BATCH_FIELDS.pack(*identity) + (compress(codec, bytes(inner)) if codec is not Codec.NONE else inner)
-    out = bytearray()
-    append_entry(out, value, None, largest, int(codec), MAGIC_BATCH)
-    return bytes(out)
+    parts, largest, _ = _inner_parts(messages)
+    fields = BATCH_FIELDS.pack(*identity)
+    if codec is not Codec.NONE:
+        out = bytearray()
+        append_entry(out, fields + compress(codec, b"".join(parts)), None, largest, int(codec), MAGIC_BATCH)
+        if len(out) >= len(messages):
+            return bytes(out)
+    inner = b"".join(parts)
+    crc = checksum(inner, checksum(fields, checksum(_ENTRY_TAIL.pack(largest, -1), V3_SEEDS[0])))
+    size = MIN_ENTRY_SIZE + len(fields) + len(inner)
+    return b"".join((HEADER.pack(size, MAGIC_BATCH, 0, crc, largest, -1), fields, inner))
 
 
 class ScanStop(enum.Enum):
