@@ -248,13 +248,9 @@ class Sender:
         self.accumulator.notify_idle_waiters(lambda: setattr(self, "publish_requested", False))
 
     def _encode(self, batch: ProducerBatch) -> bytes:
-        """The batch's bytes. A compressed batch that would span fewer bytes than it
-        holds messages goes uncompressed (the encoders decide; docs/clients.md,
-        "Compression"): without idempotence its messages are then plain entries, each
-        with its own offset, which its futures give."""
-        if self.idempotence is None:
+        if self.idempotence is None:  # a set compressed below its message count goes plain (docs/clients.md)
             payload = encode_message_set(batch.records, self.codec)
-            if self.codec is not Codec.NONE and payload[5] == 0:  # the first entry's attributes: no codec
+            if self.codec is not Codec.NONE and payload[5] == 0:  # plain entries: each future its own offset
                 batch.result.exact = True
             return payload
         return encode_batch(batch.records, self.idempotence.assign(batch), self.codec)

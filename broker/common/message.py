@@ -131,37 +131,22 @@ _ENTRY_HEAD = struct.Struct(">ibbI")  # size, magic, attributes, crc
 _ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first bytes after the crc
 
 
-def append_entry(
-    out: bytearray,
-    value: bytes,
-    key: bytes | None = None,
-    timestamp: int | None = None,
-    attributes: int = 0,
-    magic: int = MAGIC,
-) -> None:
-    """Encode one entry at the end of `out` (the covered bytes are built once and
-    checksummed once)."""
+def append_entry(out: bytearray, value: bytes, key: bytes | None = None, timestamp: int | None = None,
+                 attributes: int = 0, magic: int = MAGIC) -> None:
+    """Encode one entry at the end of `out` (covered bytes built and checksummed once)."""
     covered = _ENTRY_TAIL.pack(now_ms() if timestamp is None else timestamp, -1 if key is None else len(key))
     if key:
         covered += key
     covered += value
-    crc = checksum(covered, SEEDS[magic][attributes & 0xFF])
-    out += _ENTRY_HEAD.pack(len(covered) + 6, magic, attributes, crc)
+    out += _ENTRY_HEAD.pack(len(covered) + 6, magic, attributes, checksum(covered, SEEDS[magic][attributes & 0xFF]))
     out += covered
 
 
-def encode_message_set(
-    messages: Iterable[tuple[bytes | None, bytes, int | None]],
-    codec: Codec | str | None = Codec.NONE,
-) -> bytes:
-    """Encode (key, value, timestamp) tuples as one message set.
-
-    With a codec, the whole set becomes the value of a single wrapper entry whose
-    timestamp is the largest inner timestamp (docs/protocol.md) — unless that entry
-    would span fewer bytes than it holds messages (docs/architecture.md, "Offsets":
-    thousands of tiny alike messages), which the broker refuses: then the set goes
-    uncompressed, its messages as plain entries.
-    """
+def encode_message_set(messages: Iterable[tuple[bytes | None, bytes, int | None]],
+                       codec: Codec | str | None = Codec.NONE) -> bytes:
+    """(key, value, timestamp) tuples as one set; with a codec, one wrapper entry of the
+    largest inner timestamp (docs/protocol.md), unless it would span fewer bytes than it
+    holds messages, which the broker refuses (docs/architecture.md, "Offsets")."""
     codec = Codec.parse(codec)
     parts, largest, count = _inner_parts(messages)
     inner = b"".join(parts)
@@ -173,17 +158,13 @@ def encode_message_set(
 
 
 def _inner_parts(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> tuple[list[bytes], int, int]:
-    """Magic-2 entries of (key, value, timestamp) tuples as pieces to join, their
-    largest timestamp and their number: the producer's inner loop. Each entry costs one
-    header `pack`, a CRC continued over the header's tail, the key and the value (no
-    copy of either), and the pieces are copied once, by the caller's join."""
+    """Magic-2 entries as pieces for one join, their largest timestamp and count: the
+    producer's inner loop, one header `pack` and a CRC continued over the header's
+    tail, key and value per message, no copy before the join."""
     parts: list[bytes] = []
     add = parts.append
-    largest = -1
-    now = None
+    largest, now, keyed, seed = -1, None, 0, V2_SEEDS[0]
     crc, tail, header = checksum, _ENTRY_TAIL.pack, HEADER.pack
-    seed = V2_SEEDS[0]
-    keyed = 0
     for key, value, timestamp in messages:
         if timestamp is None:
             timestamp = now = now or now_ms()
@@ -200,29 +181,22 @@ def _inner_parts(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> 
     return parts, largest, (len(parts) - keyed) // 2  # two pieces a message, three with a key
 
 
-def encode_batch(
-    messages: list[tuple[bytes | None, bytes, int | None]], identity: BatchIdentity,
-    codec: Codec | str | None = Codec.NONE,
-) -> bytes:
-    """An idempotent producer's batch: one magic-3 entry holding `messages`, whose
-    count `identity` must give. Compressed, unless the entry would then span fewer
-    bytes than it holds messages (see `encode_message_set`): then it goes uncompressed,
-    with the same identity. Uncompressed, the entry is built in one join: its CRC
-    continues over the identity and the inner entries' pieces."""
+def encode_batch(messages: list[tuple[bytes | None, bytes, int | None]], identity: BatchIdentity,
+                 codec: Codec | str | None = Codec.NONE) -> bytes:
+    """An idempotent producer's batch: one magic-3 entry of `messages` (their count in
+    `identity`), uncompressed when compressed it would break encode_message_set's rule."""
     if identity.count != len(messages) or not messages:
         raise ValueError(f"a batch of {len(messages)} messages cannot carry count {identity.count}")
     codec = Codec.parse(codec)
     parts, largest, _ = _inner_parts(messages)
-    fields = BATCH_FIELDS.pack(*identity)
+    fields, inner, out = BATCH_FIELDS.pack(*identity), b"".join(parts), bytearray()
     if codec is not Codec.NONE:
-        out = bytearray()
-        append_entry(out, fields + compress(codec, b"".join(parts)), None, largest, int(codec), MAGIC_BATCH)
+        append_entry(out, fields + compress(codec, inner), None, largest, int(codec), MAGIC_BATCH)
         if len(out) >= len(messages):
             return bytes(out)
-    inner = b"".join(parts)
-    crc = checksum(inner, checksum(fields, checksum(_ENTRY_TAIL.pack(largest, -1), V3_SEEDS[0])))
-    size = MIN_ENTRY_SIZE + len(fields) + len(inner)
-    return b"".join((HEADER.pack(size, MAGIC_BATCH, 0, crc, largest, -1), fields, inner))
+        out.clear()
+    append_entry(out, fields + inner, None, largest, 0, MAGIC_BATCH)
+    return bytes(out)
 
 
 class ScanStop(enum.Enum):

@@ -10,11 +10,13 @@ import struct
 
 import pytest
 
+from broker.client.pipeline import Outgoing, Pipeline
 from broker.common.compression import Codec
 from broker.common.message import (
     HEADER, MAGIC_BATCH, BatchIdentity, append_entry, batch_identity, encode_batch, encode_message_set, iter_messages,
     validate_message_set,
 )
+from broker.common.protocol import ProduceRequest
 
 PACKAGES = {Codec.SNAPPY: "snappy", Codec.LZ4: "lz4.frame", Codec.ZSTD: "zstandard"}
 
@@ -102,3 +104,14 @@ def test_a_set_that_compresses_well_enough_stays_compressed(codec):
     for payload in (encode_message_set(records, codec), encode_batch(records, BatchIdentity(1, 0, 0, 50), codec)):
         assert HEADER.unpack_from(payload)[2] == int(codec)
         assert len(payload) >= 50
+
+
+@pytest.mark.parametrize("acks", [0, 1, -1])
+def test_a_produce_request_built_from_its_cached_head_is_the_protocols_encoding(acks):
+    """The pipeline encodes a partition's PRODUCE fields once and puts each set behind
+    them: byte for byte what `ProduceRequest.encode` gives, for every batch."""
+    pipeline = Pipeline(pool=None, acks=acks, timeout_ms=1234)
+    for topic, partition, payload in [("clicks", 0, b""), ("clicks", 0, b"x" * 300), ("clicks", 3, b"y"),
+                                      ("é-topic", 0, encode_message_set(messages(1, 5)))]:
+        request = pipeline._produce(Outgoing(None, topic, partition, 0, payload), acks)
+        assert request.body == ProduceRequest(acks, 1234, topic, partition, payload).encode()
