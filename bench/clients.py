@@ -4,6 +4,13 @@ and 1 — and one consumer reading everything back.
 
     .venv/bin/python -m bench.clients --count 200000 [--send-many]
     .venv/bin/python -m bench.clients --count 200000 --consumer-rounds 3
+    .venv/bin/python -m bench.clients --count 200000 --against-raw 3
+
+Every producer row also gives the producing process's CPU time per message (user +
+system, all its threads: what the producer takes from a web server's cores).
+`--against-raw N` measures only the Producer (acks 0, idempotence off) against
+`bench.raw`'s pre-encoded frames — the broker's own ceiling — at batch 1 and 50 on one
+broker, alternating, N rounds (issue 38).
 
 `--consumer-rounds N` measures only the consumer's reads of one partition of magic-3
 producer batches — as before issue 25 (`decode_messages`), iteration, and the batch
@@ -27,11 +34,15 @@ import argparse
 import logging
 import time
 
+from bench.raw import run_produce
+from broker.client.connection import BrokerConnection
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
+from broker.common.errors import LogbusError
 from broker.common.message import decode_messages
 from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
+from harness.process import wait_until
 from harness.zookeeper import client
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
@@ -39,11 +50,16 @@ SIZE = 200
 MANY_CHUNK = 1000
 
 
-def produce(zk: str, topic: str, count: int, batch: int, acks: int, many: bool = False) -> float:
+def produce(zk: str, topic: str, count: int, batch: int, acks: int, many: bool = False,
+            idempotent: bool | None = None) -> tuple[float, float]:
+    """(msg/s, CPU µs per message): the clock and this process's CPU time (user +
+    system, every thread: the caller's sends, the sender thread, ZooKeeper's) from the
+    first send until `close` returns. Idempotence is on with acks 1 unless told."""
     value = b"x" * SIZE
-    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False, enable_idempotence=acks != 0,
+    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False,
+                  enable_idempotence=acks != 0 if idempotent is None else idempotent,
                   queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if many:
             chunk = [value] * MANY_CHUNK
             count -= count % MANY_CHUNK
@@ -53,9 +69,44 @@ def produce(zk: str, topic: str, count: int, batch: int, acks: int, many: bool =
             for _ in range(count):
                 producer.send(topic, value, partition=0)
         report = producer.close(300)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert not report.failed, report
-    return count / elapsed
+    return count / elapsed, cpu / count * 1e6
+
+
+def against_raw(rounds: int, count: int) -> None:
+    """`--against-raw N`: the broker's own ceiling (`bench.raw`: pre-encoded acks=0
+    frames from two processes, one partition each) and the real Producer (one process,
+    one partition, acks 0, idempotence off) at batch 1 and 50 on one broker, in turn,
+    N rounds; the Producer's share of the raw figure and its CPU per message."""
+    rows: dict[str, list[float]] = {}
+    with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
+        broker = cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
+        with client(zookeeper.connect_string) as zk:
+            for r in range(rounds):
+                for batch in (1, 50):
+                    create_topic(zk, f"raw-{r}-{batch}", 2)
+                    create_topic(zk, f"client-{r}-{batch}", 1)
+                    wait_until(lambda: broker_knows(broker.port, f"raw-{r}-{batch}", 2), 30, "raw topic on the broker")
+                    raw_rate = run_produce(broker.port, f"raw-{r}-{batch}", count, batch, 2)
+                    rate, cpu = produce(zookeeper.connect_string, f"client-{r}-{batch}", count, batch, 0)
+                    for name, v in ((f"raw batch {batch}", raw_rate), (f"producer batch {batch}", rate),
+                                    (f"producer/raw batch {batch}", rate / raw_rate),
+                                    (f"producer CPU us/msg batch {batch}", cpu)):
+                        rows.setdefault(name, []).append(v)
+    print(f"{count} messages of {SIZE} bytes per run, acks 0, one broker, {rounds} rounds alternating")
+    for name, values in rows.items():
+        print(f"{name:30} " + " ".join(f"{v:10.2f}" if v < 100 else f"{v:10.0f}" for v in values))
+
+
+def broker_knows(port: int, topic: str, partitions: int) -> bool:
+    """The broker has opened every partition of `topic` (raw frames to an unknown
+    partition are refused, and acks=0 would not say so)."""
+    with BrokerConnection("127.0.0.1", port, client_id="bench") as conn:
+        try:
+            return all(conn.offsets(topic, p, -1) is not None for p in range(partitions))
+        except LogbusError:
+            return False
 
 
 def consume(zk: str, topic: str, count: int) -> float:
@@ -129,12 +180,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200_000, help="messages per producer run (default 200000)")
     parser.add_argument("--send-many", action="store_true", help="also the batch-50 runs through send_many")
+    parser.add_argument("--against-raw", type=int, default=0,
+                        help="only the Producer against bench.raw's frames at batch 1 and 50, alternating, N rounds")
     parser.add_argument("--consumer-rounds", type=int, default=0,
                         help="only the consumer reads (before issue 25, iteration, batches), alternating, N rounds")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.consumer_rounds:
         consumer_rounds(args.consumer_rounds, args.count)
+        return
+    if args.against_raw:
+        against_raw(args.against_raw, args.count)
         return
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
@@ -144,21 +200,22 @@ def main() -> None:
                 for acks in (0, 1):
                     topic = f"bench-b{batch}-a{acks}"
                     create_topic(zk, topic, 1)
-                    rate = produce(zookeeper.connect_string, topic, args.count, batch, acks)
+                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, batch, acks)
                     paper = PAPER[f"batch {batch}"]
-                    rows.append((f"producer batch {batch} acks {acks}", rate, paper))
+                    rows.append((f"producer batch {batch} acks {acks}", rate, paper, cpu))
             if args.send_many:
                 for acks in (0, 1):
                     topic = f"bench-many-a{acks}"
                     create_topic(zk, topic, 1)
-                    rate = produce(zookeeper.connect_string, topic, args.count, 50, acks, many=True)
-                    rows.append((f"producer batch 50 acks {acks} send_many", rate, PAPER["batch 50"]))
+                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, 50, acks, many=True)
+                    rows.append((f"producer batch 50 acks {acks} send_many", rate, PAPER["batch 50"], cpu))
         rate = consume(zookeeper.connect_string, "bench-b50-a1", args.count)
-        rows.append(("consumer (one partition, 1 MiB fetches)", rate, PAPER["consumer"]))
+        rows.append(("consumer (one partition, 1 MiB fetches)", rate, PAPER["consumer"], None))
     print(f"{args.count} messages of {SIZE} bytes per run, one broker, one partition, 2 shared cores")
-    print(f"{'run':42} {'msg/s':>10} {'MB/s':>8} {'paper msg/s':>12} {'ratio':>6}")
-    for name, rate, paper in rows:
-        print(f"{name:42} {rate:10.0f} {rate * SIZE / 1e6:8.2f} {paper:12d} {rate / paper:6.2f}")
+    print(f"{'run':42} {'msg/s':>10} {'MB/s':>8} {'paper msg/s':>12} {'ratio':>6} {'CPU us/msg':>10}")
+    for name, rate, paper, cpu in rows:
+        print(f"{name:42} {rate:10.0f} {rate * SIZE / 1e6:8.2f} {paper:12d} {rate / paper:6.2f}"
+              + (f" {cpu:10.2f}" if cpu is not None else ""))
 
 
 if __name__ == "__main__":

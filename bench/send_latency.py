@@ -5,7 +5,8 @@ call `send` inside a request and must not stall on it (benchmark, not a test).
     .venv/bin/python -m bench.send_latency --seconds 5
 
 First the maximum: one async producer sends `--count` messages as fast as it can
-(the clock stops when `flush` returns). Then, for each fraction of that rate, the
+(the clock stops when `flush` returns). Then, for each fraction of that rate and each
+fixed rate of `--rates` (2,000 and 20,000 msg/s: issue 38), the
 producer sends paced messages for `--seconds` and the time of every `send` call is
 taken with `perf_counter_ns`: mean, p99, p99.9 and max. At 100% and above the queue
 fills (`queue_size`) and `send` blocks until the sender makes room: that is
@@ -87,6 +88,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1_000_000,
                         help="messages for the maximum rate, long enough to fill the queue (default 1000000)")
     parser.add_argument("--acks", type=int, default=1)
+    parser.add_argument("--rates", default="2000,20000",
+                        help="fixed rates (msg/s) measured after the fractions (issue 38's goal: p99 <= 0.1 ms, "
+                             "max <= 5 ms at 2,000 and 20,000)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with scratch_cluster("logbus-bench-latency-") as (zookeeper, cluster):
@@ -95,14 +99,15 @@ def main() -> None:
             create_topic(zk, "latency", 1)
         top = maximum_rate(zookeeper.connect_string, "latency", args.count, args.acks)
         rows = []
-        for fraction in FRACTIONS:
-            durations, reached = paced_sends(zookeeper.connect_string, "latency", fraction * top, args.seconds,
-                                             args.acks)
-            rows.append((fraction, reached, len(durations), *summary(durations)))
+        targets = [(f"{f:7.0%}", f * top) for f in FRACTIONS]
+        targets += [(f"{int(r):7d}", float(r)) for r in args.rates.split(",") if r]
+        for label, rate in targets:
+            durations, reached = paced_sends(zookeeper.connect_string, "latency", rate, args.seconds, args.acks)
+            rows.append((label, reached, len(durations), *summary(durations)))
     print(f"async send() latency, {SIZE}-byte messages, acks={args.acks}, maximum {top:,.0f} msg/s")
     print(f"{'target':>7} {'msg/s':>9} {'sends':>8} {'mean ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8}")
-    for fraction, reached, n, mean, p99, p999, worst in rows:
-        print(f"{fraction:7.0%} {reached:9,.0f} {n:8d} {mean:8.4f} {p99:8.3f} {p999:9.3f} {worst:8.2f}")
+    for label, reached, n, mean, p99, p999, worst in rows:
+        print(f"{label} {reached:9,.0f} {n:8d} {mean:8.4f} {p99:8.3f} {p999:9.3f} {worst:8.2f}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
     .venv/bin/python -m bench.paper --messages 100000 --peer-messages 20000   # a quick look
 
 - Producer test: one producer, 200-byte messages; logbus at batch 1 and 50 with
-  acks=0 (the paper's Kafka) and acks=1; the peers one message at a time.
+  acks=0 (the paper's Kafka) and acks=1, idempotence off (each batch one request, as
+  the paper's producer), and as rows of their own the idempotent default at acks=1;
+  the peers one message at a time.
 - Consumer test: one consumer reads everything back, each pull about 1,000 messages
   / 200 KB (logbus fetch size 200 KB; RabbitMQ prefetch 1000; ActiveMQ prefetch 1000;
   Redis XREAD COUNT 1000); peers acknowledge automatically.
@@ -96,15 +98,16 @@ def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], lat
             broker = cluster.start_broker(0, logbus_side.THROUGHPUT_SETTINGS)
             setup = logbus_side.LogbusSetup(zk, cluster, broker)
             ends = {}
-            for acks in args.acks:
-                for batch in args.batches:
-                    setting = f"batch {batch}, acks={acks}"
-                    topic = f"paper-b{batch}-a{acks}"
-                    logbus_side.create_topic(setup, topic)
-                    s = sampler(f"logbus produce {setting}", args.messages, every)
-                    ends[topic] = logbus_side.produce(setup, topic, args.messages, payload, s, acks=acks, batch=batch,
-                                                      queue_size=args.queue_size)
-                    runs.append(Run("logbus", "produce", setting, s.done, s.seconds, s.series(), batch))
+            settings = [(batch, acks, False) for acks in args.acks for batch in args.batches]
+            settings += [(batch, 1, True) for batch in args.idempotent]  # the Producer's default, its own rows
+            for batch, acks, idempotent in settings:
+                setting = f"batch {batch}, acks={acks}" + (", idempotent" if idempotent else "")
+                topic = f"paper-b{batch}-a{acks}" + ("-i" if idempotent else "")
+                logbus_side.create_topic(setup, topic)
+                s = sampler(f"logbus produce {setting}", args.messages, every)
+                ends[topic] = logbus_side.produce(setup, topic, args.messages, payload, s, acks=acks, batch=batch,
+                                                  queue_size=args.queue_size, idempotent=idempotent)
+                runs.append(Run("logbus", "produce", setting, s.done, s.seconds, s.series(), batch))
             # storage and the consumer test on the last topic written (same bytes in every topic)
             topic = f"paper-b{args.batches[-1]}-a{args.acks[0]}"
             for t, end in ends.items():
@@ -195,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="messages per run for each peer (they are slower; same shape)")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: rabbitmq,activemq,redis (or none)")
     parser.add_argument("--batches", default="1,50", help="logbus producer batch sizes")
-    parser.add_argument("--acks", default="0,1", help="logbus producer acks settings")
+    parser.add_argument("--acks", default="0,1", help="logbus producer acks settings (idempotence off: the paper's)")
+    parser.add_argument("--idempotent", default="1,50",
+                        help="batch sizes of the extra rows with the idempotent producer, acks=1 (the default Producer)")
     parser.add_argument("--queue-size", type=int, default=logbus_side.QUEUE_SIZE,
                         help="logbus async producer queue (Kafka 0.7's default queue.size is 10,000)")
     parser.add_argument("--sample-mb", type=float, default=10.0, help="one throughput sample per this many MB")
@@ -209,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     args.acks = [int(a) for a in args.acks.split(",")]
+    args.idempotent = [int(b) for b in args.idempotent.split(",") if b]
     args.latency_flush_ms = [int(f) for f in args.latency_flush_ms.split(",") if f]
     peers = [p for p in args.peers.split(",") if p and p != "none"]
     for p in peers:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from random import randrange
 from itertools import repeat
 from typing import Callable, Iterable
 
@@ -54,11 +55,8 @@ class ProducerBatch:
         self.records: list[Record] = []
         self.bytes = 0  # encoded size without compression: HEADER_SIZE + key + value per message
         self.created = time.monotonic()
-        self.movable = movable
-        self.internal = internal
-        self.attempts = 0
-        self.not_before = 0.0
-        self.finished = False
+        self.movable, self.internal = movable, internal
+        self.attempts, self.not_before, self.finished = 0, 0.0, False
         self.result = BatchResult(topic, exact)
         self.riders: list[BatchResult] = []  # results of batches merged into this one (`absorb`)
         self.producer_id: int | None = None  # idempotence: the identity it was first sent with
@@ -105,9 +103,7 @@ class RecordAccumulator:
         self.batch_size = max(1, batch_size)
         self.batch_bytes = batch_bytes
         self.linger = linger
-        self.queue_size = queue_size
-        self.queue_full = queue_full
-        self.max_block = max_block
+        self.queue_size, self.queue_full, self.max_block = queue_size, queue_full, max_block  # back-pressure
         self.exact_offsets = exact_offsets
         self.retry_backoff = retry_backoff
         self.max_in_flight_per_partition = max_in_flight_per_partition  # 0: no limit
@@ -118,6 +114,7 @@ class RecordAccumulator:
         self._sticky: dict[str, ProducerBatch] = {}  # unkeyed messages, per topic
         self._ready: deque[ProducerBatch] = deque()
         self._in_flight: list[ProducerBatch] = []
+        self._live: dict[str, list[int]] = {}  # per topic, partitions with a leader at the last drain
         self._woken = False
         self.outstanding = 0  # messages appended and not yet delivered or failed
         self.flushing = 0  # flushes in progress (or a close): open batches are ready at once
@@ -226,8 +223,10 @@ class RecordAccumulator:
         return batch
 
     def _sticky_partition(self, topic: str, avoid: int | None) -> int:
-        """A random available partition (preferring not `avoid`); any partition while
-        none is available — `drain` moves the batch once one is."""
+        """A random available partition (preferring not `avoid`), as the last drain saw them
+        if it did; any partition while none is available — `drain` moves the batch once one is."""
+        if avoid is None and (live := self._live.get(topic)):
+            return live[randrange(len(live))]
         leaders = self.metadata.partitions(topic) or {0: -1}
         partition = choose_partition(None, leaders, avoid)
         return partition if partition is not None else choose_partition(None, dict.fromkeys(leaders, 0), avoid)
@@ -272,6 +271,7 @@ class RecordAccumulator:
                     continue
                 if batch.topic not in leaders:
                     leaders[batch.topic] = leaders_of(batch.topic) or {}
+                    self._live[batch.topic] = available(leaders[batch.topic])
                 tp_leaders = leaders[batch.topic]
                 leader = tp_leaders.get(batch.partition, -1)
                 if batch.movable and leader < 0:

@@ -11,6 +11,7 @@ retrying is the sender's business.
 
 from __future__ import annotations
 
+import struct
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -27,6 +28,7 @@ from broker.common.protocol import (
 MAX_IN_FLIGHT = 32
 # Requests written together in one syscall stop growing past this many bytes.
 WRITE_BYTES = 1 << 20
+_SIZE = struct.Struct(">i")
 
 
 class Outgoing(NamedTuple):
@@ -67,6 +69,7 @@ class Pipeline:
         # Topics always sent with acks=-1 whatever `acks` is: the monitoring topic, whose
         # events are the audit's ground truth and must not vanish with an acks=0 producer.
         self.durable_topics = durable_topics
+        self._heads: dict[tuple[str, int, int], bytes] = {}  # a PRODUCE's bytes before its set's size
 
     def send(self, batches: list[Outgoing]) -> list[Outcome]:
         """Send every batch to its leader; one outcome per batch."""
@@ -104,8 +107,13 @@ class Pipeline:
         return requests
 
     def _produce(self, out: Outgoing, acks: int) -> _Request:
-        body = ProduceRequest(acks, self.timeout_ms, out.topic, out.partition, out.payload).encode()
-        return _Request([out], body, ApiKey.PRODUCE)
+        """A PRODUCE: its fields before the set are the same for every batch of a
+        partition, encoded once (at batch 1 the encoding was a tenth of the sender)."""
+        head = self._heads.get((out.topic, out.partition, acks))
+        if head is None:
+            empty = ProduceRequest(acks, self.timeout_ms, out.topic, out.partition, b"").encode()
+            head = self._heads[(out.topic, out.partition, acks)] = empty[:-4]  # without the set's size
+        return _Request([out], b"".join((head, _SIZE.pack(len(out.payload)), out.payload)), ApiKey.PRODUCE)
 
     def _send_to(self, leader: int, requests: list[_Request], acks: int, outcomes: list[Outcome]) -> None:
         try:

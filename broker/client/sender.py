@@ -248,8 +248,11 @@ class Sender:
         self.accumulator.notify_idle_waiters(lambda: setattr(self, "publish_requested", False))
 
     def _encode(self, batch: ProducerBatch) -> bytes:
-        if self.idempotence is None:
-            return encode_message_set(batch.records, self.codec)
+        if self.idempotence is None:  # a set compressed below its message count goes plain (docs/clients.md)
+            payload = encode_message_set(batch.records, self.codec)
+            if self.codec is not Codec.NONE and payload[5] == 0:  # plain entries: each future its own offset
+                batch.result.exact = True
+            return payload
         return encode_batch(batch.records, self.idempotence.assign(batch), self.codec)
 
     def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:

@@ -131,70 +131,71 @@ _ENTRY_HEAD = struct.Struct(">ibbI")  # size, magic, attributes, crc
 _ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first bytes after the crc
 
 
-def append_entry(
-    out: bytearray,
-    value: bytes,
-    key: bytes | None = None,
-    timestamp: int | None = None,
-    attributes: int = 0,
-    magic: int = MAGIC,
-) -> None:
-    """Encode one entry at the end of `out` (the producer's inner loop: the covered
-    bytes are built once and checksummed once)."""
+def append_entry(out: bytearray, value: bytes, key: bytes | None = None, timestamp: int | None = None,
+                 attributes: int = 0, magic: int = MAGIC) -> None:
+    """Encode one entry at the end of `out` (covered bytes built and checksummed once)."""
     covered = _ENTRY_TAIL.pack(now_ms() if timestamp is None else timestamp, -1 if key is None else len(key))
     if key:
         covered += key
     covered += value
-    crc = checksum(covered, SEEDS[magic][attributes & 0xFF])
-    out += _ENTRY_HEAD.pack(len(covered) + 6, magic, attributes, crc)
+    out += _ENTRY_HEAD.pack(len(covered) + 6, magic, attributes, checksum(covered, SEEDS[magic][attributes & 0xFF]))
     out += covered
 
 
-def encode_message_set(
-    messages: Iterable[tuple[bytes | None, bytes, int | None]],
-    codec: Codec | str | None = Codec.NONE,
-) -> bytes:
-    """Encode (key, value, timestamp) tuples as one message set.
-
-    With a codec, the whole set becomes the value of a single wrapper entry whose
-    timestamp is the largest inner timestamp (docs/protocol.md).
-    """
+def encode_message_set(messages: Iterable[tuple[bytes | None, bytes, int | None]],
+                       codec: Codec | str | None = Codec.NONE) -> bytes:
+    """(key, value, timestamp) tuples as one set; with a codec, one wrapper entry of the
+    largest inner timestamp (docs/protocol.md), unless it would span fewer bytes than it
+    holds messages, which the broker refuses (docs/architecture.md, "Offsets")."""
     codec = Codec.parse(codec)
-    out, largest = _inner_set(messages)
-    if codec is Codec.NONE or not out:
-        return bytes(out)
+    parts, largest, count = _inner_parts(messages)
+    inner = b"".join(parts)
+    if codec is Codec.NONE or not inner:
+        return inner
     wrapper = bytearray()
-    append_entry(wrapper, compress(codec, bytes(out)), None, largest, int(codec))
-    return bytes(wrapper)
+    append_entry(wrapper, compress(codec, inner), None, largest, int(codec))
+    return inner if len(wrapper) < count else bytes(wrapper)
 
 
-def _inner_set(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> tuple[bytearray, int]:
-    """Magic-2 entries of (key, value, timestamp) tuples, and their largest timestamp."""
-    out = bytearray()
-    largest = -1
-    now = None
+def _inner_parts(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> tuple[list[bytes], int, int]:
+    """Magic-2 entries as pieces for one join, their largest timestamp and count: the
+    producer's inner loop, one header `pack` and a CRC continued over the header's
+    tail, key and value per message, no copy before the join."""
+    parts: list[bytes] = []
+    add = parts.append
+    largest, now, keyed, seed = -1, None, 0, V2_SEEDS[0]
+    crc, tail, header = checksum, _ENTRY_TAIL.pack, HEADER.pack
     for key, value, timestamp in messages:
         if timestamp is None:
             timestamp = now = now or now_ms()
         if timestamp > largest:
             largest = timestamp
-        append_entry(out, value, key, timestamp)
-    return out, largest
+        if key is None:
+            add(header(len(value) + 18, MAGIC, 0, crc(value, crc(tail(timestamp, -1), seed)), timestamp, -1))
+        else:
+            add(header(len(key) + len(value) + 18, MAGIC, 0,
+                       crc(value, crc(key, crc(tail(timestamp, len(key)), seed))), timestamp, len(key)))
+            add(key)
+            keyed += 1
+        add(value)
+    return parts, largest, (len(parts) - keyed) // 2  # two pieces a message, three with a key
 
 
-def encode_batch(
-    messages: list[tuple[bytes | None, bytes, int | None]], identity: BatchIdentity,
-    codec: Codec | str | None = Codec.NONE,
-) -> bytes:
-    """An idempotent producer's batch: one magic-3 entry holding `messages`, whose
-    count `identity` must give."""
+def encode_batch(messages: list[tuple[bytes | None, bytes, int | None]], identity: BatchIdentity,
+                 codec: Codec | str | None = Codec.NONE) -> bytes:
+    """An idempotent producer's batch: one magic-3 entry of `messages` (their count in
+    `identity`), uncompressed when compressed it would break encode_message_set's rule."""
     if identity.count != len(messages) or not messages:
         raise ValueError(f"a batch of {len(messages)} messages cannot carry count {identity.count}")
     codec = Codec.parse(codec)
-    inner, largest = _inner_set(messages)
-    value = BATCH_FIELDS.pack(*identity) + (compress(codec, bytes(inner)) if codec is not Codec.NONE else inner)
-    out = bytearray()
-    append_entry(out, value, None, largest, int(codec), MAGIC_BATCH)
+    parts, largest, _ = _inner_parts(messages)
+    fields, inner, out = BATCH_FIELDS.pack(*identity), b"".join(parts), bytearray()
+    if codec is not Codec.NONE:
+        append_entry(out, fields + compress(codec, inner), None, largest, int(codec), MAGIC_BATCH)
+        if len(out) >= len(messages):
+            return bytes(out)
+        out.clear()
+    append_entry(out, fields + inner, None, largest, 0, MAGIC_BATCH)
     return bytes(out)
 
 

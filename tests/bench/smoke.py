@@ -50,8 +50,12 @@ class Smoke:
 SMOKES: dict[str, Smoke] = {
     "clients": Smoke(["--count", "500"], [
         r"producer batch 1 acks 0 +\d+ +[\d.]+ +50000 +[\d.]+",
-        r"producer batch 50 acks 1 +\d+ +[\d.]+ +400000 +[\d.]+",
+        r"producer batch 50 acks 1 +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+",
         r"consumer \(one partition, 1 MiB fetches\) +\d+ +[\d.]+ +22000 +[\d.]+"]),
+    "clients:against-raw": Smoke(["--count", "500", "--against-raw", "1"], [
+        r"^raw batch 1 +\d+$",
+        r"^producer/raw batch 50 +[\d.]+$",
+        r"^producer CPU us/msg batch 50 +[\d.]+$"]),
     "raw": Smoke(["--messages", "2000"], [
         r"produce batch  1, acks=0: +[\d,]+ msg/s",
         r"\| produce batch 50 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|",
@@ -73,7 +77,8 @@ SMOKES: dict[str, Smoke] = {
     "send_latency": Smoke(["--count", "2000", "--seconds", "0.3"], [
         r"async send\(\) latency, 200-byte messages, acks=1, maximum [\d,]+ msg/s",
         r"^ +1% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$",
-        r"^ +100% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$"]),
+        r"^ +100% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$",
+        r"^ +2000 +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$"]),
     "spark_load": Smoke(["--messages", "500", "--s3"], [
         r"500 messages, [\d.]+ MB in the broker",
         r"plain Spark from JSON-lines +[\d.]+ s +[\d,]+ messages/s +\(500 rows\)",
@@ -136,6 +141,7 @@ SMOKES: dict[str, Smoke] = {
                     "--plots", "none"], [
         r"^\| logbus \| batch 1, acks=0 \| 2,000 \| [\d,]+ \| [\d.]+ \| 50,000 \| [\d.]+ \|$",
         r"^\| logbus \| batch 50, acks=1 \| 2,000 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|$",
+        r"^\| logbus \| batch 1, acks=1, idempotent \| 2,000 \| [\d,]+ \| [\d.]+ \| 50,000 \| [\d.]+ \|$",
         r"^\| logbus \| fetch 200 KB \| 2,000 \| [\d,]+ \| [\d.]+ \| 22,000 \| [\d.]+ \|$",
         r"^\| logbus \| 2,000 \| [\d,]+ \| [\d.]+ \| 9 \|",
         r"^\| 20 \| 200 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$"]),
@@ -221,8 +227,10 @@ def run_bench(module: str, args: list[str], scratch: Path, timeout: float, env: 
     return Run(process.returncode, output, seconds)
 
 
-def check_runs_at_a_tiny_size(module: str, tmp_path: Path) -> None:
-    smoke = SMOKES[module]
+def check_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
+    """`name` is a module, or `module:mode` for a second way to run one."""
+    smoke = SMOKES[name]
+    module = name.split(":")[0]
     args = [a.replace("{tmp}", str(tmp_path)) for a in smoke.args]
     run = run_bench(module, args, tmp_path, smoke.timeout)
     assert run.code == 0, f"bench.{module} exited with {run.code}:\n{run.output[-4000:]}"

@@ -258,3 +258,27 @@ def test_on_delivery_is_called_once_per_batch_before_flush_returns(cluster, zk_c
     assert counted == 500
     if acks != 0:  # each batch once: its own offsets, no two alike
         assert len({(p, offset) for p, offset, _ in calls}) == len(calls)
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+@pytest.mark.parametrize("codec", ["zstd", "gzip"])
+def test_a_batch_that_compresses_below_its_message_count_goes_uncompressed(cluster, zk, zk_connect, codec,
+                                                                           idempotent):
+    """3,000 empty messages in one batch compress to fewer bytes than messages, which
+    the broker refuses (a record's offset is its entry's position plus its index:
+    docs/architecture.md, "Offsets"). The producer sends that batch uncompressed, with
+    the same identity: all delivered once, read back with 3,000 distinct offsets."""
+    cluster.start_broker(0)
+    create_topic(zk, "empties", 1)
+    count = 3000
+    with Producer(zookeeper=zk_connect, mode="async", compression=codec, batch_size=count, linger_ms=60_000,
+                  delivery_timeout_ms=120_000, monitoring=False, enable_idempotence=idempotent) as producer:
+        futures = [producer.send("empties", b"", partition=0, timestamp=1) for _ in range(count)]
+        report = producer.flush(60)
+        offsets = [f.result(10).offset for f in futures]
+    assert (report.delivered, report.failed, report.pending) == (count, [], 0)
+    read = wait_visible(zk_connect, "empties", count)[0]
+    assert [m.value for m in read] == [b""] * count
+    assert len({m.offset for m in read}) == count
+    if not idempotent:  # sent as plain entries: each future has its message's own offset
+        assert offsets == [m.offset for m in read]

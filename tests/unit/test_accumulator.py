@@ -287,3 +287,36 @@ def test_with_idempotence_a_partition_has_five_batches_out_and_the_waiting_ones_
         result.succeed(0, 4096)
     assert [futures[i].result(0).offset for i in (4, 7)] == [4096, 4096]
     assert not futures[8].done()
+
+
+class CountingLeaders(Leaders):
+    """Counts metadata reads: the accumulator takes them under its lock."""
+
+    def __init__(self, **topics: dict[int, int]) -> None:
+        super().__init__(**topics)
+        self.reads = 0
+
+    def partitions(self, topic: str) -> dict[int, int] | None:
+        self.reads += 1
+        return super().partitions(topic)
+
+
+def test_new_sticky_batches_pick_among_the_partitions_the_last_drain_saw_live():
+    """At batch 1 every message opens a batch: its partition comes from what the last
+    drain saw (no metadata read per message), and a leader lost at a drain is avoided
+    by every batch opened after it."""
+    metadata = CountingLeaders(t={0: 7, 1: 8, 2: 9})
+    acc = accumulator(metadata, batch_size=1)
+    acc.append("t", None, b"first", 1, None)
+    drain(acc, 0.0)
+    reads = metadata.reads
+    metadata.topics["t"] = {0: 7, 1: -1, 2: 9}
+    for i in range(60):
+        acc.append("t", None, b"v", 1, None)
+    assert metadata.reads == reads  # the drain's view, no read per batch
+    partitions = {batch.partition for batch, _ in drain(acc, 0.0)}
+    assert partitions <= {0, 1, 2}
+    for i in range(60):
+        acc.append("t", None, b"v", 1, None)
+    placed = {batch.partition for batch, _ in drain(acc, 0.0)}
+    assert placed == {0, 2}  # the drain before saw partition 1 without a leader
