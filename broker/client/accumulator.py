@@ -79,7 +79,11 @@ class ProducerBatch:
                 and self.bytes + other.bytes <= max_bytes)
 
     def absorb(self, other: "ProducerBatch") -> None:
-        """Take `other`'s messages (after this batch's) and the duty to settle its result."""
+        """Take `other`'s messages (after this batch's) and the duty to settle its result;
+        its messages' offsets now count from this batch's start."""
+        for result in other.results:
+            result.shift_records += len(self.records)
+            result.shift_bytes += self.bytes
         self.records.extend(other.records)
         self.bytes += other.bytes
         self.riders.append(other.result)
@@ -140,7 +144,7 @@ class RecordAccumulator:
                 self._close(batch)
             elif opened:
                 self._work.notify()  # the sender times this batch's linger
-        return RecordFuture(batch.result, position)
+        return RecordFuture(batch.result, position, len(batch.records) - 1)
 
     def append_many(self, topic: str, values: list[bytes], timestamp: int, key: bytes | None = None,
                     partition: int | None = None) -> ManyFuture:

@@ -112,16 +112,19 @@ _WAITERS = threading.Lock()
 
 class BatchResult:
     """The outcome of one produce batch, set once: the partition it went to and its
-    base offset (-1 with acks=0), or the error. `exact` says whether a message's
-    offset is `base_offset` plus its byte position (uncompressed) or the wrapper's."""
+    base offset (-1 with acks=0), or the error. `exact` says whether the batch went as
+    plain entries (a message's offset is `base_offset` plus its byte position in the
+    batch) or as one wrapper (plus its index: docs/architecture.md, "Offsets")."""
 
-    __slots__ = ("topic", "exact", "partition", "base_offset", "error", "_done", "_event")
+    __slots__ = ("topic", "exact", "partition", "base_offset", "error", "_done", "_event", "shift_records",
+                 "shift_bytes")
 
     def __init__(self, topic: str, exact: bool) -> None:
         self.topic = topic
         self.exact = exact
         self.partition = -1
         self.base_offset = -1
+        self.shift_records = self.shift_bytes = 0  # what precedes its messages in the batch that absorbed it
         self.error: BaseException | None = None
         self._done = False
         self._event: threading.Event | None = None
@@ -162,11 +165,12 @@ class RecordFuture:
     `ProduceError` (whose `cause` is the broker's error); `TimeoutError` when
     `timeout` passes first."""
 
-    __slots__ = ("_batch", "_position")
+    __slots__ = ("_batch", "_position", "_index")
 
-    def __init__(self, batch: BatchResult, position: int) -> None:
+    def __init__(self, batch: BatchResult, position: int, index: int = 0) -> None:
         self._batch = batch
         self._position = position  # bytes before this message in its batch
+        self._index = index  # messages before it in its batch
 
     @classmethod
     def failed(cls, topic: str, error: BaseException) -> "RecordFuture":
@@ -194,8 +198,8 @@ class RecordFuture:
         if batch.error is not None:
             raise produce_error(batch.topic, batch.error)
         offset = batch.base_offset
-        if offset >= 0 and batch.exact:
-            offset += self._position
+        if offset >= 0:
+            offset += batch.shift_bytes + self._position if batch.exact else batch.shift_records + self._index
         return RecordMetadata(batch.topic, batch.partition, offset)
 
 

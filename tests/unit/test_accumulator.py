@@ -137,12 +137,12 @@ def test_futures_resolve_to_offsets_from_the_batch_base_offset():
     ]
 
 
-def test_compressed_or_unacknowledged_batches_give_the_wrapper_offset_or_minus_one():
+def test_compressed_or_unacknowledged_batches_give_the_wrapper_offset_plus_the_index_or_minus_one():
     acc = accumulator(exact_offsets=False)
     futures = [acc.append("t", None, b"v", 1, 0) for _ in range(3)]
     [(batch, _)] = drain(acc, 0.0)
     batch.result.succeed(0, 500)
-    assert {f.result(0).offset for f in futures} == {500}
+    assert [f.result(0).offset for f in futures] == [500, 501, 502]  # record i of a wrapper: its offset + i
     acks0 = accumulator()
     future = acks0.append("t", None, b"v", 1, 0)
     acks0.begin_flush()
@@ -273,7 +273,8 @@ def test_with_idempotence_a_partition_has_five_batches_out_and_the_waiting_ones_
     """Five batches of a partition per round (what the broker remembers); ready batches
     behind them merge into the fifth, as Kafka's batches grow while in-flight slots are
     taken — up to batch_bytes, never a batch already sent (it has a sequence)."""
-    acc = accumulator(batch_size=1, max_in_flight_per_partition=5, batch_bytes=4 * (HEADER_SIZE + 2))
+    acc = accumulator(batch_size=1, max_in_flight_per_partition=5, batch_bytes=4 * (HEADER_SIZE + 2),
+                      exact_offsets=False)
     futures = [acc.append("t", None, b"%02d" % i, 1, 0) for i in range(12)]
     round_ = [batch for batch, _ in drain(acc, 0.0)]
     assert [[r[1] for r in b.records] for b in round_] == [[b"00"], [b"01"], [b"02"], [b"03"],
@@ -285,7 +286,7 @@ def test_with_idempotence_a_partition_has_five_batches_out_and_the_waiting_ones_
     assert [len(b.records) for b in next_round] == [1, 1, 1, 1]  # 08..11: fewer than five, none merged
     for result in round_[4].results:
         result.succeed(0, 4096)
-    assert [futures[i].result(0).offset for i in (4, 7)] == [4096, 4096]
+    assert [futures[i].result(0).offset for i in (4, 7)] == [4096, 4099]  # merged: counted from the fifth's start
     assert not futures[8].done()
 
 

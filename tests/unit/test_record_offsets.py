@@ -6,8 +6,9 @@ import pytest
 
 from broker.common.columns import decode_columns
 from broker.common.errors import InvalidMessage
+from broker.common.compression import compress
 from broker.common.message import (
-    BatchIdentity, Codec, encode_batch, encode_message_set, iter_messages, validate_message_set,
+    BatchIdentity, Codec, append_entry, encode_batch, encode_message_set, iter_messages, validate_message_set,
 )
 from broker.common.records import count_records, entry_records
 
@@ -52,8 +53,15 @@ def test_records_are_counted_per_entry_and_per_set():
     assert count_records(data[:-3]) == 10, "a partial last entry counts for nothing"
 
 
+def too_many_for_its_bytes(count: int = 3000) -> bytes:
+    """A zstd set of `count` empty messages in one wrapper (what writers no longer make)."""
+    wrapper = bytearray()
+    append_entry(wrapper, compress(Codec.ZSTD, encode_message_set([(None, b"", 1)] * count)), None, 1, int(Codec.ZSTD))
+    return bytes(wrapper)
+
+
 def test_a_compressed_set_with_more_records_than_bytes_is_refused_with_the_reason():
-    tiny = encode_message_set([(None, b"", 1)] * 3000, Codec.ZSTD)
+    tiny = too_many_for_its_bytes()
     assert len(tiny) < 3000
     with pytest.raises(InvalidMessage, match="3000 messages in .* bytes.*send them uncompressed"):
         validate_message_set(tiny, 1 << 20)
@@ -61,7 +69,7 @@ def test_a_compressed_set_with_more_records_than_bytes_is_refused_with_the_reaso
 
 def test_an_old_entry_breaking_the_rule_reads_without_running_into_the_next_entry():
     """Written before the rule: its surplus records share the entry's last offset."""
-    tiny = encode_message_set([(None, b"", 1)] * 3000, Codec.ZSTD)
+    tiny = too_many_for_its_bytes()
     data = tiny + encode_message_set([(None, b"after", 2)])
     messages = list(iter_messages(data, 0))
     assert len(messages) == 3001
