@@ -15,14 +15,7 @@ from broker.common.message import Message, iter_messages, scan
 
 from airflow_provider_logbus.cluster import LogbusCluster
 
-
-# Producers whose messages share entries: idempotent batches, plain and compressed, and
-# compressed sets without idempotence; async with a long linger, so a batch fills up
-# (several messages per entry) rather than leaving with each send.
-BATCHED_AND_COMPRESSED = [{"enable_idempotence": True, "compression": codec, "mode": "async", "batch_size": 6,
-                           "linger_ms": 200} for codec in (None, "gzip", "zstd")] + [
-    {"enable_idempotence": False, "compression": codec, "mode": "async", "batch_size": 6, "linger_ms": 200}
-    for codec in ("gzip", "zstd")]
+from .fixtures.pre_record_offsets import PRODUCERS as BATCHED_AND_COMPRESSED  # messages sharing entries
 
 
 def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3, value_bytes: int | None = None,
