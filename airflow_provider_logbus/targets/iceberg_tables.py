@@ -28,6 +28,14 @@ MANIFEST_TARGET_BYTES = 64 << 10
 TABLE_PROPERTIES = {**NO_REBASE, "write.metadata.delete-after-commit.enabled": "true",
                     "write.metadata.previous-versions-max": "100", "commit.manifest-merge.enabled": "true",
                     "commit.manifest.target-size-bytes": str(MANIFEST_TARGET_BYTES)}
+# The table's own documentation (what Spark's DESCRIBE and catalogs show as its comment,
+# and the `offset` column's doc): its row key. Rows loaded before per-record offsets
+# keep their entries' offsets (docs/provider.md, "The Spark side").
+OFFSET_DOC = ("the message's own offset in its partition (its entry's byte position plus its index in the entry); "
+              "(topic, partition, offset) is the row key")
+ROW_KEY = {"comment": "Messages of a logbus topic, each loaded once; (topic, partition, offset) is the row key. Rows "
+                      "loaded before per-record offsets share their producer batch's or compressed set's offset "
+                      "(docs/provider.md)."}
 
 
 def embedded_catalog(warehouse: str) -> dict[str, str]:
@@ -45,7 +53,8 @@ def embedded_catalog(warehouse: str) -> dict[str, str]:
 def logbus_columns():
     import pyarrow as pa
 
-    return [pa.field("topic", pa.string()), pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
+    return [pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+            pa.field("offset", pa.int64(), metadata={"doc": OFFSET_DOC}),
             pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("key", pa.binary())]
 
 
@@ -93,7 +102,7 @@ def nested_optional(schema):
             return pa.map_(t.key_type, pa.field("value", relax(t.item_type), True))
         return t
 
-    return pa.schema([pa.field(f.name, relax(f.type), f.nullable) for f in schema])
+    return pa.schema([f.with_type(relax(f.type)) for f in schema])  # a field's doc (metadata) stays
 
 
 def local_path(location: str) -> str:
@@ -156,7 +165,7 @@ class IcebergTables:
                               "the declared schema")
         return table
 
-    def create(self, identifier: str, schema, partitioned: bool) -> None:
+    def create(self, identifier: str, schema, partitioned: bool, properties: dict[str, str] = TABLE_PROPERTIES) -> None:
         """Create the table, or accept the one a concurrent first load created meanwhile:
         several runs of a new table start at once (a backfill, a manual trigger beside
         the schedule), and each found no table a moment ago. The catalog refuses all
@@ -169,7 +178,7 @@ class IcebergTables:
 
         self.create_namespace()
         try:
-            with self.catalog.create_table_transaction(identifier, schema=schema, properties=TABLE_PROPERTIES) as tx:
+            with self.catalog.create_table_transaction(identifier, schema=schema, properties=properties) as tx:
                 if partitioned:
                     with tx.update_spec() as spec:
                         spec.add_field("timestamp", HourTransform(), "timestamp_hour")
@@ -200,7 +209,7 @@ class IcebergTables:
         declared = nested_optional(pa.schema([*logbus_columns(), *value_schema]))
         table = self.load()
         if table is None:
-            self.create(self.identifier, declared, partitioned=True)
+            self.create(self.identifier, declared, partitioned=True, properties={**TABLE_PROPERTIES, **ROW_KEY})
             table = self.table_or_fail()
         added = check_evolution(small_types(table.schema().as_arrow()), declared)
         if added:
@@ -218,21 +227,35 @@ class IcebergTables:
                         break
         if self.load(self.rejects_identifier) is None:
             self.create(self.rejects_identifier, rejects_schema(), partitioned=False)
+        self.ensure_properties(self.identifier, {**TABLE_PROPERTIES, **ROW_KEY})
+        self.ensure_properties(self.rejects_identifier)
         for identifier in (self.identifier, self.rejects_identifier):
-            self.ensure_properties(identifier)
+            self.document_offset(identifier)
 
-    def ensure_properties(self, identifier: str) -> None:
-        """Tables created by an earlier version get today's `TABLE_PROPERTIES`."""
+    def ensure_properties(self, identifier: str, properties: dict[str, str] = TABLE_PROPERTIES) -> None:
+        """Tables created by an earlier version get today's `properties`."""
         from pyiceberg.exceptions import CommitFailedException
 
         table = self.load(identifier)
-        missing = {k: v for k, v in TABLE_PROPERTIES.items() if table.properties.get(k) != v}
+        missing = {k: v for k, v in properties.items() if table.properties.get(k) != v}
         if missing:
             try:
                 with table.transaction() as tx:
                     tx.set_properties(missing)
             except CommitFailedException:
                 pass  # a concurrent load is doing the same; the next one checks again
+
+    def document_offset(self, identifier: str) -> None:
+        """Tables created by an earlier version get the `offset` column's doc."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        table = self.load(identifier)
+        if table.schema().find_field("offset").doc != OFFSET_DOC:
+            try:
+                with table.update_schema() as update:
+                    update.update_column("offset", doc=OFFSET_DOC)
+            except CommitFailedException:
+                pass  # as in `ensure_properties`
 
     def close(self) -> None:
         engine = getattr(self.catalog, "engine", None)

@@ -11,20 +11,25 @@ from typing import Iterator
 
 from broker.client.producer import Producer
 from broker.client.security import OPEN, ClientSecurity
-from broker.common.message import iter_messages
+from broker.common.message import Message, iter_messages, scan
 
 from airflow_provider_logbus.cluster import LogbusCluster
 
+from .fixtures.pre_record_offsets import PRODUCERS as BATCHED_AND_COMPRESSED  # messages sharing entries
+
 
 def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3, value_bytes: int | None = None,
-            keyed: bool = True, one_entry_each: bool = True, security: ClientSecurity = OPEN) -> int:
+            keyed: bool = True, one_entry_each: bool = True, security: ClientSecurity = OPEN,
+            settings: list[dict] | None = None) -> int:
     """Send one JSON event per timestamp, round-robin over `servers` producers (each with
     monitoring events on). With `value_bytes`, every value has exactly that size. With
     `one_entry_each` (the default) every message is an entry of its own (idempotence
-    off), so that (partition, offset) names one message: what these tests compare
-    tables with. The demo and the tiered-audit tests load producer batches."""
-    producers = [Producer(zookeeper=zookeeper, acks=1, monitoring=True, enable_idempotence=not one_entry_each,
-                          security=security) for _ in range(servers)]
+    off); else messages share entries (producer batches). `settings` gives each producer
+    its own `Producer` options instead (one producer each: `BATCHED_AND_COMPRESSED`)."""
+    settings = settings or [{"enable_idempotence": not one_entry_each}] * servers
+    servers = len(settings)
+    producers = [Producer(zookeeper=zookeeper, acks=1, monitoring=True, security=security, **options)
+                 for options in settings]
     try:
         for i, ts in enumerate(timestamps):
             body = {"server": f"web-{i % servers}", "n": i, "ts_ms": ts}
@@ -43,11 +48,30 @@ def produce(zookeeper: str, topic: str, timestamps: list[int], servers: int = 3,
 
 def all_offsets(zookeeper: str, topic: str, security: ClientSecurity = OPEN) -> set[tuple[int, int]]:
     """(partition, offset) of every message now in the topic."""
-    out = set()
+    return {(p, m.offset) for p, m in all_messages(zookeeper, topic, security)}
+
+
+def all_messages(zookeeper: str, topic: str, security: ClientSecurity = OPEN) -> list[tuple[int, Message]]:
+    """(partition, message) of every message now in the topic, as a native consumer
+    reads them (`iter_messages`)."""
+    out = []
     with LogbusCluster(zookeeper, security=security) as cluster:
         for p, o in cluster.partition_offsets(topic).items():
             for base, buf in cluster.read_range(topic, p, o.earliest, o.latest):
-                out |= {(p, m.offset) for m in iter_messages(buf, base)}
+                out += [(p, m) for m in iter_messages(buf, base)]
+    return out
+
+
+def entry_kinds(zookeeper: str, topic: str) -> dict[str, int]:
+    """How the topic's messages are stored: its entries, and how many of them are
+    compressed sets or producer batches (`scan` of every partition)."""
+    out = {"entries": 0, "compressed": 0, "batches": 0}
+    with LogbusCluster(zookeeper) as cluster:
+        for p, o in cluster.partition_offsets(topic).items():
+            for _, buf in cluster.read_range(topic, p, o.earliest, o.latest):
+                found = scan(buf)
+                out = {"entries": out["entries"] + found.count, "compressed": out["compressed"] + found.compressed,
+                       "batches": out["batches"] + found.batches}
     return out
 
 

@@ -166,7 +166,11 @@ def test_an_iceberg_table_without_a_declared_schema_is_refused(tmp_path):
 @pytest.mark.slow
 def test_a_batch_loads_end_to_end_into_an_iceberg_table_on_postgresql(module_cluster, spark, postgres, tmp_path):
     """Broker → snapshot → Spark load job (iceberg layout) → commit on a PostgreSQL
-    catalog → pyiceberg and Spark readers; then the next batch starts at the table's end."""
+    catalog → pyiceberg and Spark readers; then the next batch starts at the table's end.
+    The messages share entries — idempotent producer batches, gzip and zstd ones, and
+    compressed sets without idempotence — and `(topic, partition, offset)` is still the
+    table's row key: no repeat, one row per message, each at the offset a native
+    consumer reads it at (issue 35: they used to share their entry's offset)."""
     from datetime import datetime, timedelta, timezone
 
     from airflow_provider_logbus.batch import plan_batch
@@ -174,11 +178,14 @@ def test_a_batch_loads_end_to_end_into_an_iceberg_table_on_postgresql(module_clu
     from airflow_provider_logbus.spark.iceberg import read_iceberg
     from airflow_provider_logbus.spark.load_job import run_load
 
-    from .helpers import all_offsets, produce
+    from .helpers import BATCHED_AND_COMPRESSED, all_messages, entry_kinds, produce
 
     zk = module_cluster.zookeeper
     now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
-    produce(zk, "pg_events", [int((now - timedelta(hours=2)).timestamp() * 1000) + i * 30_000 for i in range(120)])
+    produce(zk, "pg_events", [int((now - timedelta(hours=2)).timestamp() * 1000) + i * 30_000 for i in range(120)],
+            settings=BATCHED_AND_COMPRESSED)
+    stored = entry_kinds(zk, "pg_events")
+    assert stored["entries"] <= 120 / 2 and stored["compressed"] and stored["batches"], stored
     uri = postgres.create_database("iceberg_end_to_end")
     target = IcebergTarget("pg_events", catalog_properties={"type": "sql", "uri": uri,
                                                             "warehouse": f"file://{tmp_path / 'wh'}"})
@@ -189,9 +196,11 @@ def test_a_batch_loads_end_to_end_into_an_iceberg_table_on_postgresql(module_clu
     run_load(spark, plan.ranges, staging, zookeeper=zk, value_format="json",
              schema="server string, n long", layout="iceberg")
     result = target.commit(plan, staging, "end-to-end")
-    offsets = all_offsets(zk, "pg_events")
-    assert result.record.row_count == len(offsets) == 120
-    assert set(table_offsets(target)) == offsets
+    native = sorted((p, m.offset, json.loads(m.value)["n"]) for p, m in all_messages(zk, "pg_events"))
+    rows = target.table_or_fail().scan(selected_fields=("topic", "partition", "offset", "n")).to_arrow()
+    keys = list(zip(rows["topic"].to_pylist(), rows["partition"].to_pylist(), rows["offset"].to_pylist()))
+    assert result.record.row_count == len(set(keys)) == len(keys) == len(native) == 120
+    assert sorted(zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), rows["n"].to_pylist())) == native
     table = target.table_or_fail()
     assert read_iceberg(spark, table).count() == 120
     assert read_iceberg(spark, table, "n >= 100").filter("n >= 100").count() == 20
@@ -205,14 +214,21 @@ def test_a_batch_loads_end_to_end_into_an_iceberg_table_on_postgresql(module_clu
 def test_a_table_made_by_an_earlier_version_gets_todays_properties_from_the_next_load(tmp_path):
     """Properties such as the manifest size (a year of hours in one manifest made every
     reader of one hour read all of them: BENCHMARKS.md, the year run) reach tables that
-    exist already."""
-    from airflow_provider_logbus.targets.iceberg_tables import TABLE_PROPERTIES
+    exist already; so does the table's documentation of its row key (its comment and the
+    `offset` column's doc), which a new table has from the start."""
+    from airflow_provider_logbus.targets.iceberg_tables import OFFSET_DOC, ROW_KEY, TABLE_PROPERTIES
 
     target = target_for(embedded_catalog(str(tmp_path / "wh")), tmp_path)
+    assert target.table_or_fail().properties["comment"] == ROW_KEY["comment"]
+    assert "(topic, partition, offset) is the row key" in ROW_KEY["comment"]
+    assert target.table_or_fail().schema().find_field("offset").doc == OFFSET_DOC
     with target.table_or_fail().transaction() as tx:
-        tx.remove_properties(*TABLE_PROPERTIES)
-    assert not set(TABLE_PROPERTIES) & set(target.table_or_fail().properties)
+        tx.remove_properties(*TABLE_PROPERTIES, *ROW_KEY)
+    with target.table_or_fail().update_schema() as update:
+        update.update_column("offset", doc="an entry's byte position")
+    assert not {*TABLE_PROPERTIES, *ROW_KEY} & set(target.table_or_fail().properties)
     target.ensure_schema(VALUE)
     properties = target.table_or_fail().properties
-    assert {k: properties.get(k) for k in TABLE_PROPERTIES} == TABLE_PROPERTIES
+    assert {k: properties.get(k) for k in {**TABLE_PROPERTIES, **ROW_KEY}} == {**TABLE_PROPERTIES, **ROW_KEY}
+    assert target.table_or_fail().schema().find_field("offset").doc == OFFSET_DOC
     assert "commit.manifest.target-size-bytes" in TABLE_PROPERTIES
