@@ -25,6 +25,7 @@ together) and the stall report against the mirror's thread reading them.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import threading
@@ -48,7 +49,9 @@ from broker.common.errors import (
     OffsetOutOfRange, RequestTooLarge,
 )
 from broker.common.columns import decode_fetched
-from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, encode_batch, now_ms
+from broker.common.message import (
+    HEADER, HEADER_SIZE, MIN_ENTRY_SIZE, SEQUENCE_LIMIT, SIZE_FIELD, BatchIdentity, Message, encode_batch, now_ms,
+)
 from broker.common.protocol import Acks, FetchResponse
 from broker.common.zklayout import mirror_checkpoint_path
 
@@ -105,9 +108,25 @@ class PartitionStatus(NamedTuple):
     trouble: str | None
 
 
-def entries(messages: list[Message]) -> list[list[Message]]:
-    """Messages grouped by the source entry that holds them (a wrapper's share its offset)."""
-    return [list(group) for _, group in groupby(messages, key=lambda m: m.offset)]
+def entry_starts(buf: bytes | memoryview, base: int) -> list[int]:
+    """The offsets of the whole entries at the front of a fetched set that starts at
+    `base`, by their size fields (decoding is `decode_fetched`'s job)."""
+    starts, pos, end = [], 0, len(buf)
+    while end - pos >= HEADER_SIZE:
+        size = HEADER.unpack_from(buf, pos)[0]
+        if size < MIN_ENTRY_SIZE or pos + SIZE_FIELD + size > end:
+            break
+        starts.append(base + pos)
+        pos += SIZE_FIELD + size
+    return starts
+
+
+def entries(messages: list[Message], starts: list[int]) -> list[list[Message]]:
+    """Messages grouped by the source entry that holds them (`starts`: the entries'
+    offsets; a batch's or a compressed set's records have offsets of their own, from
+    the entry's on). One group per source entry, wherever a fetch began or ended, is
+    what makes a re-sent write the same batches (`target_batches`)."""
+    return [list(group) for _, group in groupby(messages, key=lambda m: bisect.bisect_right(starts, m.offset))]
 
 
 def target_partition(partitioning: str, source_partition: int, key: bytes | None, count: int) -> int:
@@ -275,7 +294,7 @@ class PartitionTask(threading.Thread):
             raise corrupt  # a source entry no reader can decode: stop rather than skip data silently
         self._moving()
         if messages and not self.halt.is_set():  # halted during a slow answer: the last checkpoint is written
-            self._write(entries(messages))
+            self._write(entries(messages, entry_starts(response.messages, response.set_offset)))
 
     def _skip_deleted(self, position: int) -> None:
         """The source's retention deleted `position`: go on from its earliest offset

@@ -18,6 +18,7 @@ from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.process import wait_until
 from harness.zookeeper import client
+from tests.integration.clientutil import wait_visible
 from tests.integration.mirrorutil import (
     LOGBUS, PARTITIONS, TOPIC, SourceProducer, assert_counted_once, assert_once_in_order, read_topic,
     sent_by, start_clusters, start_mirror, stop_clusters, wait_mirrored,
@@ -135,3 +136,68 @@ def test_key_partitioning_into_a_target_with_another_partition_count(clusters):
     assert {v for p, vs in mirrored.items() for v in vs if v.startswith(b"unkeyed")} == {b"unkeyed 0", b"unkeyed 1",
                                                                                           b"unkeyed 2"}
     assert b"unkeyed 1" in mirrored[1] and b"unkeyed 2" in mirrored[0]
+
+
+def produce_batch_and_gzip_set(connect: str, topic: str, count: int = 10) -> None:
+    """An idempotent producer's batch of `count` records, then a gzip set of `count`,
+    on partition 0: records that share entries, each with an offset of its own."""
+    with Producer(zookeeper=connect, monitoring=False, mode="async", linger_ms=200, batch_size=count) as producer:
+        for i in range(count):
+            producer.send(topic, b"batched-%d" % i, partition=0)
+    with Producer(zookeeper=connect, monitoring=False, mode="async", enable_idempotence=False, compression="gzip",
+                  linger_ms=200, batch_size=count) as producer:
+        for i in range(count):
+            producer.send(topic, b"gzipped-%d" % i, partition=0)
+
+
+def entry_count(messages) -> int:
+    """How many entries hold `messages` (one partition, in order): the records of one
+    entry have consecutive offsets, the next entry starts past the last one's bytes."""
+    return 1 + sum(1 for a, b in zip(messages, messages[1:]) if b.offset > a.offset + 1) if messages else 0
+
+
+def test_a_checkpoint_at_a_record_inside_a_source_entry_resumes_at_the_next_record(clusters):
+    """Source offsets are per record (docs/architecture.md, "Offsets"), so a checkpoint
+    may name a record inside a batch: the mirror copies exactly the records from there
+    on, each once, writes each source entry as one target batch (not one per record),
+    and checkpoints the end of what it copied."""
+    from broker.client.cluster import ConnectionPool
+    from broker.client.consumer import SimpleConsumer
+    from broker.client.metadata import open_metadata
+    from broker.client.mirror_partition import Checkpoint
+    from broker.common.zklayout import mirror_checkpoint_path
+
+    east, target = clusters["east"][0], clusters["offline"][0]
+    with client(east) as zk:
+        create_topic(zk, "moves", 1)
+    produce_batch_and_gzip_set(east, "moves")
+    source = wait_visible(east, "moves", 20)[0]
+    assert entry_count(source) == 2
+    metadata = open_metadata(target)
+    pool = ConnectionPool(metadata, "test", 10)
+    try:
+        producer_id = pool.any().init_producer_id().producer_id
+    finally:
+        pool.close()
+        metadata.close()
+    path = mirror_checkpoint_path("midway", "east", "moves", 0)
+    with client(target) as zk:
+        zk.create(path, Checkpoint(producer_id, source[4].offset).encode(), makepath=True)
+    mirror = Mirror("midway", [MirrorSource("east", zookeeper=east)], target, topics=["moves"], monitoring=False)
+    stop = threading.Event()
+    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
+    try:
+        runner.start()
+        wait_until(lambda: mirror.target.partitions("moves") and len(read_topic(target, "moves", 1)[0]) >= 16, 60,
+                   "16 records mirrored")
+        wait_until(lambda: set(mirror.lag().values()) == {0}, 30, "lag 0")
+    finally:
+        stop.set()
+        runner.join(30)
+        mirror.close()
+    with SimpleConsumer("moves", 0, zookeeper=target, offset="smallest", max_wait_ms=0) as consumer:
+        mirrored = list(consumer)
+    assert [m.value for m in mirrored] == [m.value for m in source[4:]]
+    assert entry_count(mirrored) == 2, "one target batch per source entry"
+    with client(target) as zk:
+        assert Checkpoint.decode(zk.get(path)[0]).source_offset == source[-1].next_offset
