@@ -18,7 +18,7 @@ from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.process import wait_until
 from harness.zookeeper import client
-from tests.integration.clientutil import wait_visible
+from tests.integration.clientutil import entry_count, produce_batch_and_gzip_set, wait_visible
 from tests.integration.mirrorutil import (
     LOGBUS, PARTITIONS, TOPIC, SourceProducer, assert_counted_once, assert_once_in_order, read_topic,
     sent_by, start_clusters, start_mirror, stop_clusters, wait_mirrored,
@@ -136,24 +136,6 @@ def test_key_partitioning_into_a_target_with_another_partition_count(clusters):
     assert {v for p, vs in mirrored.items() for v in vs if v.startswith(b"unkeyed")} == {b"unkeyed 0", b"unkeyed 1",
                                                                                           b"unkeyed 2"}
     assert b"unkeyed 1" in mirrored[1] and b"unkeyed 2" in mirrored[0]
-
-
-def produce_batch_and_gzip_set(connect: str, topic: str, count: int = 10) -> None:
-    """An idempotent producer's batch of `count` records, then a gzip set of `count`,
-    on partition 0: records that share entries, each with an offset of its own."""
-    with Producer(zookeeper=connect, monitoring=False, mode="async", linger_ms=200, batch_size=count) as producer:
-        for i in range(count):
-            producer.send(topic, b"batched-%d" % i, partition=0)
-    with Producer(zookeeper=connect, monitoring=False, mode="async", enable_idempotence=False, compression="gzip",
-                  linger_ms=200, batch_size=count) as producer:
-        for i in range(count):
-            producer.send(topic, b"gzipped-%d" % i, partition=0)
-
-
-def entry_count(messages) -> int:
-    """How many entries hold `messages` (one partition, in order): the records of one
-    entry have consecutive offsets, the next entry starts past the last one's bytes."""
-    return 1 + sum(1 for a, b in zip(messages, messages[1:]) if b.offset > a.offset + 1) if messages else 0
 
 
 def test_a_checkpoint_at_a_record_inside_a_source_entry_resumes_at_the_next_record(clusters):
