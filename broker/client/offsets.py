@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 
 from broker.client.cluster import ConnectionPool
 from broker.common.errors import UnknownTopic
-from broker.common.protocol import EARLIEST, LATEST
+from broker.common.protocol import EARLIEST, LATEST, RecordCount
 from broker.common.zklayout import advance_offset, read_offset
 
 LAST_SEGMENT_TIME = 1 << 62  # a time after every segment: OFFSETS answers every segment start
@@ -45,6 +45,13 @@ def earliest(pool: ConnectionPool, topic: str, partition: int) -> int:
 
 def latest(pool: ConnectionPool, topic: str, partition: int) -> int:
     return offsets_before(pool, topic, partition, LATEST)[0]
+
+
+def records_between(pool: ConnectionPool, topic: str, partition: int, start: int, end: int = -1) -> RecordCount:
+    """RECORD_COUNT at the leader: the records with offsets in [start, end) (end -1: the
+    high watermark), the range clamped to what the partition holds — lag in records,
+    since offsets are not dense (docs/architecture.md, "Offsets")."""
+    return pool.call_leader(topic, partition, lambda conn: conn.record_count(topic, partition, start, end))
 
 
 def assigned_leaders(pool: ConnectionPool, topic: str) -> dict[int, int]:

@@ -43,3 +43,27 @@ def records_at(segment: Segment, start: int, end: int) -> int:
     if attributes and head[4] != 3:  # a compressed magic-2 set: count inside
         head = os.pread(file.fileno(), end - start, start)
     return entry_records(head, 0)
+
+
+def records_before(segment: Segment, position: int, written: int) -> int:
+    """The records of the segment's first `written` bytes whose offsets are below
+    `position` (relative to the segment's start): whole entries before it, and the
+    records of the entry holding it whose offsets (start + i) are below it."""
+    records, start = 0, 0
+    while start < min(position, written):
+        head = os.pread(segment.file.fileno(), SIZE_FIELD, start)
+        end = start + SIZE_FIELD + int.from_bytes(head, "big", signed=True)
+        held = records_at(segment, start, end)
+        records += held if end <= position else min(held, position - start)
+        start = end
+    return records
+
+
+def records_below(segments: tuple[Segment, ...], offset: int) -> int:
+    """Records of the log's `segments` with offsets below `offset`."""
+    records = 0
+    for segment in segments:
+        if segment.base_offset >= offset:
+            break
+        records += records_before(segment, offset - segment.base_offset, segment.end_offset - segment.base_offset)
+    return records

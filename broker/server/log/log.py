@@ -27,7 +27,7 @@ from typing import Callable
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
 from broker.common.message import BatchIdentity, ScanStop, now_ms, scan, whole_entries
 from broker.common.protocol import EARLIEST, LATEST
-from broker.server.log.entries import entry_around, records_at
+from broker.server.log.entries import entry_around, records_at, records_below
 from broker.server.log.epochs import LeaderEpochCache
 from broker.server.log.files import SHARED, FileCache
 from broker.server.log.logdir import LogDir
@@ -402,6 +402,21 @@ class Log:
             except FileNotFoundError:
                 raise OffsetOutOfRange(f"offset {offset} of partition {self.name} was just deleted by retention") from None
         return offset, self.read(offset, max_bytes)
+
+    def record_count(self, start: int, end: int = -1) -> tuple[int, int, int]:
+        """RECORD_COUNT: (records, start, end) — the records whose offsets lie in
+        [start, end) after clamping `start` up to the log's start (retention) and `end`
+        (-1: the visible end) down to the visible end. Offsets may be any record's."""
+        segments, bases = self._view
+        if start > segments[-1].end_offset:
+            raise OffsetOutOfRange(f"offset {start} is past the end {segments[-1].end_offset} of partition {self.name}")
+        visible = self.visible_offset
+        start = max(start, bases[0])
+        end = max(start, visible if end < 0 else min(end, visible))
+        try:
+            return records_below(segments, end) - records_below(segments, start), start, end
+        except FileNotFoundError:
+            raise OffsetOutOfRange(f"offset {start} of partition {self.name} was just deleted by retention") from None
 
     def offsets_before(self, timestamp: int, max_offsets: int = 1) -> list[int]:
         """Offsets from which to read everything produced after `timestamp`, newest first:
