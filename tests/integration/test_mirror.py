@@ -10,9 +10,13 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
+from broker.client.cluster import ConnectionPool
+from broker.client.metadata import open_metadata
 from broker.client.mirror import Mirror, MirrorSource
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
@@ -138,15 +142,24 @@ def test_key_partitioning_into_a_target_with_another_partition_count(clusters):
     assert b"unkeyed 1" in mirrored[1] and b"unkeyed 2" in mirrored[0]
 
 
+@contextmanager
+def connection_pool(connect: str) -> Iterator[ConnectionPool]:
+    metadata = open_metadata(connect)
+    pool = ConnectionPool(metadata, "test", 10)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        metadata.close()
+
+
 def test_a_checkpoint_at_a_record_inside_a_source_entry_resumes_at_the_next_record(clusters):
     """Source offsets are per record (docs/architecture.md, "Offsets"), so a checkpoint
     may name a record inside a batch: the mirror copies exactly the records from there
     on, each once, writes each source entry as one target batch (not one per record),
     and checkpoints the end of what it copied."""
-    from broker.client.cluster import ConnectionPool
     from broker.client.consumer import SimpleConsumer
-    from broker.client.metadata import open_metadata
-    from broker.client.mirror_partition import Checkpoint
+    from broker.client.mirror_partition import Checkpoint, SourceLag
     from broker.common.zklayout import mirror_checkpoint_path
 
     east, target = clusters["east"][0], clusters["offline"][0]
@@ -155,13 +168,14 @@ def test_a_checkpoint_at_a_record_inside_a_source_entry_resumes_at_the_next_reco
     produce_batch_and_gzip_set(east, "moves")
     source = wait_visible(east, "moves", 20)[0]
     assert entry_count(source) == 2
-    metadata = open_metadata(target)
-    pool = ConnectionPool(metadata, "test", 10)
-    try:
+    with connection_pool(east) as pool:  # the lag the mirror will report: records, counted by the source's leader
+        lag = SourceLag(pool, "moves", 0)
+        lag.update(source[4].offset, source[-1].next_offset)
+        assert lag.records == 16 != source[-1].next_offset - source[4].offset
+        lag.update(source[-1].next_offset)
+        assert lag.records == 0
+    with connection_pool(target) as pool:
         producer_id = pool.any().init_producer_id().producer_id
-    finally:
-        pool.close()
-        metadata.close()
     path = mirror_checkpoint_path("midway", "east", "moves", 0)
     with client(target) as zk:
         zk.create(path, Checkpoint(producer_id, source[4].offset).encode(), makepath=True)
