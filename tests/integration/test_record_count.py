@@ -15,7 +15,7 @@ from broker.common.errors import InvalidRequest, OffsetOutOfRange
 from broker.common.protocol import RecordCount
 from broker.common.zklayout import create_topic
 from tests.integration.brokerutil import connect
-from tests.integration.recordutil import every_record, produce_mix
+from tests.integration.recordutil import check_every_offset, every_record, produce_mix
 
 
 @pytest.fixture
@@ -25,6 +25,12 @@ def mixed(cluster, zk, zk_connect):
     with connect(broker) as conn:
         produce_mix(conn, "mixed", rounds=2)
         yield conn
+
+
+def test_records_between_any_two_offsets_and_a_fetch_at_any_offset(mixed):
+    records = every_record(mixed, "mixed")
+    assert len(records) == 2 * (1 + 5 + 4 + 6 + 3 + 1 + 2)
+    check_every_offset(mixed, "mixed", records)
 
 
 def test_records_between_through_the_pool_clamps_the_range_and_names_bad_ones(mixed, zk_connect):
