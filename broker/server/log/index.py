@@ -24,13 +24,16 @@ import threading
 import zlib
 from array import array
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
-from broker.common.message import BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD
+from broker.common.message import (
+    BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, first_entry_size, whole_entries,
+)
 from broker.common.records import entry_records
 
 INTERVAL = 4096  # bytes of log between points, as Kafka's index.interval.bytes
 WALK_CHUNK = 2 * INTERVAL
+REBUILD_CHUNK = 1 << 20
 _HEAD = struct.Struct(">ibb")  # size, magic, attributes
 _COUNT = struct.Struct(">i")
 _COUNT_AT = HEADER_SIZE + BATCH_FIELDS.size - 4  # a producer batch's count field (it has no key)
@@ -85,23 +88,19 @@ class EntryIndex:
 
     def entry_at(self, fd: int, position: int) -> tuple[int, int, int]:
         """(start, end, records) of the entry holding byte `position` (< `size`)."""
-        start, _ = self.point(position)
-        for start, end, records in walk(fd, start, self.size, counted=False):
-            if end > position:
-                return start, end, records(fd)
-        raise OSError(f"no entry holds byte {position} of a segment of {self.size} bytes")
+        start, before = self.point(position)
+        start, end, _, chunk, rel = walk_to(fd, start, self.size, position, before, counting=False)
+        return start, end, entry_count(fd, chunk, rel, start, end)
 
     def records_below(self, fd: int, position: int) -> int:
         """The records whose offsets (relative to the segment) are below `position`."""
         if position >= self.size:
             return self.records
         start, before = self.point(position)
-        for start, end, records in walk(fd, start, self.size, counted=True):
-            if start >= position:
-                return before
-            held = records(fd)
-            before += held if end <= position else min(held, position - start)
-        return before
+        if start == position:
+            return before
+        start, end, before, chunk, rel = walk_to(fd, start, self.size, position, before, counting=True)
+        return before + (min(entry_count(fd, chunk, rel, start, end), position - start) if start < position else 0)
 
     def cut(self, fd: int, position: int) -> "EntryIndex":
         """The index of the first `position` bytes (an entry boundary): a new one, so
@@ -109,64 +108,65 @@ class EntryIndex:
         i = bisect.bisect_left(self.positions, position)
         if not i:
             return rebuild(fd, position)
-        records = self.before[i - 1]
-        for _, _, counted in walk(fd, self.positions[i - 1], position, counted=True):
-            records += counted(fd)
+        records = walk_to(fd, self.positions[i - 1], position, position, self.before[i - 1], counting=True)[2]
         return EntryIndex(self.positions[:i], self.before[:i], records, position)
 
 
-def walk(fd: int, start: int, stop: int, counted: bool) -> Iterator[tuple[int, int, "Records"]]:
-    """(start, end, records) of the entries from `start` (an entry start) to `stop`;
-    `records(fd)` counts an entry's records, reading the whole of it only when it is a
-    compressed plain set. `counted`: the caller counts most entries (read more ahead)."""
-    chunk_at, chunk = start, b""
-    pos = start
+def walk_to(fd: int, start: int, stop: int, position: int, before: int,
+            counting: bool) -> tuple[int, int, int, bytes, int]:
+    """Walk entry sizes from the entry start `start` to the entry holding `position`
+    (or to `stop`): (its start, its end, `before` plus the records of the entries
+    walked over when `counting`, and the chunk and offset where its header was read)."""
+    chunk_at, chunk, pos = start, b"", start
+    unpack, header_size, wanted = _HEAD.unpack_from, HEADER_SIZE, _COUNT_AT + 4
     while pos < stop:
         rel = pos - chunk_at
-        if len(chunk) - rel < HEADER_SIZE + BATCH_FIELDS.size:
-            chunk_at, rel = pos, 0
-            chunk = os.pread(fd, min(WALK_CHUNK * (4 if counted else 1), stop - pos), pos)
-            if len(chunk) < HEADER_SIZE:
+        if len(chunk) - rel < wanted:
+            chunk_at, rel, chunk = pos, 0, os.pread(fd, min(WALK_CHUNK, stop - pos), pos)
+            if len(chunk) < header_size:
                 raise OSError(f"entry header cut short at byte {pos}")
-        size = HEADER.unpack_from(chunk, rel)[0]
+        size, magic, attributes = unpack(chunk, rel)
         if size < MIN_ENTRY_SIZE:
             raise OSError(f"impossible entry size {size} at byte {pos}")
         end = pos + SIZE_FIELD + size
-        yield pos, end, Records(chunk, rel, pos, end)
+        if end > position:
+            return pos, end, before, chunk, rel
+        if counting:
+            before += 1 if not attributes and magic != MAGIC_BATCH else entry_count(fd, chunk, rel, pos, end)
         pos = end
+    return pos, pos, before, chunk, 0
 
 
-class Records:
-    """An entry's record count, computed only when asked for."""
-
-    __slots__ = ("chunk", "rel", "start", "end")
-
-    def __init__(self, chunk: bytes, rel: int, start: int, end: int) -> None:
-        self.chunk, self.rel, self.start, self.end = chunk, rel, start, end
-
-    def __call__(self, fd: int) -> int:
-        chunk, rel = self.chunk, self.rel
-        _, magic, attributes = _HEAD.unpack_from(chunk, rel)
-        if magic == MAGIC_BATCH:
-            if len(chunk) - rel < _COUNT_AT + 4:
-                chunk, rel = os.pread(fd, _COUNT_AT + 4, self.start), 0
-            return _COUNT.unpack_from(chunk, rel + _COUNT_AT)[0]
-        if not attributes:
-            return 1
-        if rel + self.end - self.start > len(chunk):
-            chunk, rel = os.pread(fd, self.end - self.start, self.start), 0
-        return entry_records(chunk, rel)
+def entry_count(fd: int, chunk: bytes, rel: int, start: int, end: int) -> int:
+    """The records of the entry `[start, end)` whose header is at `chunk[rel:]`: read
+    whole only when it is a compressed plain set (its count is inside)."""
+    _, magic, attributes = _HEAD.unpack_from(chunk, rel)
+    if magic == MAGIC_BATCH:
+        if len(chunk) - rel < _COUNT_AT + 4:
+            chunk, rel = os.pread(fd, _COUNT_AT + 4, start), 0
+        return _COUNT.unpack_from(chunk, rel + _COUNT_AT)[0]
+    if not attributes:
+        return 1
+    if rel + end - start > len(chunk):
+        chunk, rel = os.pread(fd, end - start, start), 0
+    return entry_records(chunk, rel)
 
 
 def rebuild(fd: int, size: int) -> EntryIndex:
     """The index of a segment's first `size` bytes (whole entries), walked from its start."""
     index = EntryIndex()
-    for start, end, records in walk(fd, 0, size, counted=True):
-        if not index.positions or start - index.positions[-1] >= INTERVAL:
-            index.before.append(index.records)
-            index.positions.append(start)
-        index.records += records(fd)
-        index.size = end
+    position = 0
+    while position < size:
+        data = os.pread(fd, min(REBUILD_CHUNK, size - position), position)
+        whole = whole_entries(data)
+        if not whole:
+            if len(data) < size - position:  # one entry larger than a chunk
+                data = os.pread(fd, first_entry_size(data) or len(data), position)
+                whole = whole_entries(data)
+            if not whole:
+                raise OSError(f"no whole entry at byte {position} of {size}")
+        feed(index, position, memoryview(data)[:whole])
+        position += whole
     return index
 
 
