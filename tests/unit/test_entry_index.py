@@ -12,7 +12,7 @@ import os
 import pytest
 
 from broker.common.errors import InvalidRequest
-from broker.common.message import BatchIdentity, Codec, encode_batch, encode_message_set, iter_messages
+from broker.common.message import BatchIdentity, Codec, append_entry, encode_batch, encode_message_set, iter_messages
 from broker.common.records import count_records
 from broker.server.log.index import INTERVAL, load, sidecar_path
 from broker.server.log.log import Log, LogConfig
@@ -195,3 +195,21 @@ def test_recovery_rebuilds_the_index_of_a_torn_segment(make_log):
     again = make_log(recover=True)
     assert again.end_offset == log.end_offset
     check_exact(again)
+
+
+def test_recovery_counts_a_well_framed_compressed_set_that_cannot_be_opened_as_no_records(make_log):
+    """Its CRC is right but its value is not gzip: recovery keeps it (readers skip it,
+    docs/protocol.md) and the index neither fails nor counts records nobody can read."""
+    log = make_log()
+    fill(log, sets(1)[:3])
+    bad = bytearray()
+    append_entry(bad, b"not gzip at all", None, 1, int(Codec.GZIP), 2)
+    for segment in log.segments:
+        segment.close()
+    with open(log.segments[-1].path, "ab") as file:
+        file.write(bytes(bad) + sets(1)[3])
+    again = make_log(recover=True)
+    assert again.end_offset == log.end_offset + len(bad) + len(sets(1)[3])
+    assert again.record_count(0) == (4, 0, again.end_offset)
+    bad_at = log.end_offset
+    assert again.read_covering(bad_at + 1, 100)[0] == bad_at + len(bad), "past its (no) records: the next entry"

@@ -29,6 +29,7 @@ from typing import Protocol
 from broker.common.message import (
     BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, first_entry_size, whole_entries,
 )
+from broker.common.errors import InvalidMessage
 from broker.common.records import entry_records
 
 INTERVAL = 4096  # bytes of log between points, as Kafka's index.interval.bytes
@@ -149,7 +150,16 @@ def entry_count(fd: int, chunk: bytes, rel: int, start: int, end: int) -> int:
         return 1
     if rel + end - start > len(chunk):
         chunk, rel = os.pread(fd, end - start, start), 0
-    return entry_records(chunk, rel)
+    return readable_records(chunk, rel)
+
+
+def readable_records(buf: bytes | memoryview, pos: int) -> int:
+    """`entry_records`, 0 for a well-framed compressed set that cannot be opened: readers
+    skip it (docs/protocol.md), so no record of it is ever delivered or counted."""
+    try:
+        return entry_records(buf, pos)
+    except InvalidMessage:
+        return 0
 
 
 def rebuild(fd: int, size: int) -> EntryIndex:
@@ -180,7 +190,7 @@ def feed(index: EntryIndex, position: int, data: bytes | memoryview) -> None:
         if not index.positions or start - index.positions[-1] >= INTERVAL:
             index.before.append(index.records)
             index.positions.append(start)
-        index.records += entry_records(data, pos)
+        index.records += readable_records(data, pos)
         pos += SIZE_FIELD + size
     index.size = position + end
 
