@@ -1,8 +1,8 @@
 """A broker's recovery after kill -9, and what the entry index costs (not a test;
 docs/storage.md, "Entry index").
 
-One broker, one partition in one segment of `--size` GiB (the segment size is the
-default 1 GiB, so recovery scans all of it): written as sets of `--batch` plain
+One broker, one partition of `--size` GB (10^9 bytes) in one segment (the segment
+size is the default 1 GiB, so recovery scans all of it): written as sets of `--batch` plain
 200-byte messages, acks=0, over one connection (bench.raw's frames), flushed; then
 SIGKILL and a start: the recovery time is from the start to the broker's "loaded N
 partitions" line. Then the bytes on disk per message (segment files and their
@@ -73,12 +73,12 @@ def fetch_ms(conn: BrokerConnection, topic: str, offsets: list[int], inside: boo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=float, default=1.0, help="GiB in the partition that recovery scans")
+    parser.add_argument("--size", type=float, default=1.0, help="GB (10^9 bytes, below a segment's 1 GiB) that recovery scans")
     parser.add_argument("--batch", type=int, default=50, help="plain messages per produced set")
     parser.add_argument("--fetch-mib", type=int, default=64, help="MiB of producer batches for the fetch costs")
     parser.add_argument("--fetches", type=int, default=300, help="fetches of each kind")
     args = parser.parse_args(argv)
-    size = int(args.size * (1 << 30))
+    size = int(args.size * 1e9)
     with scratch_cluster("logbus-bench-recovery-", {"log.flush.interval.ms": 200}) as (_, cluster):
         broker = cluster.start_broker(0)
         with BrokerConnection(*broker.address, timeout=600).connect() as conn:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         broker.start(timeout=1800)
         clean = logs_loaded_at(broker.log_path) - t0
-    print(f"\n{data / (1 << 30):.2f} GiB, {messages:,} messages of 200 bytes in sets of {args.batch}\n")
+    print(f"\n{data / 1e9:.2f} GB, {messages:,} messages of 200 bytes in sets of {args.batch}\n")
     print("| measure | value |")
     print("|---|---:|")
     print(f"| recovery after kill -9 (start to logs loaded) | {recovery:.2f} s |")

@@ -14,13 +14,13 @@ import pytest
 from broker.common.errors import InvalidRequest
 from broker.common.message import BatchIdentity, Codec, append_entry, encode_batch, encode_message_set, iter_messages
 from broker.common.records import count_records
-from broker.server.log.index import INTERVAL, load, sidecar_path
+from broker.server.log.index import INTERVAL, LONG_SET, load, sidecar_path
 from broker.server.log.log import Log, LogConfig
 
 
 def sets(rounds: int, tag: bytes = b"") -> list[bytes]:
-    """Small plain entries, a set longer than the index interval (plain entries, then a
-    gzip wrapper inside it), batches, a zstd set, and values holding encoded entries."""
+    """Small plain entries, a set of many entries (plain, then a gzip wrapper inside it),
+    batches, a zstd set, and values holding encoded entries."""
     fake = encode_message_set([(None, b"a header inside a value", 1)])
     out = []
     for r in range(rounds):
@@ -87,14 +87,16 @@ def test_every_position_is_resolved_exactly_after_appends_and_rolls(make_log):
 
 def test_a_long_set_gets_points_inside_it_and_a_compressed_entry_stops_them(make_log):
     log = make_log(segment_bytes=1 << 20)
-    long_set = sets(1)[40]
+    gzip = encode_message_set([(None, b"gz-%d" % i, 2) for i in range(5)], Codec.GZIP)
+    plain = encode_message_set([(b"k%d" % i, b"long-%d" % i * 9, 2) for i in range(400)])
+    long_set = plain + gzip + encode_message_set([(None, b"after-gz", 2)] * 300)
+    assert len(long_set) > LONG_SET and len(plain) > 4 * INTERVAL
     fill(log, [long_set])
     index = log.segments[0].index
-    wrapper = long_set.index(encode_message_set([(None, b"gz-%d" % i, 2) for i in range(5)], Codec.GZIP))
-    assert index.positions[0] == 0 and len(index.positions) >= 2
+    assert index.positions[0] == 0 and len(index.positions) >= 4
     assert index.records == count_records(long_set)
-    assert max(index.positions) <= wrapper, "no point after a compressed entry the append did not open"
-    check_exact(log)
+    assert max(index.positions) < len(plain), "no point after a compressed entry the append did not open"
+    check_exact(log, step=7)
 
 
 def test_sealed_segments_keep_a_sidecar_that_a_clean_start_loads_without_rebuilding(make_log):
@@ -213,3 +215,18 @@ def test_recovery_counts_a_well_framed_compressed_set_that_cannot_be_opened_as_n
     assert again.record_count(0) == (4, 0, again.end_offset)
     bad_at = log.end_offset
     assert again.read_covering(bad_at + 1, 100)[0] == bad_at + len(bad), "past its (no) records: the next entry"
+
+
+def test_a_follower_copies_and_counts_its_leaders_bytes_even_a_set_no_one_can_open(make_log):
+    """A follower counts what it appends (compressed sets opened) but, like recovery,
+    never refuses a well-framed entry its leader holds: it counts no records."""
+    log = make_log()
+    bad = bytearray()
+    append_entry(bad, b"not zstd either", None, 1, int(Codec.ZSTD), 2)
+    data = b"".join(sets(1)[40:43]) + bytes(bad) + sets(1)[43]
+    log.append_replica(data)
+    log.flush()
+    assert log.end_offset == len(data)
+    assert log.record_count(0)[0] == sum(count_records(s) for s in sets(1)[40:44])
+    bad_at = len(data) - len(sets(1)[43]) - len(bad)
+    assert log.read_covering(bad_at + 1, 100)[0] == bad_at + len(bad), "past its (no) records: the next entry"

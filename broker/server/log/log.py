@@ -26,7 +26,7 @@ from typing import Callable
 
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
 from broker.common.message import BatchIdentity, ScanStop, now_ms, scan
-from broker.common.records import count_records
+from broker.server.log.index import set_records
 from broker.server.log.lookups import chunks, is_entry_start, offsets_before, record_count, set_start
 from broker.server.log.epochs import LeaderEpochCache
 from broker.server.log.files import SHARED, FileCache
@@ -174,7 +174,7 @@ class Log:
                 active.append(message_set, buffered)
             except OSError as exc:
                 raise self.log_dir.failed(exc, self.name, f"append of {len(message_set)} bytes") from None
-            index.add_set(base - active.base_offset, message_set, count_records(message_set) if records < 0 else records)
+            index.add_set(base - active.base_offset, message_set, set_records(message_set) if records < 0 else records)
             active.note_timestamps(min_timestamp, max_timestamp)
             if batch is not None:
                 self.producers.record(batch, base, active.end_offset)
@@ -195,7 +195,7 @@ class Log:
         with memoryview(message_set) as view:
             whole = view[: result.valid_bytes]
             appended = self.append(whole, result.count, result.min_timestamp, result.max_timestamp,
-                                   records=result.records if result.records >= 0 else count_records(whole))
+                                   records=result.records)  # -1 when it has wrappers: counted by `append`
             if result.batches:  # the leader's producer state, learnt from its bytes
                 with self._lock:
                     self.producers.learn(view[: result.valid_bytes], appended.base_offset)

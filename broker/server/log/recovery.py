@@ -11,7 +11,6 @@ import os
 from typing import NamedTuple
 
 from broker.common.message import ScanStop, scan
-from broker.server.log import index as entry_index
 from broker.server.log.index import EntryIndex
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ def scan_file(path: os.PathLike, fd: int, size: int, max_entry_bytes: int) -> Sc
     while position < size:
         data = os.pread(fd, min(chunk, size - position), position)
         result = scan(data, max_entry_bytes)
-        entry_index.feed(index, position, memoryview(data)[: result.valid_bytes])
+        index.add_entries(position, memoryview(data)[: result.valid_bytes])
         position += result.valid_bytes
         if result.count:
             smallest = result.min_timestamp if smallest < 0 else min(smallest, result.min_timestamp)
