@@ -1,8 +1,9 @@
-"""One segment file: `<20-digit base offset>.kafka`, plus a small `.meta` sidecar.
+"""One segment file: `<20-digit base offset>.kafka`, plus a small `.meta` sidecar and
+its entry index's `.index` sidecar (index.py).
 
-The sidecar keeps the smallest and largest message timestamps of a sealed segment, so
-retention and offsets-before-time need not scan old segments at start-up. It is
-advisory: when missing or unreadable the segment is scanned instead.
+The `.meta` sidecar keeps the smallest and largest message timestamps of a sealed
+segment, so retention and offsets-before-time need not scan old segments at start-up.
+Both are advisory: when missing or unreadable the segment is scanned instead.
 """
 
 from __future__ import annotations
@@ -172,9 +173,10 @@ class Segment:
 
     def is_boundary(self, position: int) -> bool:
         """Does a plausible entry header start at `position` (bytes the segment holds)?
-        The broker keeps no index, so this is a check of the header's fields that a
-        reader needs to walk on — size within the segment, known magic, key length
-        within the entry — not a proof; readers' CRC checks catch the rest."""
+        FETCH version 0's check, kept as it was: the header's fields a reader needs to
+        walk on — size within the segment, known magic, key length within the entry —
+        not a proof; readers' CRC checks catch the rest. Everything else asks the
+        entry index (`index`), which knows."""
         file = self.file
         head = os.pread(file.fileno(), HEADER.size, position)
         if len(head) < HEADER.size:
