@@ -76,6 +76,8 @@ def record_count(segments: tuple[Segment, ...], visible: int, start: int, end: i
         return records_below(segments, end) - records_below(segments, start), start, end
     except FileNotFoundError:
         raise OffsetOutOfRange(f"offset {start} of partition {name} was just deleted by retention") from None
+    except OSError as exc:
+        raise StorageError(f"cannot count the records of partition {name} in [{start}, {end}): {exc}") from None
 
 
 def offsets_before(segments: tuple[Segment, ...], visible: int, timestamp: int, max_offsets: int) -> list[int]:
