@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
 from broker.common.message import BatchIdentity, Codec, encode_batch, iter_messages
 from harness.cluster import LocalCluster
+from tests.integration.recordutil import check_every_offset, every_record, produce_mix
 from tests.replication.replicated import (
     BROKER_SETTINGS, create_replicated_topic, pause_quietly, state, wait_for_state, wait_identical, wait_leading,
     zookeeper_client,
@@ -150,9 +152,6 @@ def test_replicas_agree_record_by_record_after_a_truncation_by_epoch(zookeeper_e
     truncates by epoch (its entry index cut with its log) and catches up. Then each of
     them, leading in turn, answers a fetch at every position and RECORD_COUNT between
     sampled positions the same, from records read once."""
-    from broker.client.connection import BrokerConnection
-    from tests.integration.recordutil import check_every_offset, every_record, produce_mix
-
     with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=BROKER_SETTINGS) as cluster, \
             zookeeper_client(zookeeper_ensemble.connect_string) as zk:
         cluster.start(2)
