@@ -164,7 +164,8 @@ class RequestHandler:
                                      f"{scanned.count} entries")
             batch = batch_identity(messages)
         buffered = acks == 0
-        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch)
+        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch,
+                            scanned.records)
         if result.duplicate:
             logger.debug("%s-%d: producer %d's batch at sequence %d is a retry of offset %d", topic, partition,
                          batch.producer_id, batch.base_sequence, result.base_offset)
