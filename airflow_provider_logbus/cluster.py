@@ -172,8 +172,16 @@ class LogbusCluster:
         offsets.advance_group_offsets(self._zookeeper(), group, topic, next_offsets)
 
     def lag(self, group: str, topic: str, missing: str = "earliest") -> dict[int, int]:
-        """Bytes between the group's offset and the end, per partition (`offsets.lag`)."""
-        return offsets.lag(self.partition_offsets(topic), self.group_offsets(group, topic), missing)
+        """Records between the group's offset and the end, per partition (`offsets.lag`)."""
+        return self.lag_behind(topic, self.group_offsets(group, topic), missing=missing)
+
+    def lag_behind(self, topic: str, next_offsets: dict[int, int], partition_offsets: dict | None = None,
+                   missing: str = "earliest") -> dict[int, int]:
+        """Records from `next_offsets` (a group's, a table's committed ends) to each
+        partition's end, counted by its leader (`offsets.records_lag`); the ends are
+        `partition_offsets` when given, so a caller that shows them shows the same."""
+        partition_offsets = partition_offsets if partition_offsets is not None else self.partition_offsets(topic)
+        return offsets.records_lag(self.pool, topic, partition_offsets, next_offsets, missing)
 
     # ------------------------------------------------------------------ reading
 

@@ -13,7 +13,7 @@ from airflow_provider_logbus.triggers.lag import LogbusLagTrigger, check_ready
 
 
 class LogbusLagSensor(BaseSensorOperator):
-    """Succeeds when (a) `group`'s lag on `topic` is at least `min_lag` bytes, or (b) with
+    """Succeeds when (a) `group`'s lag on `topic` is at least `min_lag` records, or (b) with
     `wait_for_interval_end`, every partition holds data stamped after the run's
     data-interval end plus `grace` (found with OFFSETS time lookups, no data read).
 

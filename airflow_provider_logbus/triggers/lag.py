@@ -18,13 +18,14 @@ DEFAULT_CLUSTER_TIMEOUT = 15.0
 def check_ready(cluster: LogbusCluster, topic: str, group: str | None, min_lag: int | None,
                 complete_after_ms: int | None) -> tuple[bool, dict]:
     """(ready, details): ready when the group's total lag on `topic` is at least `min_lag`
-    bytes, or when every partition holds a message stamped after `complete_after_ms`."""
+    records (`LogbusCluster.lag`), or when every partition holds a message stamped after
+    `complete_after_ms`."""
     details: dict[str, Any] = {"topic": topic}
     if min_lag is not None and group:
         lag = cluster.lag(group, topic)
         details["lag"] = {str(p): n for p, n in lag.items()}
         if sum(lag.values()) >= min_lag:
-            return True, {**details, "reason": f"lag {sum(lag.values())} >= {min_lag} bytes"}
+            return True, {**details, "reason": f"lag {sum(lag.values())} >= {min_lag} records"}
     if complete_after_ms is not None:
         behind = [p for p in cluster.partitions(topic) if not cluster.has_data_after(topic, p, complete_after_ms)]
         details["partitions_without_later_data"] = behind

@@ -4,7 +4,7 @@
 `completeness.judge`) for a range of hours, as each audit task of the table judges it,
 plus, per hour, the batches that loaded it, why it is not complete and the files outside
 every batch; `lag` is the table's committed end per partition (`CommitTarget.state`)
-against the broker's latest offset. Nothing here counts rows its own way, so the page
+against the broker's latest offset, and the records between them. Nothing here counts rows its own way, so the page
 and the audit cannot disagree.
 
 Bounded work per view: the monitoring topic is read from the segment holding the
@@ -157,8 +157,9 @@ def _hourly(windows: list[dict], topic: str) -> dict[int, int]:
 
 def lag(table: AuditedTable, cluster: LogbusCluster, target: CommitTarget, now_ms: int) -> list[dict]:
     """Per partition of the topic: the table's committed end against the broker's latest
-    offset (bytes behind), and how far behind in time — now minus the end of the last
-    interval a batch loaded of that partition, when bytes are left to load."""
+    offset, the records between them (`lag_records`, counted by the partition's leader:
+    offsets are not dense), and how far behind in time — now minus the end of the last
+    interval a batch loaded of that partition, when records are left to load."""
     ends = target.state().ends
     loaded_through: dict[int, int] = {}
     for record in target.batches():
@@ -166,15 +167,16 @@ def lag(table: AuditedTable, cluster: LogbusCluster, target: CommitTarget, now_m
         for r in record.ranges:
             if r.topic == table.topic and end_ms is not None:
                 loaded_through[r.partition] = max(loaded_through.get(r.partition, 0), end_ms)
+    partitions = cluster.partition_offsets(table.topic)
+    committed = {partition: end for (topic, partition), end in ends.items() if topic == table.topic}
+    records = cluster.lag_behind(table.topic, committed, partitions)
     rows = []
-    for partition, offsets in sorted(cluster.partition_offsets(table.topic).items()):
-        committed = ends.get((table.topic, partition))
-        behind = offsets.latest - (offsets.earliest if committed is None else committed)
+    for partition, offsets in sorted(partitions.items()):
         through = loaded_through.get(partition)
         rows.append({
-            "partition": partition, "leader": offsets.leader, "committed": committed, "latest": offsets.latest,
-            "lag_bytes": max(behind, 0), "loaded_through_ms": through,
-            "behind_ms": (max(now_ms - through, 0) if through is not None else None) if behind > 0 else 0,
+            "partition": partition, "leader": offsets.leader, "committed": committed.get(partition),
+            "latest": offsets.latest, "lag_records": records[partition], "loaded_through_ms": through,
+            "behind_ms": (max(now_ms - through, 0) if through is not None else None) if records[partition] else 0,
         })
     return rows
 

@@ -19,7 +19,7 @@ from broker.common.errors import InvalidRequest, LogbusError
 from broker.common.protocol import (
     FETCH_VERSION, METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
     MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult,
-    ProduceRequest, ProduceResponse, ProducerIdResponse, Reader, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
+    ProduceRequest, ProduceResponse, ProducerIdResponse, Reader, RecordCount, RecordCountRequest, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
     raise_for_error,
 )
 
@@ -176,6 +176,12 @@ class BrokerConnection:
 
     def offsets(self, topic: str, partition: int, time: int, max_offsets: int = 1) -> list[int]:
         return decode_offsets(self.call(ApiKey.OFFSETS, OffsetsRequest(topic, partition, time, max_offsets).encode()))
+
+    def record_count(self, topic: str, partition: int, start: int, end: int = -1) -> RecordCount:
+        """RECORD_COUNT: the records with offsets in [start, end) — end -1: the visible
+        end — as the broker clamped the range (RecordCount.start, .end)."""
+        request = RecordCountRequest(topic, partition, start, end).encode()
+        return RecordCount.decode(self.call(ApiKey.RECORD_COUNT, request))
 
     def metadata(self, topics: list[str] | None = None, version: int = METADATA_VERSION) -> MetadataResponse:
         """Version 1 (the default) adds each partition's leader epoch and ISR."""

@@ -44,8 +44,9 @@ _RETRIABLE = (ConnectionError, OSError, BrokerShuttingDown, *LEADER_MOVED)
 
 
 class SimpleConsumer:
-    """Messages of one partition. `offset` may be a byte offset, "smallest"/"earliest"
-    or "largest"/"latest"; None means `auto_offset_reset`'s end."""
+    """Messages of one partition. `offset` may be any record's offset — inside a batch or
+    a compressed set too (docs/architecture.md, "Offsets") — "smallest"/"earliest" or
+    "largest"/"latest"; None means `auto_offset_reset`'s end."""
 
     def __init__(
         self,
@@ -127,7 +128,7 @@ class SimpleConsumer:
         return self.offsets_before(LATEST)[0]
 
     def seek(self, offset: int | str) -> None:
-        """Continue reading at a byte offset (a message boundary), or 'smallest'/'largest'."""
+        """Continue reading at any record's offset (a `next_offset`), or 'smallest'/'largest'."""
         self.offset = self._resolve(offset)
 
     def _with_leader(self, call):

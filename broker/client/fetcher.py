@@ -162,7 +162,7 @@ class Fetcher(threading.Thread):
             return
         if result.error_code != 0:
             error = error_for(result.error_code, result.message)
-            if isinstance(error, InvalidRequest):  # e.g. an offset that is not a message boundary
+            if isinstance(error, InvalidRequest):  # a request the broker refuses: retrying cannot help
                 logger.error("fetch of %s-%d at %s refused: %s", f.topic, f.partition, f.offset, error)
                 self._end(f, generation, error)
                 return

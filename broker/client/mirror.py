@@ -180,7 +180,7 @@ class Mirror:
         return {key: task.status() for key, task in tasks.items()}
 
     def lag(self) -> dict[tuple[str, str, int], int]:
-        """Bytes of each source partition not yet mirrored (-1: not looked at yet)."""
+        """Records of each source partition not yet mirrored (-1: not counted yet)."""
         return {key: status.lag for key, status in self.status().items()}
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ together) and the stall report against the mirror's thread reading them.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import threading
@@ -48,7 +49,9 @@ from broker.common.errors import (
     OffsetOutOfRange, RequestTooLarge,
 )
 from broker.common.columns import decode_fetched
-from broker.common.message import SEQUENCE_LIMIT, BatchIdentity, Message, encode_batch, now_ms
+from broker.common.message import (
+    HEADER, HEADER_SIZE, MIN_ENTRY_SIZE, SEQUENCE_LIMIT, SIZE_FIELD, BatchIdentity, Message, encode_batch, now_ms,
+)
 from broker.common.protocol import Acks, FetchResponse
 from broker.common.zklayout import mirror_checkpoint_path
 
@@ -96,18 +99,35 @@ class CopySettings:
 
 
 class PartitionStatus(NamedTuple):
-    """`lag`: bytes of the source partition not yet acknowledged by the target, as of
-    the source's end at the last answer (-1 before the first); `stalled`: seconds since
-    the partition stopped moving, 0 while it moves; `trouble`: why, while stalled."""
+    """`lag`: records of the source partition not yet acknowledged by the target, as of
+    the source's end at the last answer (`SourceLag`; -1 before the first count);
+    `stalled`: seconds since the partition stopped moving, 0 while it moves; `trouble`:
+    why, while stalled."""
 
     lag: int
     stalled: float
     trouble: str | None
 
 
-def entries(messages: list[Message]) -> list[list[Message]]:
-    """Messages grouped by the source entry that holds them (a wrapper's share its offset)."""
-    return [list(group) for _, group in groupby(messages, key=lambda m: m.offset)]
+def entry_starts(buf: bytes | memoryview, base: int) -> list[int]:
+    """The offsets of the whole entries at the front of a fetched set that starts at
+    `base`, by their size fields (decoding is `decode_fetched`'s job)."""
+    starts, pos, end = [], 0, len(buf)
+    while end - pos >= HEADER_SIZE:
+        size = HEADER.unpack_from(buf, pos)[0]
+        if size < MIN_ENTRY_SIZE or pos + SIZE_FIELD + size > end:
+            break
+        starts.append(base + pos)
+        pos += SIZE_FIELD + size
+    return starts
+
+
+def entries(messages: list[Message], starts: list[int]) -> list[list[Message]]:
+    """Messages grouped by the source entry that holds them (`starts`: the entries'
+    offsets; a batch's or a compressed set's records have offsets of their own, from
+    the entry's on). One group per source entry, wherever a fetch began or ended, is
+    what makes a re-sent write the same batches (`target_batches`)."""
+    return [list(group) for _, group in groupby(messages, key=lambda m: bisect.bisect_right(starts, m.offset))]
 
 
 def target_partition(partitioning: str, source_partition: int, key: bytes | None, count: int) -> int:
@@ -138,6 +158,40 @@ def target_batches(groups: list[list[Message]], producer_id: int, sequences: dic
     return batches, sequences
 
 
+class SourceLag:
+    """The records of a source partition the target has not acknowledged yet. Offsets
+    are not dense (docs/architecture.md, "Offsets"), so the source's leader counts them
+    (RECORD_COUNT) — in the partition's own thread, at most every `interval` seconds
+    while behind, once and without retries (the fetches report a source in trouble);
+    caught up is 0 without asking. `records` is one int the mirror's thread reads."""
+
+    def __init__(self, pool: ConnectionPool, topic: str, partition: int, interval: float = 1.0) -> None:
+        self.pool, self.topic, self.partition, self.interval = pool, topic, partition, interval
+        self.latest = -1  # the source's end at the last fetch answer
+        self.records = -1  # not counted yet
+        self._next_count = 0.0
+
+    def update(self, position: int, high_watermark: int | None = None) -> None:
+        """Count again from the acknowledged `position`, after a fetch answered `high_watermark`."""
+        if high_watermark is not None:
+            self.latest = max(self.latest, high_watermark)
+        if self.latest < 0:
+            return
+        if position >= self.latest:
+            self.records = 0
+            return
+        if time.monotonic() < self._next_count:
+            return
+        self._next_count = time.monotonic() + self.interval
+        end = self.latest
+        try:
+            self.records = self.pool.call_leader(
+                self.topic, self.partition, lambda c: c.record_count(self.topic, self.partition, position, end),
+                attempts=1).records
+        except (ConnectionError, OSError, LogbusError) as exc:
+            logger.debug("%s-%d: the lag is not counted: %s", self.topic, self.partition, exc)
+
+
 class PartitionTask(threading.Thread):
     """Copies `source`/`topic`-`partition` until `halt` is set (module docstring).
     `on_mirrored(source, topic, messages)` runs in this thread after each acknowledged
@@ -159,7 +213,7 @@ class PartitionTask(threading.Thread):
         self.saved_offset = -1  # the checkpoint's offset as last written to ZooKeeper (the mirror's thread's)
         self._lock = threading.Lock()
         self._acked: Checkpoint | None = None  # counts left empty: the counter holds them
-        self._latest = -1  # the source's end at the last answer
+        self.lag = SourceLag(self.source_pool, topic, partition)
         self._trouble: str | None = None  # why it is stalled, since `_stalled_since` (monotonic)
         self._stalled_since = 0.0
 
@@ -178,10 +232,8 @@ class PartitionTask(threading.Thread):
 
     def status(self) -> PartitionStatus:
         with self._lock:
-            position = self._acked.source_offset if self._acked is not None else -1
-            lag = max(self._latest - position, 0) if self._latest >= 0 and position >= 0 else -1
             stalled = time.monotonic() - self._stalled_since if self._trouble is not None else 0.0
-            return PartitionStatus(lag, stalled, self._trouble)
+            return PartitionStatus(self.lag.records, stalled, self._trouble)
 
     def run(self) -> None:
         try:
@@ -267,15 +319,14 @@ class PartitionTask(threading.Thread):
             self._retry(f"fetch from source {self.source} failed: {type(exc).__name__}: {exc}")
             self.source_pool.metadata.refresh(self.topic)
             return
-        with self._lock:
-            self._latest = max(response.high_watermark, self._latest)
         columns = decode_fetched(response.messages, response.set_offset, position)
         messages, corrupt = columns.messages(), columns.corrupt
         if corrupt is not None and not messages:
             raise corrupt  # a source entry no reader can decode: stop rather than skip data silently
         self._moving()
         if messages and not self.halt.is_set():  # halted during a slow answer: the last checkpoint is written
-            self._write(entries(messages))
+            self._write(entries(messages, entry_starts(response.messages, response.set_offset)))
+        self.lag.update(self._acked.source_offset, response.high_watermark)
 
     def _skip_deleted(self, position: int) -> None:
         """The source's retention deleted `position`: go on from its earliest offset

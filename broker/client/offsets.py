@@ -4,18 +4,20 @@
 Leader offsets go through the one metadata/connection layer (`ConnectionPool.call_leader`:
 watched metadata, cached connections, a retry after a leader change). Group offsets are
 read and advanced with the layout's codecs and compare-and-set (`broker.common.zklayout`);
-`lag` combines the two and is pure.
+`lag` combines the two with a count of records and is pure; `records_lag` has the
+leaders count.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from kazoo.client import KazooClient
 
 from broker.client.cluster import ConnectionPool
 from broker.common.errors import UnknownTopic
-from broker.common.protocol import EARLIEST, LATEST
+from broker.common.protocol import EARLIEST, LATEST, RecordCount
 from broker.common.zklayout import advance_offset, read_offset
 
 LAST_SEGMENT_TIME = 1 << 62  # a time after every segment: OFFSETS answers every segment start
@@ -43,6 +45,13 @@ def earliest(pool: ConnectionPool, topic: str, partition: int) -> int:
 
 def latest(pool: ConnectionPool, topic: str, partition: int) -> int:
     return offsets_before(pool, topic, partition, LATEST)[0]
+
+
+def records_between(pool: ConnectionPool, topic: str, partition: int, start: int, end: int = -1) -> RecordCount:
+    """RECORD_COUNT at the leader: the records with offsets in [start, end) (end -1: the
+    high watermark), the range clamped to what the partition holds — lag in records,
+    since offsets are not dense (docs/architecture.md, "Offsets")."""
+    return pool.call_leader(topic, partition, lambda conn: conn.record_count(topic, partition, start, end))
 
 
 def assigned_leaders(pool: ConnectionPool, topic: str) -> dict[int, int]:
@@ -99,14 +108,27 @@ def advance_group_offsets(zk: KazooClient, group: str, topic: str, offsets: dict
         advance_offset(zk, group, topic, int(partition), int(offset))
 
 
-def lag(offsets: dict[int, PartitionOffsets], committed: dict[int, int], missing: str = "earliest") -> dict[int, int]:
-    """Bytes between the group's offset and the end, per partition. A partition the
-    group never committed counts from `missing` ('earliest' or 'latest'); an offset
-    before the earliest (deleted by retention) counts from the earliest."""
+RecordCounter = Callable[[int, int, int], int]
+"""(partition, start, end) -> how many records have offsets in [start, end)."""
+
+
+def lag(offsets: dict[int, PartitionOffsets], committed: dict[int, int], count: RecordCounter,
+        missing: str = "earliest") -> dict[int, int]:
+    """Records between the group's offset and the end, per partition, as `count` counts
+    them: offsets are unique but not dense (docs/architecture.md, "Offsets"), so bytes
+    between two offsets are not records. A partition the group never committed counts
+    from `missing` ('earliest' or 'latest'); an offset before the earliest (deleted by
+    retention) counts from the earliest; one at or past the end is no lag."""
     if missing not in ("earliest", "latest"):
         raise ValueError(f"missing must be 'earliest' or 'latest', not {missing!r}")
     out = {}
     for p, o in offsets.items():
-        start = committed.get(p, o.earliest if missing == "earliest" else o.latest)
-        out[p] = max(o.latest - max(start, o.earliest), 0)
+        start = max(committed.get(p, o.earliest if missing == "earliest" else o.latest), o.earliest)
+        out[p] = count(p, start, o.latest) if start < o.latest else 0
     return out
+
+
+def records_lag(pool: ConnectionPool, topic: str, offsets: dict[int, PartitionOffsets], committed: dict[int, int],
+                missing: str = "earliest") -> dict[int, int]:
+    """`lag` with each partition's leader counting the records (RECORD_COUNT)."""
+    return lag(offsets, committed, lambda p, start, end: records_between(pool, topic, p, start, end).records, missing)

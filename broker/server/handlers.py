@@ -27,7 +27,7 @@ from broker.common.message import batch_identity, validate_message_set
 from broker.common.protocol import (
     FETCH_VERSION, METADATA_VERSION, ApiKey, Body, FetchRequest, FetchResponse, InitProducerIdRequest, LeaderEpochEndRequest,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
-    ProducerIdResponse, Reader, ReplicaFetchRequest, RequestHeader, check_topic_name, encode_offsets, encode_results,
+    ProducerIdResponse, Reader, RecordCount, RecordCountRequest, ReplicaFetchRequest, RequestHeader, check_topic_name, encode_offsets, encode_results,
 )
 from broker.server.auth.authorizer import Authorizer
 from broker.server.auth.rules import RequestRules
@@ -85,6 +85,7 @@ class RequestHandler:
             ApiKey.MULTIFETCH: self.multifetch,
             ApiKey.MULTIPRODUCE: self.multiproduce,
             ApiKey.OFFSETS: self.offsets,
+            ApiKey.RECORD_COUNT: self.record_count,
             ApiKey.METADATA: self.topics.metadata,
             ApiKey.CREATE_TOPIC: self.topics.create_topic,
             ApiKey.REPLICA_FETCH: self.replica_fetch,
@@ -163,7 +164,8 @@ class RequestHandler:
                                      f"{scanned.count} entries")
             batch = batch_identity(messages)
         buffered = acks == 0
-        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch)
+        result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch,
+                            scanned.records)
         if result.duplicate:
             logger.debug("%s-%d: producer %d's batch at sequence %d is a retry of offset %d", topic, partition,
                          batch.producer_id, batch.base_sequence, result.base_offset)
@@ -320,6 +322,13 @@ class RequestHandler:
         self.rules.topic(session, Operation.DESCRIBE, req.topic)
         log = self.leader_log(req.topic, req.partition)
         return answered([encode_offsets(log.offsets_before(req.time, req.max_offsets))])
+
+    def record_count(self, reader: Reader, session: Session) -> Reply:
+        """Records between two offsets — lag in records (docs/protocol.md, RECORD_COUNT)."""
+        req = RecordCountRequest.decode(reader)
+        self.rules.topic(session, Operation.DESCRIBE, req.topic)
+        log = self.leader_log(req.topic, req.partition)
+        return answered([RecordCount(*log.record_count(req.start_offset, req.end_offset)).encode()])
 
     def init_producer_id(self, reader: Reader, session: Session) -> Reply:
         """A new idempotent producer's identity: an id no producer had, epoch 0."""

@@ -19,7 +19,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 from broker.client.cluster import LEADER_MOVED, ConnectionPool
 from broker.client.metadata import ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
-from broker.client.offsets import PartitionOffsets, lag, offsets_before
+from broker.client.offsets import PartitionOffsets, offsets_before, records_lag
 from broker.common.errors import LogbusError, UnknownTopic
 from broker.common.partitionstates import legacy_state, live_leader
 from broker.common.protocol import EARLIEST, LATEST, check_topic_name
@@ -275,7 +275,7 @@ def cmd_groups(args: argparse.Namespace, cluster: Cluster) -> int:
     except NoNodeError:
         members = 0
     print(f"group {args.group}: {members} consumers")
-    print("topic\tpartition\tcommitted\tlatest\tlag_bytes\towner")
+    print("topic\tpartition\tcommitted\tlatest\tlag_records\towner")
     for topic in sorted(topics):
         try:
             leaders = cluster.leaders(topic)
@@ -284,27 +284,28 @@ def cmd_groups(args: argparse.Namespace, cluster: Cluster) -> int:
         for partition, leader in sorted(leaders.items()):
             committed = read_offset(zk, args.group, topic, partition)
             latest = cluster.offset(topic, partition, LATEST) if leader >= 0 else None
-            lag_bytes = _group_lag(cluster, topic, partition, leader, committed, latest)
+            lag_records = _group_lag(cluster, topic, partition, leader, committed, latest)
             try:
                 owner = zk.get(owner_path(args.group, topic, partition))[0].decode()
             except NoNodeError:
                 owner = None
-            print(f"{topic}\t{partition}\t{_show(committed)}\t{_show(latest)}\t{_show(lag_bytes)}\t{_show(owner)}")
+            print(f"{topic}\t{partition}\t{_show(committed)}\t{_show(latest)}\t{_show(lag_records)}\t{_show(owner)}")
     return 0
 
 
 def _group_lag(cluster: Cluster, topic: str, partition: int, leader: int, committed: int | None,
                latest: int | None) -> int | None:
-    """The group's lag as the client library computes it for everyone (`offsets.lag`:
-    a committed offset that retention deleted counts from the earliest offset); None
-    when there is no committed offset or the leader does not answer."""
+    """The group's lag in records, as `offsets.records_lag` computes it for everyone;
+    None without a committed offset or while the leader does not answer."""
     if committed is None or latest is None:
         return None
-    earliest = cluster.offset(topic, partition, EARLIEST)
-    if earliest is None:
+    if (earliest := cluster.offset(topic, partition, EARLIEST)) is None:
         return None
     offsets = PartitionOffsets(topic, partition, leader, earliest, latest)
-    return lag({partition: offsets}, {partition: committed})[partition]
+    try:
+        return records_lag(cluster.pool, topic, {partition: offsets}, {partition: committed})[partition]
+    except (ConnectionError, *LEADER_MOVED):
+        return None
 
 
 # ---------------------------------------------------------------------------- parser
@@ -364,7 +365,7 @@ def arguments() -> argparse.ArgumentParser:
     p = sub.add_parser("consume", parents=[common], help="print message values, one per line")
     p.add_argument("topic")
     p.add_argument("--partition", type=int)
-    p.add_argument("--offset", type=int, help="start at this byte offset (with --partition)")
+    p.add_argument("--offset", type=int, help="start at the record with this offset (with --partition)")
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset (default: latest)")
     p.add_argument("--group", help="consume as a member of this consumer group (commits offsets)")
     p.add_argument("--count", type=int, help="stop after N messages")

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace, cluster) -> int:
 
 
 def _report(mirror: Mirror, stop: threading.Event, interval: float) -> None:
-    """`lag <source> <topic> <partition> <bytes>` per partition, and while a partition
+    """`lag <source> <topic> <partition> <records>` per partition, and while a partition
     is stalled `<seconds>s stalled: <why>` after it."""
     while not stop.wait(interval):
         for (source, topic, partition), status in sorted(mirror.status().items()):

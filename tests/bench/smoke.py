@@ -111,6 +111,10 @@ SMOKES: dict[str, Smoke] = {
     "producer_state": Smoke(["--gib", "0.001", "--rounds", "1", "--segment-mib", "1"], [
         r"^clean \(snapshot at the end\) +median +[\d.]+ s",
         r"^kill -9, no snapshots \(full scan\) +median +[\d.]+ s"]),
+    "recovery": Smoke(["--size", "0.002", "--fetch-mib", "1", "--fetches", "5"], [
+        r"\| recovery after kill -9 \(start to logs loaded\) \| [\d.]+ s \|",
+        r"\| bytes on disk per message: sidecars \(index, timestamps\) \| [\d.]+ \|",
+        r"\| FETCH v1 at a record inside a batch \(median ms\) \| [\d.]+ \|"]),
     "mirror": Smoke(["--messages", "2000", "--rounds", "1"], [
         r"partition\(s\): mirror +\d+ msg/s +consumer->producer loop +\d+ msg/s",
         r"end-to-end lag through the mirror"], timeout=240),

@@ -1,4 +1,5 @@
-"""Helpers for client tests: read a whole topic back, collect from group streams."""
+"""Helpers for client tests: write records that share entries, read a whole topic
+back, collect from group streams."""
 
 from __future__ import annotations
 
@@ -8,8 +9,28 @@ from broker.client.metadata import open_metadata
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import ConsumerTimeout
 from broker.client.group import ConsumerGroup
+from broker.client.producer import Producer
 from broker.common.message import Message
 from harness.process import wait_until
+
+
+def produce_batch_and_gzip_set(zk_connect: str, topic: str, count: int = 10) -> None:
+    """An idempotent producer's batch of `count` records (`batched-<i>`), then a gzip
+    set of `count` (`gzipped-<i>`), on partition 0: records that share an entry, each
+    with an offset of its own (docs/architecture.md, "Offsets")."""
+    with Producer(zookeeper=zk_connect, monitoring=False, mode="async", linger_ms=200, batch_size=count) as producer:
+        for i in range(count):
+            producer.send(topic, b"batched-%d" % i, partition=0)
+    with Producer(zookeeper=zk_connect, monitoring=False, mode="async", enable_idempotence=False, compression="gzip",
+                  linger_ms=200, batch_size=count) as producer:
+        for i in range(count):
+            producer.send(topic, b"gzipped-%d" % i, partition=0)
+
+
+def entry_count(messages: list[Message]) -> int:
+    """How many entries hold `messages` (one partition, in order): the records of one
+    entry have consecutive offsets, the next entry starts past the last one's bytes."""
+    return 1 + sum(1 for a, b in zip(messages, messages[1:]) if b.offset > a.offset + 1) if messages else 0
 
 
 def read_topic(zk_connect: str, topic: str) -> dict[int, list[Message]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.process import free_port, wait_until
+from tests.integration.clientutil import entry_count, produce_batch_and_gzip_set, wait_visible
 
 LOGBUS = Path(sys.executable).parent / "logbus"
 
@@ -98,8 +99,9 @@ def test_groups_describe_shows_committed_offsets_lag_and_owners(broker, zk_conne
     read = logbus(zk_connect, "consume", "tracked", "--group", "readers", "--from-beginning", "--count", "2")
     assert read.stdout.splitlines() == ["a", "b"]
     assert logbus(zk_connect, "groups", "list").stdout.split() == ["readers"]
-    rows = [r.split("\t") for r in logbus(zk_connect, "groups", "describe", "readers").stdout.splitlines()[2:]]
-    assert rows[0] == ["tracked", "0", "46", "69", "23", "-"]  # entries of 23 bytes
+    lines = logbus(zk_connect, "groups", "describe", "readers").stdout.splitlines()
+    assert lines[1].split("\t")[4] == "lag_records"
+    assert lines[2].split("\t") == ["tracked", "0", "46", "69", "1", "-"]  # entries of 23 bytes: "c" is left
 
 
 def test_groups_describe_counts_lag_from_the_earliest_offset_once_retention_deleted_the_committed_one(
@@ -120,7 +122,29 @@ def test_groups_describe_counts_lag_from_the_earliest_offset_once_retention_dele
     earliest = wait_until(lambda: latest - (e := offset("earliest")) <= 1024 and e, 30,
                           "retention to bring the partition under log.retention.bytes")
     rows = [r.split("\t") for r in logbus(zk_connect, "groups", "describe", "readers").stdout.splitlines()[2:]]
-    assert rows == [["expiring", "0", "23", str(latest), str(latest - earliest), "-"]]
+    assert (latest - earliest) % 122 == 0  # what retention left: whole entries of one record each
+    assert rows == [["expiring", "0", "23", str(latest), str((latest - earliest) // 122), "-"]]
+
+
+def test_groups_describe_counts_records_across_batches_and_gzip_sets_and_consume_starts_inside_them(
+        broker, zk_connect):
+    """Offsets are per record and not dense (docs/architecture.md, "Offsets"): `consume
+    --offset` at a record inside a batch or a gzip set starts exactly there, and a group
+    that committed a record inside a batch lags by the records after it — neither the
+    bytes to the end nor the entries."""
+    produce_batch_and_gzip_set(zk_connect, "mixed")
+    records = wait_visible(zk_connect, "mixed", 20)[0]
+    values = [m.value.decode() for m in records]
+    for first in (4, 13):  # inside the batch, inside the gzip set
+        start = logbus(zk_connect, "consume", "mixed", "--partition", "0", "--offset", str(records[first].offset),
+                       "--count", str(20 - first))
+        assert start.stdout.splitlines() == values[first:]
+    read = logbus(zk_connect, "consume", "mixed", "--group", "readers", "--from-beginning", "--count", "3")
+    assert read.stdout.splitlines() == values[:3]
+    rows = [r.split("\t") for r in logbus(zk_connect, "groups", "describe", "readers").stdout.splitlines()[2:]]
+    committed, end = records[3].offset, records[-1].next_offset
+    assert rows[0] == ["mixed", "0", str(committed), str(end), "17", "-"]
+    assert end - committed != 17 and entry_count(records[3:]) == 2  # bytes, records and entries all differ
 
 
 def test_groups_describe_of_an_unknown_group_fails(broker, zk_connect):

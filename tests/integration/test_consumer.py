@@ -13,7 +13,7 @@ from broker.client.producer import Producer
 from broker.common.errors import OffsetOutOfRange
 from broker.common.zklayout import create_topic
 from harness.process import wait_until
-from tests.integration.clientutil import wait_visible
+from tests.integration.clientutil import produce_batch_and_gzip_set, wait_visible
 
 
 def produce(zk_connect: str, topic: str, values: list[bytes], partition: int = 0) -> None:
@@ -105,13 +105,7 @@ def test_a_consumer_resumes_at_any_record_of_a_batch_or_a_compressed_set(one_par
     started at the offset of any record — inside an idempotent producer's batch, inside
     a gzip set, or just past a batch's last record (a Kafka reader's last + 1) — reads
     exactly the records from there on, each once."""
-    with Producer(zookeeper=zk_connect, monitoring=False, mode="async", linger_ms=200, batch_size=10) as producer:
-        for i in range(10):
-            producer.send("events", b"batched-%d" % i, partition=0)
-    with Producer(zookeeper=zk_connect, monitoring=False, mode="async", enable_idempotence=False, compression="gzip",
-                  linger_ms=200, batch_size=10) as producer:
-        for i in range(10):
-            producer.send("events", b"gzipped-%d" % i, partition=0)
+    produce_batch_and_gzip_set(zk_connect, "events")
     everything = wait_visible(zk_connect, "events", 20)[0]
     offsets = [m.offset for m in everything]
     assert offsets == sorted(set(offsets)), "offsets must be unique and increasing"

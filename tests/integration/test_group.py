@@ -10,7 +10,7 @@ from broker.client.group import ConsumerGroup
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic, read_offset
 from harness.process import wait_until
-from tests.integration.clientutil import Collector, wait_visible
+from tests.integration.clientutil import Collector, entry_count, produce_batch_and_gzip_set, wait_visible
 
 ALL = {("logs", p) for p in range(8)}
 
@@ -125,6 +125,32 @@ def test_commit_writes_the_next_offset_to_read(cluster, zk, zk_connect):
         assert read_offset(zk, "g", "logs", message.partition) == message.next_offset
     finally:
         group.close()
+
+
+def test_a_new_member_resumes_at_the_record_after_the_committed_one_inside_a_batch_and_a_gzip_set(
+        cluster, zk, zk_connect):
+    """Offsets are per record (docs/architecture.md, "Offsets"): a member that reads half
+    of an idempotent batch, or half of a gzip set, commits the next record's offset —
+    inside the entry — and the next member starts exactly there: every record once."""
+    cluster.start_broker(0)
+    create_topic(zk, "logs", 1)
+    produce_batch_and_gzip_set(zk_connect, "logs")
+    records = wait_visible(zk_connect, "logs", 20)[0]
+    assert entry_count(records) == 2 and len(records) == 20
+    read = []
+    for take in (5, 10, 5):  # half the batch; its rest and half the gzip set; the rest of the set
+        group = member(zk_connect, "halves", auto_commit_interval_ms=0, consumer_timeout_ms=60_000)
+        try:
+            stream = iter(group.streams["logs"][0])
+            taken = [next(stream) for _ in range(take)]
+        finally:
+            group.close()  # commits what it handed out
+        read += taken
+        assert read_offset(zk, "halves", "logs", 0) == taken[-1].next_offset
+        if len(read) < 20:
+            assert taken[-1].next_offset == taken[-1].offset + 1  # the next record of the same entry
+    assert [m.value for m in read] == [m.value for m in records]
+    assert [m.offset for m in read] == [m.offset for m in records]
 
 
 CRASHING_CONSUMER = """

@@ -10,14 +10,19 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
+from broker.client.cluster import ConnectionPool
+from broker.client.metadata import open_metadata
 from broker.client.mirror import Mirror, MirrorSource
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.process import wait_until
 from harness.zookeeper import client
+from tests.integration.clientutil import entry_count, produce_batch_and_gzip_set, wait_visible
 from tests.integration.mirrorutil import (
     LOGBUS, PARTITIONS, TOPIC, SourceProducer, assert_counted_once, assert_once_in_order, read_topic,
     sent_by, start_clusters, start_mirror, stop_clusters, wait_mirrored,
@@ -135,3 +140,60 @@ def test_key_partitioning_into_a_target_with_another_partition_count(clusters):
     assert {v for p, vs in mirrored.items() for v in vs if v.startswith(b"unkeyed")} == {b"unkeyed 0", b"unkeyed 1",
                                                                                           b"unkeyed 2"}
     assert b"unkeyed 1" in mirrored[1] and b"unkeyed 2" in mirrored[0]
+
+
+@contextmanager
+def connection_pool(connect: str) -> Iterator[ConnectionPool]:
+    metadata = open_metadata(connect)
+    pool = ConnectionPool(metadata, "test", 10)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        metadata.close()
+
+
+def test_a_checkpoint_at_a_record_inside_a_source_entry_resumes_at_the_next_record(clusters):
+    """Source offsets are per record (docs/architecture.md, "Offsets"), so a checkpoint
+    may name a record inside a batch: the mirror copies exactly the records from there
+    on, each once, writes each source entry as one target batch (not one per record),
+    and checkpoints the end of what it copied."""
+    from broker.client.consumer import SimpleConsumer
+    from broker.client.mirror_partition import Checkpoint, SourceLag
+    from broker.common.zklayout import mirror_checkpoint_path
+
+    east, target = clusters["east"][0], clusters["offline"][0]
+    with client(east) as zk:
+        create_topic(zk, "moves", 1)
+    produce_batch_and_gzip_set(east, "moves")
+    source = wait_visible(east, "moves", 20)[0]
+    assert entry_count(source) == 2
+    with connection_pool(east) as pool:  # the lag the mirror will report: records, counted by the source's leader
+        lag = SourceLag(pool, "moves", 0)
+        lag.update(source[4].offset, source[-1].next_offset)
+        assert lag.records == 16 != source[-1].next_offset - source[4].offset
+        lag.update(source[-1].next_offset)
+        assert lag.records == 0
+    with connection_pool(target) as pool:
+        producer_id = pool.any().init_producer_id().producer_id
+    path = mirror_checkpoint_path("midway", "east", "moves", 0)
+    with client(target) as zk:
+        zk.create(path, Checkpoint(producer_id, source[4].offset).encode(), makepath=True)
+    mirror = Mirror("midway", [MirrorSource("east", zookeeper=east)], target, topics=["moves"], monitoring=False)
+    stop = threading.Event()
+    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
+    try:
+        runner.start()
+        wait_until(lambda: mirror.target.partitions("moves") and len(read_topic(target, "moves", 1)[0]) >= 16, 60,
+                   "16 records mirrored")
+        wait_until(lambda: set(mirror.lag().values()) == {0}, 30, "lag 0")
+    finally:
+        stop.set()
+        runner.join(30)
+        mirror.close()
+    with SimpleConsumer("moves", 0, zookeeper=target, offset="smallest", max_wait_ms=0) as consumer:
+        mirrored = list(consumer)
+    assert [m.value for m in mirrored] == [m.value for m in source[4:]]
+    assert entry_count(mirrored) == 2, "one target batch per source entry"
+    with client(target) as zk:
+        assert Checkpoint.decode(zk.get(path)[0]).source_offset == source[-1].next_offset

@@ -19,6 +19,8 @@ from airflow_provider_logbus.sensors.lag import LogbusLagSensor
 from airflow_provider_logbus.triggers.lag import LogbusLagTrigger
 from harness.process import wait_until
 
+from tests.integration.clientutil import read_topic
+
 from .conftest import use_logbus_connection
 from .helpers import produce
 
@@ -77,19 +79,24 @@ def test_deferrable_sensor_succeeds_when_every_partition_passes_the_interval_end
     assert sensor.execute_complete(context, event)["status"] == "success"
 
 
-def test_trigger_succeeds_when_the_group_lag_reaches_the_threshold(cluster, zk):
+def test_trigger_succeeds_when_the_group_lag_reaches_the_threshold_in_records(cluster, zk):
+    """`min_lag` counts records (offsets are not dense: docs/architecture.md, "Offsets"):
+    10 records in producer batches are a lag of 10 — not their bytes, not their entries."""
     cluster.start_broker(0, {"num.partitions": 1})
     connect = cluster.zookeeper
-    produce(connect, "lagged", [int(time.time() * 1000)] * 10, servers=1)
+    produce(connect, "lagged", [int(time.time() * 1000)] * 10, servers=1, one_entry_each=False)
     with LogbusCluster(connect) as c:
-        end = wait_until(lambda: c.latest("lagged", 0), 30, "flush")
+        end = wait_until(lambda: (e := c.latest("lagged", 0)) and len(read_topic(connect, "lagged")[0]) == 10 and e,
+                         30, "flush")
         c.set_group_offsets("g", "lagged", {0: end})  # caught up: no lag
-    trigger = LogbusLagTrigger(topic="lagged", zookeeper=connect, group="g", min_lag=500, poll_interval=0.1, timeout=1)
+    trigger = LogbusLagTrigger(topic="lagged", zookeeper=connect, group="g", min_lag=10, poll_interval=0.1, timeout=1)
     assert run_trigger(trigger)["status"] == "timeout"
-    zk.set(offset_path("g", "lagged", 0), b"0")  # the group falls back to the start: lag = end bytes
-    trigger.timeout = 20
+    zk.set(offset_path("g", "lagged", 0), b"0")  # the group falls back to the start: lag = every record
+    trigger.min_lag = 11
+    assert run_trigger(trigger)["status"] == "timeout", f"a lag of {end} bytes is 10 records, below 11"
+    trigger.min_lag, trigger.timeout = 10, 20
     event = run_trigger(trigger)
-    assert event["status"] == "success" and event["lag"] == {"0": end} and end >= 500
+    assert event["status"] == "success" and event["lag"] == {"0": 10} and "10 >= 10 records" in event["reason"]
 
 
 def test_hook_with_a_missing_connection_names_it(airflow_db):
@@ -133,7 +140,7 @@ def test_hook_builds_a_cluster_that_reads_offsets_group_offsets_and_lag(cluster)
         assert sorted(offsets) == [0, 1] and all(o.earliest == 0 for o in offsets.values())
         c.set_group_offsets("g", "facts", {0: offsets[0].latest})
         assert c.group_offsets("g", "facts") == {0: offsets[0].latest}
-        assert c.lag("g", "facts") == {0: 0, 1: offsets[1].latest}
+        assert c.lag("g", "facts") == {0: 0, 1: len(read_topic(connect, "facts")[1])}  # records, not bytes
         assert hook.test_connection()[0]
     finally:
         hook.close()

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from broker.client.connection import BrokerConnection
 from broker.client.producer import Producer
-from broker.common.message import iter_messages
+from broker.common.message import BatchIdentity, Codec, encode_batch, iter_messages
 from harness.cluster import LocalCluster
+from tests.integration.recordutil import check_every_offset, every_record, produce_mix
 from tests.replication.replicated import (
-    BROKER_SETTINGS, create_replicated_topic, pause_quietly, state, wait_for_state, wait_identical, zookeeper_client,
+    BROKER_SETTINGS, create_replicated_topic, pause_quietly, state, wait_for_state, wait_identical, wait_leading,
+    zookeeper_client,
 )
 
 TOPIC = "kip101"
@@ -140,3 +143,43 @@ def test_a_leader_restarting_with_a_torn_tail_truncates_by_epoch_and_converges(z
             acknowledged |= sent(all_isr, values("after", 3))
         data = wait_identical(cluster, TOPIC, 0, [a, b, c])
         assert_holds(data, acknowledged, gone=tail)
+
+
+def test_replicas_agree_record_by_record_after_a_truncation_by_epoch(zookeeper_ensemble, tmp_path):
+    """Every record its own offset (docs/architecture.md, "Offsets") on every replica: a
+    leader dies with a tail of batched and compressed entries its follower lacks, the
+    follower leads a new epoch and writes over those offsets, the old leader returns,
+    truncates by epoch (its entry index cut with its log) and catches up. Then each of
+    them, leading in turn, answers a fetch at every position and RECORD_COUNT between
+    sampled positions the same, from records read once."""
+    with LocalCluster(zookeeper_ensemble.connect_string, tmp_path, settings=BROKER_SETTINGS) as cluster, \
+            zookeeper_client(zookeeper_ensemble.connect_string) as zk:
+        cluster.start(2)
+        a, b = create_replicated_topic(cluster, zk, TOPIC, partitions=1, replication_factor=2)[0]
+        with BrokerConnection(*cluster.brokers[a].address) as conn:
+            produce_mix(conn, TOPIC, rounds=2)
+            pause_quietly(cluster, [b])
+            producer_id = conn.init_producer_id().producer_id
+            for i in range(3):  # a tail only A has: batches the follower never sees
+                batch = encode_batch([(None, b"a-unreplicated-%d-%d" % (i, j), 1) for j in range(4)],
+                                     BatchIdentity(producer_id, 0, 4 * i, 4), Codec.GZIP)
+                conn.produce(TOPIC, 0, batch, acks=1)
+        cluster.brokers[a].kill()
+        cluster.brokers[b].resume()
+        wait_for_state(zk, TOPIC, 0, lambda s: s.leader == b, f"{b} leading", timeout=60)
+        wait_leading(cluster, b, TOPIC)
+        with BrokerConnection(*cluster.brokers[b].address) as conn:
+            produce_mix(conn, TOPIC, rounds=1)  # a new epoch over the offsets of A's tail
+        cluster.start_broker(a)
+        wait_for_state(zk, TOPIC, 0, lambda s: sorted(s.isr) == sorted([a, b]), f"{a} back in the ISR", timeout=60)
+        wait_identical(cluster, TOPIC, 0, [a, b])
+        with BrokerConnection(*cluster.brokers[b].address) as conn:
+            records = every_record(conn, TOPIC)
+            assert not [m for m in records if m.value.startswith(b"a-unreplicated")]
+            check_every_offset(conn, TOPIC, records)
+        cluster.brokers[b].stop()  # A leads: its answers must be the same
+        wait_for_state(zk, TOPIC, 0, lambda s: s.leader == a, f"{a} leading", timeout=60)
+        wait_leading(cluster, a, TOPIC)
+        with BrokerConnection(*cluster.brokers[a].address) as conn:
+            assert every_record(conn, TOPIC) == records
+            check_every_offset(conn, TOPIC, records)

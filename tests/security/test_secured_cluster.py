@@ -247,6 +247,24 @@ def test_read_only_cannot_produce_and_describe_decides_what_metadata_shows(secur
         assert conn.metadata([hidden]).topics[0].error_code == TopicAuthorizationFailed.code
 
 
+def test_record_count_needs_describe_on_the_topic(secured):
+    topic, leader, _ = new_topic(secured)
+    with admin(secured, leader) as conn:
+        conn.produce(topic, 0, one(b"counted"), acks=-1)
+    carol = secured.scram("carol", "carol-secret")
+    with BrokerConnection(*secured.address(leader, "CLIENT"), security=carol).connect() as conn:
+        with pytest.raises(TopicAuthorizationFailed):
+            conn.record_count(topic, 0, 0)
+        secured.allow("User:carol", Operation.DESCRIBE, ResourceType.TOPIC, topic)
+
+        def counted():
+            try:
+                return conn.record_count(topic, 0, 0).records
+            except TopicAuthorizationFailed:
+                return None  # the broker has not seen the new ACL yet
+        assert wait_until(counted, 10, "the broker to apply carol's Describe ACL") == 1
+
+
 def test_a_prefixed_acl_covers_new_topics_and_deny_beats_allow(secured):
     prefix = f"sales-{uuid.uuid4().hex[:6]}-"
     secured.allow("User:alice", Operation.WRITE, ResourceType.TOPIC, prefix, PatternType.PREFIXED)

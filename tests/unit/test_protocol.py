@@ -10,7 +10,7 @@ from broker.common.protocol import (
     REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
     MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
     LeaderEpochEndRequest, LeaderEpochEndResponse, ProducePart, ProduceRequest, ProduceResponse, Reader,
-    ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, TopicMetadata, decode_multifetch,
+    RecordCount, RecordCountRequest, ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, TopicMetadata, decode_multifetch,
     decode_multiproduce, decode_replica_fetch,
     decode_offsets, decode_request_header, decode_response_header, encode_offsets, encode_request, encode_results,
     error_response, raise_for_error, response_frame,
@@ -30,6 +30,8 @@ REQUESTS = [
                                        ReplicaFetchPartition("clicks", 0, 3, 0, 0, 1024))),
     ReplicaFetchRequest(2, 500, False, ()),
     LeaderEpochEndRequest("events", 1, 4),
+    RecordCountRequest("events", 1, 44, -1),
+    RecordCountRequest("events", 1, 0, 1 << 40),
 ]
 
 
@@ -209,6 +211,16 @@ def test_fetch_response_version_1_says_where_its_set_starts():
     assert body_bytes(body) == b"\x00\x01" b"\x00\x00" + struct.pack(">qqi", 70, 44, 2) + b"MM"
     decoded = decode_multifetch(Reader(body_bytes(body)))[0].unwrap()
     assert (decoded.high_watermark, decoded.set_offset, bytes(decoded.messages)) == (70, 44, b"MM")
+
+
+def test_record_count_layouts_and_bad_ranges_refused_with_the_reason():
+    # request: topic, int32 partition, int64 start_offset, int64 end_offset; answer: int64 records, start, end
+    assert RecordCountRequest("t", 2, 10, -1).encode() == b"\x00\x01t" + struct.pack(">iqq", 2, 10, -1)
+    assert RecordCount(3, 10, 90).encode() == struct.pack(">qqq", 3, 10, 90)
+    assert RecordCount.decode(Reader(struct.pack(">qqq", 3, 10, 90))) == RecordCount(3, 10, 90)
+    for start, end, reason in ((-5, -1, "offsets are >= 0"), (10, -2, "offsets are >= 0"), (10, 9, "below start")):
+        with pytest.raises(InvalidRequest, match=reason):
+            RecordCountRequest.decode(Reader(b"\x00\x01t" + struct.pack(">iqq", 0, start, end)))
 
 
 def test_multiproduce_response_layout():

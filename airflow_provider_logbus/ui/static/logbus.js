@@ -257,12 +257,12 @@ async function loadLag() {
     $("lag-message").hidden = true;
     $("lag-topic").textContent = `topic ${answer.topic}, refreshed ${new Date().toISOString().slice(11, 19)}Z`;
     $("lag").replaceChildren(
-      el("tr", {}, ...["partition", "leader", "committed in table", "latest at broker", "lag (bytes)", "behind"]
+      el("tr", {}, ...["partition", "leader", "committed in table", "latest at broker", "lag (records)", "behind"]
         .map((n) => el("th", {}, n))),
       ...answer.partitions.map((p) => el("tr", {
         "data-partition": p.partition, "data-committed": p.committed ?? "", "data-latest": p.latest,
-        "data-lag-bytes": p.lag_bytes }, el("td", {}, p.partition), el("td", {}, p.leader),
-        el("td", {}, p.committed ?? "none"), el("td", {}, p.latest), el("td", {}, p.lag_bytes),
+        "data-lag-records": p.lag_records }, el("td", {}, p.partition), el("td", {}, p.leader),
+        el("td", {}, p.committed ?? "none"), el("td", {}, p.latest), el("td", {}, p.lag_records),
         el("td", {}, duration(p.behind_ms)))));
   } catch (error) {
     $("lag").replaceChildren();

@@ -15,13 +15,13 @@ from broker.common.protocol.replication import (
     LeaderEpochEndRequest, LeaderEpochEndResponse, REPLICA_FETCH_RESPONSE_HEAD, ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, decode_replica_fetch,
 )
 from broker.common.protocol.requests import (
-    CreateTopicRequest, FetchRequest, InitProducerIdRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES,
+    CreateTopicRequest, FetchRequest, InitProducerIdRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES, RecordCountRequest,
 )
 from broker.common.protocol.security import (
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 )
 from broker.common.protocol.responses import (
-    BrokerInfo, FETCH_RESPONSE_HEAD, FETCH_RESPONSE_HEAD_V1, FETCH_VERSION, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, ProducerIdResponse, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,
+    BrokerInfo, FETCH_RESPONSE_HEAD, FETCH_RESPONSE_HEAD_V1, FETCH_VERSION, FetchResponse, METADATA_VERSION, MetadataResponse, PartitionMetadata, PartitionResult, ProduceResponse, ProducerIdResponse, RecordCount, TopicMetadata, decode_multifetch, decode_multiproduce, decode_offsets, encode_offsets, encode_results,
 )
 
 __all__ = [
@@ -59,6 +59,8 @@ __all__ = [
     "REQUEST_TYPES",
     "RESPONSE_HEADER",
     "Reader",
+    "RecordCount",
+    "RecordCountRequest",
     "ReplicaFetchPartition",
     "ReplicaFetchRequest",
     "ReplicaFetchResponse",

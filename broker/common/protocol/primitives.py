@@ -33,6 +33,7 @@ class ApiKey(enum.IntEnum):
     INIT_PRODUCER_ID = 9
     SASL_HANDSHAKE = 10
     SASL_AUTHENTICATE = 11
+    RECORD_COUNT = 12
 
 
 class Acks(enum.IntEnum):

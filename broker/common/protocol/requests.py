@@ -150,6 +150,33 @@ class OffsetsRequest:
 
 
 @dataclass(frozen=True)
+class RecordCountRequest:
+    """How many records have offsets in [start_offset, end_offset): lag in records,
+    since offsets are positions and not dense (docs/architecture.md, "Offsets")."""
+
+    API: ClassVar[ApiKey] = ApiKey.RECORD_COUNT
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int = -1  # -1: the visible end (high watermark)
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.partition).int64(self.start_offset).int64(self.end_offset).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "RecordCountRequest":
+        req = cls(r.string(), r.int32(), r.int64(), r.int64())
+        r.done()
+        if req.start_offset < 0 or req.end_offset < -1:
+            raise InvalidRequest(f"record count from {req.start_offset} to {req.end_offset}: offsets are >= 0 "
+                                 f"(end_offset -1: the visible end)")
+        if 0 <= req.end_offset < req.start_offset:
+            raise InvalidRequest(f"record count from {req.start_offset} to {req.end_offset}: end_offset is below "
+                                 f"start_offset")
+        return req
+
+
+@dataclass(frozen=True)
 class MetadataRequest:
     API: ClassVar[ApiKey] = ApiKey.METADATA
     topics: list[str] = field(default_factory=list)
@@ -205,6 +232,6 @@ REQUEST_TYPES: dict[int, type] = {
     for cls in (
         ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
         MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest, InitProducerIdRequest,
-        SaslHandshakeRequest, SaslAuthenticateRequest,
+        SaslHandshakeRequest, SaslAuthenticateRequest, RecordCountRequest,
     )
 }

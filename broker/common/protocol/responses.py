@@ -29,6 +29,26 @@ class ProduceResponse:
 
 
 @dataclass(frozen=True)
+class RecordCount:
+    """RECORD_COUNT's answer: `records` have offsets in [start, end), the range asked
+    for clamped to the log (start raised to its earliest offset, end lowered to its
+    visible end)."""
+
+    records: int
+    start: int
+    end: int
+
+    def encode(self) -> bytes:
+        return bytes(Writer().int64(self.records).int64(self.start).int64(self.end).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "RecordCount":
+        answer = cls(r.int64(), r.int64(), r.int64())
+        r.done()
+        return answer
+
+
+@dataclass(frozen=True)
 class ProducerIdResponse:
     """A producer id no other producer has, and its first epoch (0)."""
 

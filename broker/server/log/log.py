@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import Callable
 
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
-from broker.common.message import BatchIdentity, ScanStop, now_ms, scan, whole_entries
-from broker.common.protocol import EARLIEST, LATEST
-from broker.server.log.entries import entry_around, records_at
+from broker.common.message import BatchIdentity, ScanStop, now_ms, scan
+from broker.server.log.index import set_records
+from broker.server.log.lookups import chunks, is_entry_start, offsets_before, record_count, set_start
 from broker.server.log.epochs import LeaderEpochCache
 from broker.server.log.files import SHARED, FileCache
 from broker.server.log.logdir import LogDir
 from broker.server.log.producers import (
     ProducerState, delete_snapshots_below, read_snapshot, snapshot_offsets, write_snapshot,
 )
-from broker.server.log.segment import EMPTY, SCAN_CHUNK, SUFFIX, FileRegion, Segment
+from broker.server.log.segment import EMPTY, SUFFIX, FileRegion, Segment
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Log:
 
     def append(
         self, message_set: bytes | memoryview, count: int, min_timestamp: int, max_timestamp: int,
-        buffered: bool = False, batch: BatchIdentity | None = None,
+        buffered: bool = False, batch: BatchIdentity | None = None, records: int = -1,
     ) -> AppendResult:
         """Append an already validated set with one write; returns its offsets. With
         `buffered`, the write may wait for `write_unwritten` (or the next flush or roll),
@@ -153,7 +153,8 @@ class Log:
         not appended; an out-of-order or fenced one raises (producers.py).
 
         Raises StorageError, with nothing appended, when the write (or the roll before
-        it) fails or the log directory is offline."""
+        it) fails or the log directory is offline. `records`: the set's (counted here
+        when not given), for the segment's entry index."""
         if not self.log_dir.online:
             self.log_dir.check_writable(self.name)
         with self._lock:
@@ -169,9 +170,11 @@ class Log:
                 ):
                     active = self._roll()
                 base = active.end_offset
+                index = active.index  # loaded before the append: it must not count this set yet
                 active.append(message_set, buffered)
             except OSError as exc:
                 raise self.log_dir.failed(exc, self.name, f"append of {len(message_set)} bytes") from None
+            index.add_set(base - active.base_offset, message_set, set_records(message_set) if records < 0 else records)
             active.note_timestamps(min_timestamp, max_timestamp)
             if batch is not None:
                 self.producers.record(batch, base, active.end_offset)
@@ -190,7 +193,9 @@ class Log:
         if not result.valid_bytes:
             return AppendResult(self.end_offset, self.end_offset)
         with memoryview(message_set) as view:
-            appended = self.append(view[: result.valid_bytes], result.count, result.min_timestamp, result.max_timestamp)
+            whole = view[: result.valid_bytes]
+            appended = self.append(whole, result.count, result.min_timestamp, result.max_timestamp,
+                                   records=result.records)  # -1 when it has wrappers: counted by `append`
             if result.batches:  # the leader's producer state, learnt from its bytes
                 with self._lock:
                     self.producers.learn(view[: result.valid_bytes], appended.base_offset)
@@ -213,7 +218,7 @@ class Log:
                 keep.pop()  # `offset` is a segment's start: cut at the end of the one before
             active = keep[-1]
             position = offset - active.base_offset
-            if 0 < position < active.size and not active.is_boundary(position):
+            if 0 < position < active.size and not is_entry_start(active, position):
                 raise InvalidRequest(f"cannot truncate {self.name} to {offset}: not a message boundary")
             try:
                 active.truncate(position)
@@ -254,25 +259,10 @@ class Log:
         state = ProducerState(self.config.producer_id_expiration_ms, self._clock)
         snapshot = read_snapshot(self.directory, end, state)
         start = self.start_offset if snapshot is None else max(snapshot, self.start_offset)
-        for base, data in self._chunks(start, end):
+        for base, data in chunks(self.segments, start, end):
             state.learn(data, base)  # appended at some time before now: now is the safe bound
         state.expire()
         self.producers = state
-
-    def _chunks(self, start: int, end: int):
-        """(offset, bytes) of the whole entries in [start, end), a chunk at a time."""
-        for segment in self.segments:
-            position = max(start, segment.base_offset) - segment.base_offset
-            stop = min(end, segment.end_offset) - segment.base_offset
-            chunk = SCAN_CHUNK
-            while position < stop:
-                data = segment.region(position, min(chunk, stop - position)).read()
-                whole = whole_entries(data) if position + len(data) < stop else len(data)
-                if not whole:
-                    chunk *= 2  # one entry larger than a chunk
-                    continue
-                yield segment.base_offset + position, memoryview(data)[:whole]
-                position += whole
 
     def _snapshot_producers(self, offset: int) -> None:
         """Write the producer state as of `offset` (= the end offset). A failure costs
@@ -386,38 +376,20 @@ class Log:
             raise StorageError(f"cannot read partition {self.name} at offset {offset}: {exc.strerror or exc}") from None
 
     def read_covering(self, offset: int, max_bytes: int) -> tuple[int, FileRegion]:
-        """FETCH version 1: the set holding the record at `offset` and where it starts.
-        At an entry boundary that is `offset`; inside an entry it is the entry's start
-        while `offset` is one of its records' (the reader drops those below), else the
-        next entry (a Kafka reader's last offset + 1)."""
-        segments, bases = self._view
-        if bases[0] <= offset < self.visible_offset:
-            segment = segments[bisect.bisect_right(bases, offset) - 1]
-            position = offset - segment.base_offset
-            try:
-                if position and not segment.is_boundary(position):
-                    start, end = entry_around(segment, position, segment.end_offset - segment.base_offset)
-                    inside = position - start < records_at(segment, start, end)
-                    offset = segment.base_offset + (start if inside else end)
-            except FileNotFoundError:
-                raise OffsetOutOfRange(f"offset {offset} of partition {self.name} was just deleted by retention") from None
+        """FETCH version 1: the set holding the record at `offset` and where it starts
+        (`lookups.set_start`: exact, from the segment's entry index)."""
+        offset = set_start(self._view, self.visible_offset, offset, self.name)
         return offset, self.read(offset, max_bytes)
 
+    def record_count(self, start: int, end: int = -1) -> tuple[int, int, int]:
+        """RECORD_COUNT: (records, start, end) of the records in [start, end), clamped
+        to the log (`lookups.record_count`)."""
+        return record_count(self.segments, self.visible_offset, start, end, self.name)
+
     def offsets_before(self, timestamp: int, max_offsets: int = 1) -> list[int]:
-        """Offsets from which to read everything produced after `timestamp`, newest first:
-        the flushed end if all data is older, then the start offsets of the segments
-        whose data begins at or before `timestamp`. -1 is the end, -2 the start."""
-        visible = self.visible_offset
-        if timestamp == LATEST:
-            return [visible][:max_offsets]
-        if timestamp == EARLIEST:
-            return [self.start_offset][:max_offsets]
-        segments = [s for s in self.segments if s.base_offset < visible]
-        offsets = []
-        if segments and segments[-1].max_timestamp <= timestamp:
-            offsets.append(visible)
-        offsets += [s.base_offset for s in reversed(segments) if 0 <= s.min_timestamp <= timestamp]
-        return offsets[:max_offsets]
+        """OFFSETS: the offsets to read from for what was produced after `timestamp`
+        (`lookups.offsets_before`)."""
+        return offsets_before(self.segments, self.visible_offset, timestamp, max_offsets)
 
     # ------------------------------------------------------------------ recovery, retention
 

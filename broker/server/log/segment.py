@@ -1,8 +1,9 @@
-"""One segment file: `<20-digit base offset>.kafka`, plus a small `.meta` sidecar.
+"""One segment file: `<20-digit base offset>.kafka`, plus a small `.meta` sidecar and
+its entry index's `.index` sidecar (index.py).
 
-The sidecar keeps the smallest and largest message timestamps of a sealed segment, so
-retention and offsets-before-time need not scan old segments at start-up. It is
-advisory: when missing or unreadable the segment is scanned instead.
+The `.meta` sidecar keeps the smallest and largest message timestamps of a sealed
+segment, so retention and offsets-before-time need not scan old segments at start-up.
+Both are advisory: when missing or unreadable the segment is scanned instead.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.common.message import HEADER, MAGICS, MIN_ENTRY_SIZE, ScanResult, ScanStop, scan
+from broker.common.message import HEADER, MAGICS, MIN_ENTRY_SIZE
 from broker.server.log.files import SHARED, FileCache, SegmentFile
+from broker.server.log.index import EntryIndex, IndexSlot
+from broker.server.log.recovery import SCAN_CHUNK, scan_file
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".kafka"
 META_SUFFIX = ".meta"
-SCAN_CHUNK = 16 << 20
 
 
 def segment_name(base_offset: int) -> str:
@@ -80,12 +82,15 @@ class Segment:
         self._files = files
         self._file: SegmentFile | None = None
         self._used = False
+        self.slot = IndexSlot(path)
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, files: FileCache = SHARED) -> "Segment":
         path = directory / segment_name(base_offset)
         path.touch(exist_ok=False)
-        return cls(path, base_offset, 0, files)
+        segment = cls(path, base_offset, 0, files)
+        segment.slot.index = EntryIndex()
+        return segment
 
     @classmethod
     def open(cls, path: Path, files: FileCache = SHARED) -> "Segment":
@@ -101,6 +106,11 @@ class Segment:
             return self._files.open(self)
         self._used = True
         return file
+
+    @property
+    def index(self) -> EntryIndex:
+        """The entry index (index.py), loaded or rebuilt on first use, not at start-up."""
+        return self.slot.get(self)
 
     @property
     def end_offset(self) -> int:
@@ -133,6 +143,7 @@ class Segment:
                 self._write(data)
             finally:
                 self.size = self._written
+                self.slot.cut(self, self._written)  # the dropped sets were indexed
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         """Write all of `data` or, on an error, none of it."""
@@ -162,9 +173,10 @@ class Segment:
 
     def is_boundary(self, position: int) -> bool:
         """Does a plausible entry header start at `position` (bytes the segment holds)?
-        The broker keeps no index, so this is a check of the header's fields that a
-        reader needs to walk on — size within the segment, known magic, key length
-        within the entry — not a proof; readers' CRC checks catch the rest."""
+        FETCH version 0's check, kept as it was: the header's fields a reader needs to
+        walk on — size within the segment, known magic, key length within the entry —
+        not a proof; readers' CRC checks catch the rest. Everything else asks the
+        entry index (`index`), which knows."""
         file = self.file
         head = os.pread(file.fileno(), HEADER.size, position)
         if len(head) < HEADER.size:
@@ -184,6 +196,7 @@ class Segment:
         os.ftruncate(file.fileno(), position)
         os.fsync(file.fileno())
         self._written = self.size = position
+        self.slot.cut(self, position)
 
     def note_timestamps(self, smallest: int, largest: int) -> None:
         if smallest >= 0 and (self.min_timestamp < 0 or smallest < self.min_timestamp):
@@ -199,38 +212,25 @@ class Segment:
         return FileRegion(self.file, position, length)
 
     def recover(self, max_entry_bytes: int) -> int:
-        """Scan every entry, truncate at the first partial or invalid one, refresh the
-        timestamps. Returns the number of bytes cut off."""
-        position, chunk = 0, SCAN_CHUNK
-        smallest, largest = -1, -1
-        file = self.file
-        while position < self.size:
-            data = os.pread(file.fileno(), min(chunk, self.size - position), position)
-            result: ScanResult = scan(data, max_entry_bytes)
-            position += result.valid_bytes
-            if result.count:
-                smallest = result.min_timestamp if smallest < 0 else min(smallest, result.min_timestamp)
-                largest = max(largest, result.max_timestamp)
-            if result.stop is ScanStop.END:
-                continue
-            chunk_end = position + len(data) - result.valid_bytes
-            if result.partial_tail and chunk_end < self.size:  # the entry runs past this chunk
-                if result.valid_bytes == 0:
-                    chunk *= 2  # bounded: scan rejects sizes above max_entry_bytes
-                continue
-            log.warning("%s: %s; truncating at byte %d of %d", self.path, result.error, position, self.size)
-            break
-        cut = self.size - position
+        """Scan every entry (`recovery.scan_file`), truncate at the first partial or
+        invalid one, refresh the timestamps and the entry index. Returns the number of
+        bytes cut off."""
+        scanned = scan_file(self.path, self.file.fileno(), self.size, max_entry_bytes)
+        cut = self.size - scanned.valid_bytes
         if cut:
-            os.truncate(self.path, position)
-            self._written = self.size = position
-        self.min_timestamp, self.max_timestamp = smallest, largest
+            os.truncate(self.path, scanned.valid_bytes)
+            self._written = self.size = scanned.valid_bytes
+        self.min_timestamp, self.max_timestamp = scanned.min_timestamp, scanned.max_timestamp
+        self.slot.index = scanned.index
         return cut
 
     def write_meta(self) -> None:
+        """The sidecars of a segment being sealed or closed: its timestamps and, if in
+        use, its entry index (the next start loads it instead of rebuilding it)."""
         tmp = self.meta_path.with_suffix(".meta.tmp")
         tmp.write_text(json.dumps({"min_timestamp": self.min_timestamp, "max_timestamp": self.max_timestamp}))
         os.replace(tmp, self.meta_path)
+        self.slot.save()
 
     def _load_meta(self) -> bool:
         try:
@@ -248,6 +248,7 @@ class Segment:
         """Unlink the files; the descriptor closes when the last reader drops it."""
         self.path.unlink(missing_ok=True)
         self.meta_path.unlink(missing_ok=True)
+        self.slot.delete()
         self._files.forget(self)
 
     def close(self) -> None:
