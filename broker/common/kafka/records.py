@@ -101,7 +101,8 @@ def check_batch(batch: bytes | memoryview, max_bytes: int = 1 << 20,
 
 
 def _walk(batch: bytes | memoryview, codec: Codec, count: int, max_decompressed_bytes: int) -> None:
-    """Every record decodes, offsetDelta i for record i, nothing after the last one."""
+    """Every record decodes, offsetDelta i for record i, nothing after the last one
+    (the C reader raises on bytes left after recordsCount records)."""
     buf = bytes(batch)
     if codec is not Codec.NONE:  # bounded here, so the C reader never inflates a bomb
         try:
@@ -110,16 +111,16 @@ def _walk(batch: bytes | memoryview, codec: Codec, count: int, max_decompressed_
             raise BatchRefused(f"record batch does not decompress: {exc}") from None
         buf = uncompressed_batch(buf, records)
     reader = DefaultRecordBatch(buf)
-    expected = 0
+    base, expected = reader.base_offset, 0
     try:
         for record in reader:
-            if record.offset != expected:
-                raise BatchRefused(f"record {expected} has offsetDelta {record.offset}, not {expected}")
+            if record.offset - base != expected:
+                raise BatchRefused(f"record {expected} has offsetDelta {record.offset - base}, not {expected}")
             expected += 1
     except BatchRefused:
         raise
     except Exception as exc:  # the C reader's CorruptRecordException, IndexError on truncation...
-        raise BatchRefused(f"record {expected} of the batch does not decode: {exc}") from None
+        raise BatchRefused(f"the batch does not decode after {expected} records: {exc}") from None
     if expected != count:
         raise BatchRefused(f"recordsCount says {count} records, the batch holds {expected}")
 
