@@ -22,7 +22,9 @@ from broker.common.kafka.records import (
     BATCH_HEADER, BATCH_HEADER_SIZE, CODEC_BITS, MAGIC_KAFKA_BATCH, NO_PRODUCER, entry_batch, patch,
     uncompressed_batch,
 )
-from broker.common.message import HEADER, HEADER_SIZE, MIN_ENTRY_SIZE, SIZE_FIELD, iter_messages
+from broker.common.message import (
+    BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD,
+)
 
 Header = tuple[str, bytes | None]
 
@@ -85,4 +87,32 @@ def fetch_batches(region: bytes | memoryview, region_offset: int) -> list[bytes 
 
 
 def _converted(entries: memoryview, offset: int) -> bytes:
-    return native_batch([(m.offset, m.timestamp, m.key, m.value) for m in iter_messages(entries, offset)])
+    """A run of native entries (validated when appended) as one batch: entries read in
+    place, wrappers opened once; no Message objects, no CRC checks (the batch's own
+    CRC, computed here, is what the Kafka client checks)."""
+    builder = DefaultRecordBatchBuilder(2, 0, 0, NO_PRODUCER, -1, -1, 1 << 31)
+    unpack, append = HEADER.unpack_from, builder.append
+    pos, end = 0, len(entries)
+    while pos < end:
+        size, magic, attributes, _, timestamp, key_length = unpack(entries, pos)
+        entry_end = pos + SIZE_FIELD + size
+        if attributes or magic == MAGIC_BATCH:
+            start = pos + HEADER_SIZE + max(key_length, 0) + (BATCH_FIELDS.size if magic == MAGIC_BATCH else 0)
+            inner = decompress(Codec(attributes), entries[start:entry_end]) if attributes else entries[start:entry_end]
+            last, at, stop = entry_end - pos - 1, 0, len(inner)
+            i = 0
+            while at < stop:
+                size, _, _, _, timestamp, key_length = unpack(inner, at)
+                body = at + HEADER_SIZE + max(key_length, 0)
+                key = bytes(inner[at + HEADER_SIZE : body]) if key_length >= 0 else None
+                at += SIZE_FIELD + size
+                append(pos + min(i, last), timestamp, key, bytes(inner[body:at]), [])  # record_offset
+                i += 1
+        else:
+            body = pos + HEADER_SIZE + max(key_length, 0)
+            key = bytes(entries[pos + HEADER_SIZE : body]) if key_length >= 0 else None
+            append(pos, timestamp, key, bytes(entries[body:entry_end]), [])
+        pos = entry_end
+    out = builder.build()
+    patch(out, offset, -1)
+    return bytes(out)
