@@ -27,7 +27,7 @@ from typing import NamedTuple
 from aiokafka.record._crecords.default_records import DefaultRecordBatch  # type: ignore[import-not-found]
 
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, decompress
-from broker.common.message import HEADER, HEADER_SIZE, SEEDS, BatchIdentity, checksum
+from broker.common.message import HEADER, HEADER_SIZE, BatchIdentity, checksum
 
 BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 BATCH_HEADER_SIZE = BATCH_HEADER.size  # 61
@@ -156,6 +156,3 @@ def entry_batch(entry: bytes | memoryview, pos: int = 0) -> memoryview:
     """The Kafka batch inside the magic-4 entry at `pos`: what a Kafka fetch sends."""
     size = HEADER.unpack_from(entry, pos)[0]
     return memoryview(entry)[pos + HEADER_SIZE : pos + 4 + size]
-
-
-SEEDS_WITH_V4 = {**SEEDS, MAGIC_KAFKA_BATCH: V4_SEEDS}  # what message.SEEDS becomes when magic 4 is read
