@@ -108,6 +108,12 @@ SMOKES: dict[str, Smoke] = {
     "idempotence": Smoke(["--count", "500", "--rounds", "1"], [
         r"^batch  1, acks  1 +\d+ +\d+ +[\d.]+$",
         r"^batch 50, acks -1 +\d+ +\d+ +[\d.]+$"]),
+    "kafka_codec": Smoke(["--rounds", "1", "--repeat", "2", "--region-mib", "0.05", "--span-max", "4096"], [
+        r"^store verbatim lz4 +[\d.]+ +[\d.]+ +[\d,]+$",
+        r"^convert to magic 3 zstd +[\d.]+ +[\d.]+ +[\d,]+$",
+        r"^magic 3 -> v2 \(fetch of a native batch\) +[\d.]+ +[\d.]+ +[\d,]+$",
+        r"^fetch cut \(\d+ KiB of magic 4\) +[\d.]+ +[\d.]+ +[\d,]+ us/region$",
+        r"^span rule: zstd, identical 0-byte values: breaks from -?\d+ records a batch"]),
     "producer_state": Smoke(["--gib", "0.001", "--rounds", "1", "--segment-mib", "1"], [
         r"^clean \(snapshot at the end\) +median +[\d.]+ s",
         r"^kill -9, no snapshots \(full scan\) +median +[\d.]+ s"]),
