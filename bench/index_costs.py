@@ -77,12 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                 times[kind].append(one_round(scratch / f"{r}-{kind}", kind, args.sets))
             for kind in reads:
                 reads[kind].append(lookups(scratch / f"{r}-{kind}", min(args.sets, 2000), kind != "at a batch's start"))
-        for kind, values in times.items():
-            print(f"append {kind:22} median {statistics.median(values):8.2f} us/set  "
-                  f"({', '.join(f'{v:.1f}' for v in values)})")
-        for kind, values in reads.items():
-            print(f"FETCH v1 read {kind:18} median {statistics.median(values):8.2f} us  "
-                  f"({', '.join(f'{v:.1f}' for v in values)})")
+        rows = [(f"append {kind:22}", "us/set", v) for kind, v in times.items()]
+        for label, unit, values in rows + [(f"FETCH v1 read {kind:18}", "us", v) for kind, v in reads.items()]:
+            print(f"{label} median {statistics.median(values):8.2f} {unit}  ({', '.join(f'{v:.1f}' for v in values)})")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
