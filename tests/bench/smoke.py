@@ -117,6 +117,9 @@ SMOKES: dict[str, Smoke] = {
     "producer_state": Smoke(["--gib", "0.001", "--rounds", "1", "--segment-mib", "1"], [
         r"^clean \(snapshot at the end\) +median +[\d.]+ s",
         r"^kill -9, no snapshots \(full scan\) +median +[\d.]+ s"]),
+    "index_costs": Smoke(["--sets", "50", "--rounds", "1"], [
+        r"^append plain batch 50 +median +[\d.]+ us/set",
+        r"^FETCH v1 read at a record inside +median +[\d.]+ us"]),
     "recovery": Smoke(["--size", "0.002", "--fetch-mib", "1", "--fetches", "5"], [
         r"\| recovery after kill -9 \(start to logs loaded\) \| [\d.]+ s \|",
         r"\| bytes on disk per message: sidecars \(index, timestamps\) \| [\d.]+ \|",

@@ -340,15 +340,15 @@ class Log:
 
     # -------------------------------------------------------------------------- read
 
-    def read(self, offset: int, max_bytes: int, upto: int | None = None) -> FileRegion:
+    def read(self, offset: int, max_bytes: int, upto: int | None = None, exact: bool = False) -> FileRegion:
         """Bytes `[offset, min(offset+max_bytes, visible end of that segment))`; a
         follower's fetch reads `upto` the log end instead (what was written, flushed or
         not).
 
         The region may end inside a message; clients drop the partial tail. An offset
         outside `[start, end]` is OffsetOutOfRange; at (or past) the flushed end the
-        region is empty. An offset where no entry header starts is InvalidRequest: the
-        answer would begin mid-message (see `Segment.is_boundary` for how sure that is).
+        region is empty. An offset where no entry header starts is InvalidRequest (a
+        plausibility check, `Segment.is_boundary`) unless `exact`: the index found it.
         """
         segments, bases = self._view
         flushed = self.visible_offset if upto is None else upto
@@ -364,7 +364,7 @@ class Log:
             return EMPTY
         position = offset - segment.base_offset
         try:
-            if position and not segment.is_boundary(position):
+            if position and not exact and not segment.is_boundary(position):
                 raise InvalidRequest(
                     f"offset {offset} of partition {self.name} is not a message boundary (no entry header starts "
                     f"there); fetch at an offset a message or OFFSETS gave"
@@ -379,7 +379,7 @@ class Log:
         """FETCH version 1: the set holding the record at `offset` and where it starts
         (`lookups.set_start`: exact, from the segment's entry index)."""
         offset = set_start(self._view, self.visible_offset, offset, self.name)
-        return offset, self.read(offset, max_bytes)
+        return offset, self.read(offset, max_bytes, exact=True)
 
     def record_count(self, start: int, end: int = -1) -> tuple[int, int, int]:
         """RECORD_COUNT: (records, start, end) of the records in [start, end), clamped

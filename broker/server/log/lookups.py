@@ -21,9 +21,10 @@ def covering(segment: Segment, position: int) -> int:
     position itself at an entry start; the start of the entry holding it while it is
     one of that entry's records' offsets; else (past the entry's last record: a Kafka
     reader's last offset + 1) the next entry."""
-    if not position:
-        return 0
-    start, end, records = segment.index.entry_at(segment.file.fileno(), position)
+    index = segment.index
+    if index.point(position)[0] == position:  # a point is an entry start: nothing to read
+        return position
+    start, end, records = index.entry_at(segment.file.fileno(), position)
     if start == position or position - start < records:
         return start
     return end
