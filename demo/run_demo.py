@@ -63,10 +63,11 @@ def start_mirror(offline: str, live: dict[str, str], topic: str, log: Path) -> s
 
 def wait_mirrored(live: dict[str, str], topics: list[str], timeout: float = 120) -> None:
     """Until the mirror's committed offsets on every live cluster leave no lag
-    (`broker.client.offsets.lag`: a partition it never committed counts from its start)."""
+    (`broker.client.offsets.records_lag`: a partition it never committed counts from its
+    start)."""
     from broker.client.cluster import ConnectionPool
     from broker.client.metadata import open_metadata
-    from broker.client.offsets import group_offsets, lag, partition_offsets
+    from broker.client.offsets import group_offsets, partition_offsets, records_lag
 
     handles = [(metadata, ConnectionPool(metadata, "demo", 10)) for metadata in map(open_metadata, live.values())]
 
@@ -74,7 +75,8 @@ def wait_mirrored(live: dict[str, str], topics: list[str], timeout: float = 120)
         for metadata, pool in handles:
             for topic in topics:
                 ends = partition_offsets(pool, topic)
-                if any(lag(ends, group_offsets(metadata.zk, f"mirror-{MIRROR}", topic, sorted(ends))).values()):
+                committed = group_offsets(metadata.zk, f"mirror-{MIRROR}", topic, sorted(ends))
+                if any(records_lag(pool, topic, ends, committed).values()):
                     return True
         return False
 

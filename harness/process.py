@@ -4,6 +4,7 @@ holds, a log's tail for error messages, and stopping a process group."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,8 +17,31 @@ class ClusterError(RuntimeError):
     """A local process did not start or stop as expected; the message says where its log is."""
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel gives outgoing connections their local ports from."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free on 127.0.0.1 now, and outside the kernel's ephemeral range: servers
+    are started seconds after their ports are chosen (a cluster's brokers one after
+    another), and a port from that range could meanwhile become the local port of any
+    outgoing connection on the machine (seen: a broker failing to bind, EADDRINUSE)."""
+    low, _ = _ephemeral_ports()
+    candidates = range(10_000, low) if low > 11_000 else range(low)
+    for _ in range(200):
+        port = random.choice(candidates)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -16,6 +16,7 @@ from broker.client.errors import CorruptMessageError
 from broker.client.group import ConsumerGroup
 from broker.common.errors import InvalidMessage, InvalidRequest
 from broker.common.message import append_entry, encode_message_set, scan
+from broker.common.protocol import ApiKey, FetchRequest
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
 
@@ -72,13 +73,17 @@ def test_every_poison_is_refused_with_invalid_message_and_the_log_stays_intact(c
     assert "CRC mismatch" in refused["gzip of inner set with bad CRC"]
 
 
-def test_fetch_inside_a_message_is_an_invalid_request(cluster):
+def test_fetch_inside_a_message_is_an_invalid_request_in_version_0_and_the_next_entry_in_version_1(cluster):
+    """Version 0 reads at entry boundaries only; version 1 answers any offset, and an
+    offset past a plain entry's one record starts at the next entry (docs/protocol.md)."""
     broker = cluster.start_broker(0)
     with connect(broker) as conn:
         conn.create_topic("bounds", 1)
         produce(conn, "bounds", 0, [b"x" * 100, b"y" * 100])
         with pytest.raises(InvalidRequest, match="not a message boundary"):
-            conn.fetch("bounds", 0, 7, 1000)
+            conn.call(ApiKey.FETCH, FetchRequest("bounds", 0, 7, 1000).encode(), 0)
+        inside = conn.fetch("bounds", 0, 7, 1000)
+        assert (inside.set_offset, len(inside.messages)) == (122, 122)
         assert len(conn.fetch("bounds", 0, 122, 1000).messages) == 122
 
 
