@@ -80,11 +80,23 @@ def wait_mirrored(live: dict[str, str], topics: list[str], timeout: float = 120)
                     return True
         return False
 
+    def behind() -> list[str]:
+        """What lags, to name it when the wait fails."""
+        out = []
+        for metadata, pool in handles:
+            for topic in topics:
+                ends = partition_offsets(pool, topic)
+                committed = group_offsets(metadata.zk, f"mirror-{MIRROR}", topic, sorted(ends))
+                for p, n in records_lag(pool, topic, ends, committed).items():
+                    if n:
+                        out.append(f"{topic}-{p}: {n} records from {committed.get(p)} to {ends[p].latest}")
+        return out
+
     try:
         deadline = time.monotonic() + timeout
         while lagging():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the mirror did not catch up within {timeout:.0f} s")
+                raise RuntimeError(f"the mirror did not catch up within {timeout:.0f} s: {behind()}")
             time.sleep(0.3)
     finally:
         for metadata, pool in handles:
