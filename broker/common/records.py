@@ -6,6 +6,8 @@ only inside."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED
 from broker.common.message import (
     HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, batch_identity, inner_set, scan,
@@ -25,13 +27,15 @@ def entry_records(buf: bytes | memoryview, pos: int = 0, max_decompressed_bytes:
         return scan(inner_set(view, pos, pos + SIZE_FIELD + size, max_decompressed_bytes)[0]).count
 
 
-def count_records(buf: bytes | memoryview, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> int:
-    """The messages in the whole entries at the front of `buf` (already validated)."""
+def count_records(buf: bytes | memoryview, per_entry: Callable[[bytes | memoryview, int], int] = entry_records) -> int:
+    """The messages in the whole entries at the front of `buf` (already validated),
+    each entry counted by `per_entry` (the broker's index counts an unopenable set as
+    none: `broker.server.log.index.readable_records`)."""
     records, pos, end = 0, 0, len(buf)
     while end - pos >= HEADER_SIZE:
         size = HEADER.unpack_from(buf, pos)[0]
         if size < MIN_ENTRY_SIZE or pos + SIZE_FIELD + size > end:
             break
-        records += entry_records(buf, pos, max_decompressed_bytes)
+        records += per_entry(buf, pos)
         pos += SIZE_FIELD + size
     return records

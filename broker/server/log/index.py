@@ -30,7 +30,7 @@ from broker.common.message import (
     BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, first_entry_size, whole_entries,
 )
 from broker.common.errors import InvalidMessage
-from broker.common.records import entry_records
+from broker.common.records import count_records, entry_records
 
 INTERVAL = 4096  # bytes of log between points, as Kafka's index.interval.bytes
 LONG_SET = 8 * INTERVAL  # a set longer than this gets points inside it at append
@@ -177,11 +177,7 @@ def entry_count(fd: int, chunk: bytes, rel: int, start: int, end: int) -> int:
 
 def set_records(buf: bytes | memoryview) -> int:
     """The records of a set of whole, valid entries (`readable_records` each)."""
-    records, pos, end = 0, 0, len(buf)
-    while pos < end:
-        records += readable_records(buf, pos)
-        pos += SIZE_FIELD + HEADER.unpack_from(buf, pos)[0]
-    return records
+    return count_records(buf, readable_records)
 
 
 def readable_records(buf: bytes | memoryview, pos: int) -> int:
