@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from broker.common.message import (
-    BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, first_entry_size, whole_entries,
+    BATCH_FIELDS, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, first_entry_size, whole_entries,
 )
 from broker.common.errors import InvalidMessage
 from broker.common.records import count_records, entry_records
