@@ -24,19 +24,20 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def build(cls: type, **fields: Any) -> Any:
+def build(cls: type, /, **fields: Any) -> Any:
     """`cls(**fields)` without the fields its version lacks."""
     names = _field_names(cls)
     return cls(**{k: v for k, v in fields.items() if k in names})
 
 
-def response(api_key: int, version: int, **fields: Any) -> Any:
+def response(api_key: int, version: int, /, **fields: Any) -> Any:
     """The top-level response message of `api_key` at `version`."""
     return build(load_response_schema(api_key, version), **fields)
 
 
-def entity(api_key: int, version: int, name: str, **fields: Any) -> Any:
-    """A nested entity of a response (e.g. "MetadataResponseTopic") at `version`."""
+def entity(api_key: int, version: int, name: str, /, **fields: Any) -> Any:
+    """A nested entity of a response (e.g. "MetadataResponseTopic") at `version`.
+    Positional-only parameters: many entities have a field called `name`."""
     return build(getattr(response_module(api_key, version), name), **fields)
 
 
