@@ -68,6 +68,15 @@ class BrokerProcess:
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
 
+    @property
+    def kafka_bootstrap(self) -> str:
+        """`host:port` of its Kafka listener, for Kafka clients' `bootstrap.servers`."""
+        listeners = str(self.settings.get("listeners", ""))
+        for endpoint in listeners.split(","):
+            if endpoint.startswith("KAFKA://"):
+                return endpoint.removeprefix("KAFKA://")
+        raise ValueError(f"broker {self.broker_id} has no KAFKA listener (listeners={listeners!r})")
+
     def command(self) -> list[str]:
         start = broker_command() if self.preamble is None else [
             sys.executable, "-c", f"{self.preamble}\nfrom broker.tools.cli import broker_main\nraise SystemExit(broker_main())"]
@@ -180,13 +189,18 @@ class LocalCluster:
 
     def start_broker(self, broker_id: int, settings: dict[str, object] | None = None, wait: bool = True,
                      preamble: str | None = None, zookeeper: str | None = None,
-                     port: int | None = None) -> BrokerProcess:
+                     port: int | None = None, kafka: bool = False) -> BrokerProcess:
         """Start (or restart) a broker. `zookeeper` overrides the cluster's connect string
-        for this broker alone (e.g. through a `harness.proxy.TcpProxy` a test can cut)."""
+        for this broker alone (e.g. through a `harness.proxy.TcpProxy` a test can cut).
+        `kafka`: a Kafka listener too, at `broker.kafka_port` (docs/kafka.md)."""
         existing = self.brokers.get(broker_id)
-        if existing is not None:  # a restart keeps the port and the log directory
+        if existing is not None:  # a restart keeps the ports and the log directory
             existing.settings = {**existing.settings, **(settings or {})}
             return existing.start(wait=wait)
+        if kafka:
+            port = port or free_port()
+            settings = {"listeners": f"PLAINTEXT://127.0.0.1:{port},KAFKA://127.0.0.1:{free_port()}",
+                        **(settings or {})}
         broker = BrokerProcess(broker_id, zookeeper or self.zookeeper, self.workdir, port,
                                settings={**self.settings, **(settings or {})},
                                preamble=preamble, broker_zookeeper=None if zookeeper else self.broker_zookeeper)

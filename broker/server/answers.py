@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from broker.common.errors import AuthenticationError, ErrorCode, LogbusError
 from broker.common.protocol import ApiKey, Body, RequestHeader, error_response, response_frame
@@ -74,6 +74,13 @@ class Answers:
     def waiting(self, header: RequestHeader, quiet: bool, reply: Reply) -> asyncio.Task:
         """An answer that waits: its place is kept in the queue."""
         task = asyncio.ensure_future(self._answer(header, quiet, reply))
+        self.pending.append(task)
+        self._start_writer()
+        return task
+
+    def queued(self, parts: Awaitable[Body | None]) -> asyncio.Task:
+        """An answer that waits, framed by a front end of its own (the Kafka listener's)."""
+        task = asyncio.ensure_future(parts)
         self.pending.append(task)
         self._start_writer()
         return task

@@ -27,6 +27,8 @@ from broker.server.connection import Connection
 from broker.server.controller import Controller
 from broker.server.flowcontrol import ConnectionLimits, RequestPool
 from broker.server.handlers import RequestHandler
+from broker.server.kafka.connection import KafkaConnection
+from broker.server.kafka.requests import KafkaRequests
 from broker.server.log.log import LogConfig
 from broker.server.log.manager import LogManager
 from broker.server.log.scheduler import FlushScheduler
@@ -95,6 +97,7 @@ class Broker:
                                        InterBrokerSecurity.from_config(config, self.tls))
         self.handler = RequestHandler(config, self.logs, self.scheduler, self.registry, self.replicas,
                                       ProducerIdAllocator(self.zk, config.broker_id), self.authorizer)
+        self.kafka = KafkaRequests(self.handler)  # the Kafka listeners' requests (docs/kafka.md)
         # every broker is a controller candidate; one is active (broker.server.controller)
         self.controller = Controller(
             self.zk, config.broker_id, config.unclean_leader_election_enable,
@@ -126,7 +129,7 @@ class Broker:
         await loop.run_in_executor(None, self.registry.start)
         for listener in self.listeners:
             self._servers.append(await loop.create_server(
-                functools.partial(Connection, self, listener), listener.bind.host or None, listener.bind.port,
+                functools.partial(KafkaConnection if listener.kafka else Connection, self, listener), listener.bind.host or None, listener.bind.port,
                 ssl=self.tls.server if listener.protocol.tls else None, reuse_address=True, backlog=512,
             ))
         await loop.run_in_executor(None, self.registry.register)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from broker.common.listeners import DEFAULT_PROTOCOL_MAP
+from broker.common.listeners import DEFAULT_KAFKA_LISTENERS, DEFAULT_PROTOCOL_MAP
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DAY_MS = 24 * 3600 * 1000
@@ -156,6 +156,7 @@ class BrokerConfig:
     advertised_listeners: str = _setting("advertised.listeners", "", str)
     listener_security_protocol_map: str = _setting("listener.security.protocol.map", DEFAULT_PROTOCOL_MAP, str)
     inter_broker_listener_name: str = _setting("inter.broker.listener.name", "", str)
+    kafka_listener_names: str = _setting("kafka.listener.names", DEFAULT_KAFKA_LISTENERS, str)
     ssl_certfile: str = _setting("ssl.certfile", "", str)
     ssl_keyfile: str = _setting("ssl.keyfile", "", str)
     ssl_cafile: str = _setting("ssl.cafile", "", str)

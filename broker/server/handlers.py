@@ -23,7 +23,7 @@ from broker.common.errors import (
     BrokerShuttingDown, ErrorCode, IllegalSaslState, InvalidMessage, LogbusError, NotLeaderForPartition,
     UnknownPartition, UnknownTopic, UnsupportedApi,
 )
-from broker.common.message import batch_identity, validate_message_set
+from broker.common.message import BatchIdentity, batch_identity, validate_message_set
 from broker.common.protocol import (
     FETCH_VERSION, METADATA_VERSION, ApiKey, Body, FetchRequest, FetchResponse, InitProducerIdRequest, LeaderEpochEndRequest,
     MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult, ProduceRequest, ProduceResponse,
@@ -34,7 +34,7 @@ from broker.server.auth.rules import RequestRules
 from broker.server.auth.sasl import Authentication
 from broker.server.auth.session import Session
 from broker.server.config import BrokerConfig
-from broker.server.log.log import Log
+from broker.server.log.log import AppendResult, Log
 from broker.server.log.manager import LogManager
 from broker.server.log.scheduler import FlushScheduler
 from broker.server.producerids import ProducerIdAllocator
@@ -117,9 +117,9 @@ class RequestHandler:
 
     def leader_log(self, topic: str, partition: int) -> Log:
         """The local log of a partition this broker leads, or the error saying why not."""
-        return self._led(topic, partition)[0]
+        return self.led(topic, partition)[0]
 
-    def _led(self, topic: str, partition: int) -> tuple[Log, Partition | None]:
+    def led(self, topic: str, partition: int) -> tuple[Log, Partition | None]:
         """A partition this broker leads: its log, and its replication state when it is
         replicated (None: one replica); or the error saying why not."""
         assignment = self.registry.view.topics.get(topic)  # known topics have valid names
@@ -153,7 +153,7 @@ class RequestHandler:
     def _append(self, topic: str, partition: int, messages, acks: int) -> Appended:
         """Validate and append. An acknowledged append is in the page cache before its
         answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
-        log, led = self._led(topic, partition)
+        log, led = self.led(topic, partition)
         if led is not None and acks == -1:
             self.replicas.check_insync(led)
         scanned = validate_message_set(messages, self.config.message_max_bytes, self.config.message_max_decompressed_bytes)
@@ -166,8 +166,14 @@ class RequestHandler:
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch,
                             scanned.records)
+        return self.appended(log, led, result, buffered, batch)
+
+    def appended(self, log: Log, led: Partition | None, result: AppendResult, buffered: bool,
+                 batch: BatchIdentity | None) -> Appended:
+        """After an append through either listener: the flush scheduler and the
+        replicas told, buffered (acks=0) writes noted — none of it for a retry."""
         if result.duplicate:
-            logger.debug("%s-%d: producer %d's batch at sequence %d is a retry of offset %d", topic, partition,
+            logger.debug("%s: producer %d's batch at sequence %d is a retry of offset %d", log.name,
                          batch.producer_id, batch.base_sequence, result.base_offset)
         else:
             if buffered:
@@ -208,10 +214,10 @@ class RequestHandler:
         return later(self._after_commit(body, appended, req.timeout_ms))
 
     async def _after_commit(self, body: Body, appended: Appended, timeout_ms: int) -> Body:
-        await self._committed(appended, timeout_ms)
+        await self.committed(appended, timeout_ms)
         return body
 
-    def _committed(self, appended: Appended, timeout_ms: int) -> Coroutine:
+    def committed(self, appended: Appended, timeout_ms: int) -> Coroutine:
         """acks=-1: the fsync — for a replicated partition, the high watermark covering
         the append in the epoch it was made in: flushed on every in-sync replica."""
         if appended.epoch is None:
@@ -243,7 +249,7 @@ class RequestHandler:
 
     async def _multiproduce_committed(self, results: list[PartitionResult], appended: dict[int, Appended],
                                       timeout_ms: int) -> Body:
-        outcomes = await asyncio.gather(*(self._committed(a, timeout_ms) for a in appended.values()),
+        outcomes = await asyncio.gather(*(self.committed(a, timeout_ms) for a in appended.values()),
                                         return_exceptions=True)
         for (index, done), outcome in zip(appended.items(), outcomes):
             if isinstance(outcome, LogbusError):

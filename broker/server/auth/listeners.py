@@ -17,6 +17,7 @@ class Listener:
     protocol: SecurityProtocol
     bind: Endpoint  # where the broker listens
     advertised: Endpoint  # what clients and other brokers are told
+    kafka: bool = False  # speaks Kafka's protocol (`kafka.listener.names`), not logbus's
 
 
 def listeners(config: BrokerConfig) -> list[Listener]:
@@ -28,8 +29,13 @@ def listeners(config: BrokerConfig) -> list[Listener]:
     out = []
     for endpoint in bound:
         shown = advertised.get(endpoint.name) or Endpoint(endpoint.name, endpoint.host or config.host, endpoint.port)
-        out.append(Listener(endpoint.name, protocols[endpoint.name], endpoint, shown))
+        out.append(Listener(endpoint.name, protocols[endpoint.name], endpoint, shown,
+                            endpoint.name in kafka_listener_names(config)))
     return out
+
+
+def kafka_listener_names(config: BrokerConfig) -> set[str]:
+    return {n.strip().upper() for n in config.kafka_listener_names.split(",") if n.strip()}
 
 
 def inter_broker_listener(config: BrokerConfig) -> Listener:
@@ -37,7 +43,7 @@ def inter_broker_listener(config: BrokerConfig) -> Listener:
     else the first one."""
     served = listeners(config)
     if not config.inter_broker_listener_name:
-        return served[0]
+        return next((l for l in served if not l.kafka), served[0])
     return next(l for l in served if l.name == config.inter_broker_listener_name.upper())
 
 
@@ -61,6 +67,13 @@ def check_security(config: BrokerConfig) -> list[str]:
             problems.append(f"advertised listener {endpoint} needs a host and a port clients can reach")
     if config.inter_broker_listener_name and config.inter_broker_listener_name.upper() not in names:
         problems.append(f"inter.broker.listener.name={config.inter_broker_listener_name} is not in listeners")
+    native = [n for n in names if n not in kafka_listener_names(config)]
+    if not native:
+        problems.append("every listener speaks Kafka's protocol (kafka.listener.names): brokers and logbus clients "
+                        "need one native listener")
+    elif config.inter_broker_listener_name.upper() in kafka_listener_names(config):
+        problems.append(f"inter.broker.listener.name={config.inter_broker_listener_name} speaks Kafka's protocol; "
+                        "brokers replicate over a native listener")
     if problems:
         return problems
     served = listeners(config)

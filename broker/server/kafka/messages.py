@@ -5,6 +5,7 @@ so a handler names the fields it knows and `build` keeps those its version has."
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import sys
 from functools import lru_cache
 from types import ModuleType
@@ -44,3 +45,35 @@ def entity(api_key: int, version: int, name: str, /, **fields: Any) -> Any:
 def field(request: Any, name: str, default: Any = None) -> Any:
     """A request field, or `default` in versions without it."""
     return getattr(request, name, default)
+
+
+_EMPTY = {"string": "", "bytes": b"", "bool": False, "records": None, "uuid": None}
+
+
+def error_response(api_key: int, version: int, error: Any, message: str | None = None) -> Any:
+    """A response of any API saying `error` and nothing else: its error code(s) set,
+    lists empty, numbers zero, defaults kept — what a client gets for a request the
+    listener refuses whole (an API it does not serve, a request a handler could not
+    read), instead of a closed connection. Kafka builds these per API
+    (`AbstractRequest.getErrorResponse`); the schema lets one function do it."""
+    cls = load_response_schema(api_key, version)
+    fields = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        kind = f.metadata.get("kafka_type")
+        if f.name == "error_message" or kind == "error_message":
+            fields[f.name] = message
+        elif kind == "error_code":
+            fields[f.name] = error
+        elif kind == "timedelta_i32":
+            fields[f.name] = datetime.timedelta(0)
+        elif kind in _EMPTY:
+            fields[f.name] = _EMPTY[kind]
+        elif kind is None:
+            fields[f.name] = ()  # an array of entities
+        else:
+            fields[f.name] = 0  # a number
+    if "error_message" in _field_names(cls):
+        fields["error_message"] = message
+    return cls(**fields)
