@@ -36,10 +36,9 @@ def response(api_key: int, version: int, /, **fields: Any) -> Any:
     return build(load_response_schema(api_key, version), **fields)
 
 
-def entity(api_key: int, version: int, name: str, /, **fields: Any) -> Any:
-    """A nested entity of a response (e.g. "MetadataResponseTopic") at `version`.
-    Positional-only parameters: many entities have a field called `name`."""
-    return build(getattr(response_module(api_key, version), name), **fields)
+def entity(api_key: int, version: int, entity_name: str, /, **fields: Any) -> Any:
+    """A nested entity of a response (e.g. "MetadataResponseTopic") at `version`."""
+    return build(getattr(response_module(api_key, version), entity_name), **fields)
 
 
 def field(request: Any, name: str, default: Any = None) -> Any:
