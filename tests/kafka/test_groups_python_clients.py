@@ -15,6 +15,7 @@ from kafka import KafkaConsumer
 
 from broker.client.offsets import group_offsets
 from tests.integration.brokerutil import connect, produce, read_partition
+from tests.integration.test_cli import logbus
 from tests.kafka.test_groups import FAST_GROUPS
 
 PARTITIONS, RECORDS = 2, 30
@@ -64,7 +65,7 @@ async def aiokafka_reads(bootstrap: str, group: str, count: int) -> list[bytes]:
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "aiokafka"])
-def test_a_group_commits_and_a_later_member_resumes_exactly(records, zk, client):
+def test_a_group_commits_and_a_later_member_resumes_exactly(records, zk, zk_connect, client):
     broker, offsets = records
 
     def read(count: int) -> list[bytes]:
@@ -74,6 +75,9 @@ def test_a_group_commits_and_a_later_member_resumes_exactly(records, zk, client)
 
     first = read(FIRST)
     assert len(first) == FIRST
+    rows = [r.split("\t") for r in logbus(zk_connect, "groups", "describe", "g").stdout.splitlines()[2:]]
+    assert sum(int(r[4]) for r in rows) == PARTITIONS * RECORDS - FIRST, \
+        f"logbus groups describe reports the Kafka group's lag in records: {rows}"
     rest = read(PARTITIONS * RECORDS - FIRST)
     everything = {f"{p}-{i}".encode() for p in range(PARTITIONS) for i in range(RECORDS)}
     assert sorted(first + rest) == sorted(everything), "every record once: nothing skipped, nothing read again"
