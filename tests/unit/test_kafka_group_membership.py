@@ -12,6 +12,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from broker.common.kafka.apis import ApiKey
+from broker.server.controllernode import bump_controller_epoch, claim_controller_node
 from tests.unit.kafka_group_support import Consumer, Node, call, ms, nested, session
 
 
@@ -133,6 +134,33 @@ def test_a_broker_that_is_not_the_controller_answers_not_coordinator_and_finds_i
     assert txn.coordinators[0].error_code == ErrorCode.invalid_request
     assert "transactions" in txn.coordinators[0].error_message
     assert listed.groups == ()
+
+
+def test_a_new_controller_coordinates_only_once_it_has_bumped_the_controller_epoch(zk_connect):
+    """Between its /controller node and its bump of /controller_epoch, the epoch's
+    version is still the deposed coordinator's: writing with it would not fence that
+    one, so the new one answers COORDINATOR_LOAD_IN_PROGRESS until the bump."""
+    node = Node(zk_connect, 1)
+    try:
+        bump_controller_epoch(node.zk)  # a predecessor's epoch
+        assert claim_controller_node(node.zk, 1) is not None
+
+        async def scenario():
+            await node.groups.start()
+            before = await call(node.groups, ApiKey.JOIN_GROUP, 5, **join_fields(5))
+            bump_controller_epoch(node.zk)
+            after = before
+            while after.error_code == ErrorCode.coordinator_load_in_progress:  # a client retries
+                await asyncio.sleep(0.05)
+                after = await call(node.groups, ApiKey.JOIN_GROUP, 5, **join_fields(5))
+            await node.groups.stop()
+            return before, after
+
+        before, after = asyncio.run(asyncio.wait_for(scenario(), 30))
+    finally:
+        node.close()
+    assert before.error_code == ErrorCode.coordinator_load_in_progress
+    assert after.error_code == ErrorCode.member_id_required
 
 
 def test_bad_joins_syncs_and_heartbeats_get_clear_error_codes(coordinator):

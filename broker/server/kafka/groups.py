@@ -128,6 +128,8 @@ class GroupRequests:
             return ErrorCode.coordinator_not_available
         if role.controller is None:
             return ErrorCode.coordinator_not_available
+        if role.loading:
+            return ErrorCode.coordinator_load_in_progress  # clients retry here
         return None if role.epoch_version is not None else ErrorCode.not_coordinator
 
     # ------------------------------------------------------------- membership

@@ -63,6 +63,7 @@ class CoordinatorEpoch:
 
     controller: int | None
     epoch_version: int | None = None
+    loading: bool = False  # this broker is the controller, but has not bumped the epoch yet
 
 
 class GroupStore:
@@ -71,11 +72,11 @@ class GroupStore:
         self.broker_id = broker_id
 
     def coordinator(self) -> CoordinatorEpoch:
-        """Read who coordinates. This broker coordinates only while `/controller` names it
-        and is its own session's node; the epoch's version is read after that node, so a
-        controller taking over after us bumps it past what we hold. Read while our own
-        takeover is still bumping the epoch, the version is the predecessor's: our first
-        write fails as fenced and the caller reads the role again."""
+        """Read who coordinates. This broker coordinates while `/controller` names it,
+        is its own session's node, and `/controller_epoch` was bumped after that node
+        was created (its mzxid is later than the node's czxid): until the new
+        controller's bump, the version is the predecessor's, which a deposed coordinator
+        could still write with; `loading` says so (COORDINATOR_LOAD_IN_PROGRESS)."""
         try:
             data, stat = self.zk.get(CONTROLLER)
             controller = decode_controller(data)
@@ -84,9 +85,12 @@ class GroupStore:
         if controller != self.broker_id or stat.ephemeralOwner != self.zk.client_id[0]:
             return CoordinatorEpoch(controller)
         try:
-            return CoordinatorEpoch(controller, self.zk.get(CONTROLLER_EPOCH)[1].version)
+            epoch = self.zk.get(CONTROLLER_EPOCH)[1]
         except NoNodeError:
-            return CoordinatorEpoch(None)
+            return CoordinatorEpoch(controller, loading=True)
+        if epoch.mzxid < stat.czxid:
+            return CoordinatorEpoch(controller, loading=True)
+        return CoordinatorEpoch(controller, epoch.version)
 
     # ----------------------------------------------------------------- reads
 
