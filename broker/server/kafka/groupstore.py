@@ -22,8 +22,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
 
 from broker.common.zklayout import (
-    CONSUMERS, CONTROLLER, CONTROLLER_EPOCH, decode_controller, encode_offset, kafka_group_path, offset_path,
-    offsets_path, read_offset,
+    CONSUMERS, CONTROLLER, CONTROLLER_EPOCH, decode_controller, decode_offset, encode_offset, kafka_group_path,
+    offset_path, offsets_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -114,12 +114,20 @@ class GroupStore:
         return sorted(g for g in groups if self.zk.exists(kafka_group_path(g)) is not None)
 
     def committed(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        """The group's committed next offsets; partitions without one are absent."""
+        """The group's committed next offsets; partitions without one are absent. The
+        reads go out together: half the time of one after another for 50 partitions
+        (bench.kafka_groups)."""
+        calls = [(tp, self.zk.get_async(offset_path(group, *tp))) for tp in partitions]
         out = {}
-        for topic, partition in partitions:
-            offset = read_offset(self.zk, group, topic, partition)
-            if offset is not None:
-                out[(topic, partition)] = offset
+        for (topic, partition), call in calls:
+            try:
+                data, _ = call.get()
+            except NoNodeError:
+                continue
+            try:
+                out[(topic, partition)] = decode_offset(data)
+            except ValueError:
+                logger.error("ignoring unreadable offset %r of group %s at %s-%d", data[:40], group, topic, partition)
         return out
 
     def committed_all(self, group: str) -> dict[TopicPartition, int]:
@@ -141,43 +149,39 @@ class GroupStore:
 
     def write_group(self, group: str, stored: StoredGroup, epoch_version: int) -> None:
         """Record a new generation, or raise CoordinatorFenced."""
-        path = kafka_group_path(group)
-        exists = self.zk.exists(path) is not None
-        if not exists:
-            self.zk.ensure_path(f"{CONSUMERS}/{group}")
-        self._commit_guarded(epoch_version, [(path, stored.encode(), exists)])
+        self._write_guarded(epoch_version, [(kafka_group_path(group), stored.encode())])
 
     def commit(self, group: str, offsets: dict[TopicPartition, int], epoch_version: int) -> None:
         """Store the group's offsets (all or, past NODES_PER_TRANSACTION, in chunks of
         all), or raise CoordinatorFenced."""
-        for topic in {t for t, _ in offsets}:
-            self.zk.ensure_path(f"{offsets_path(group)}/{topic}")
         items = sorted(offsets.items())
         for start in range(0, len(items), NODES_PER_TRANSACTION):
-            chunk = items[start:start + NODES_PER_TRANSACTION]
-            paths = [offset_path(group, t, p) for (t, p), _ in chunk]
-            exists = [r.get() is not None for r in [self.zk.exists_async(p) for p in paths]]
-            writes = [(path, encode_offset(o), e) for path, (_, o), e in zip(paths, chunk, exists)]
-            self._commit_guarded(epoch_version, writes)
+            self._write_guarded(epoch_version, [(offset_path(group, t, p), encode_offset(o))
+                                                for (t, p), o in items[start:start + NODES_PER_TRANSACTION]])
 
-    def _commit_guarded(self, epoch_version: int, writes: list[tuple[str, bytes, bool]], attempts: int = 5) -> None:
-        """One transaction: the epoch check, then a set or a create per node. A node
-        created or deleted meanwhile by someone else flips set and create; retried."""
+    def _write_guarded(self, epoch_version: int, writes: list[tuple[str, bytes]], attempts: int = 5) -> None:
+        """One transaction: the epoch check, then a set of each node — a create of those
+        not there yet (their parents made first), found when a set fails: a group's
+        nodes exist after its first commit, so a commit is one round trip."""
+        missing: set[str] = set()
         for _ in range(attempts):
             transaction = self.zk.transaction()
             transaction.check(CONTROLLER_EPOCH, epoch_version)
-            for path, data, exists in writes:
-                if exists:
-                    transaction.set_data(path, data)
-                else:
+            for path, data in writes:
+                if path in missing:
                     transaction.create(path, data)
+                else:
+                    transaction.set_data(path, data)
             results = transaction.commit()
             if isinstance(results[0], (BadVersionError, NoNodeError)):
                 raise CoordinatorFenced(f"/controller_epoch is no longer at version {epoch_version}")
-            failed = [r for r in results[1:] if isinstance(r, Exception) and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+            failed = [r for r in results[1:] if isinstance(r, Exception)
+                      and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
             if not failed:
                 return
             if not all(isinstance(r, (NodeExistsError, NoNodeError)) for r in failed):
                 raise failed[0]
-            writes = [(p, d, self.zk.exists(p) is not None) for p, d, _ in writes]
+            missing = {path for path, _ in writes if self.zk.exists(path) is None}
+            for parent in {path.rsplit("/", 1)[0] for path in missing}:
+                self.zk.ensure_path(parent)
         raise CoordinatorFenced(f"group nodes kept being created and deleted under {attempts} transactions")
