@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable
 
 from kazoo.client import KazooClient
@@ -33,6 +34,7 @@ from broker.server.replies import Reply, later
 
 logger = logging.getLogger(__name__)
 
+FAILURE_LOG_INTERVAL_S = 60.0
 TRANSACTION_KEY = 1  # FindCoordinator's key_type for transactional ids: logbus has no transactions
 
 
@@ -67,13 +69,18 @@ class GroupRequests:
         self.coordinator.drop_all()
 
     async def _tick(self) -> None:
+        """Sessions and rebalance deadlines, and the role read again after a change; a
+        failure (ZooKeeper away) is logged once a minute, not every tick."""
+        logged = -FAILURE_LOG_INTERVAL_S
         while True:
             await asyncio.sleep(TICK_S)
             try:
                 await self.coordinator.role()
                 self.coordinator.tick()
             except Exception:
-                logger.exception("group coordinator: a tick failed")
+                if time.monotonic() - logged >= FAILURE_LOG_INTERVAL_S:
+                    logged = time.monotonic()
+                    logger.exception("group coordinator: a tick failed (logged once a minute)")
 
     # ----------------------------------------------------------- coordinator
 
@@ -124,7 +131,7 @@ class GroupRequests:
         try:
             role = await self.coordinator.role()
         except Exception as exc:
-            logger.warning("group coordinator: reading the controller failed: %s", exc)
+            logger.debug("group coordinator: reading the controller failed: %s", exc)  # the ticker logs it
             return ErrorCode.coordinator_not_available
         if role.controller is None:
             return ErrorCode.coordinator_not_available
