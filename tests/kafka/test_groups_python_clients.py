@@ -82,3 +82,23 @@ def test_a_group_commits_and_a_later_member_resumes_exactly(records, zk, zk_conn
     everything = {f"{p}-{i}".encode() for p in range(PARTITIONS) for i in range(RECORDS)}
     assert sorted(first + rest) == sorted(everything), "every record once: nothing skipped, nothing read again"
     assert group_offsets(zk, "g", "t", list(range(PARTITIONS))) == {p: o[-1] + 1 for p, o in offsets.items()}
+
+
+def test_admin_clients_list_and_describe_groups_and_their_offsets(records, zk):
+    """confluent-kafka's AdminClient (ListGroups, DescribeGroups, OffsetFetch through
+    FindCoordinator) sees the group kafka-python left with its offsets committed."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    broker, offsets = records
+    kafka_python_reads(broker.kafka_bootstrap, "g", FIRST)
+    admin = AdminClient({"bootstrap.servers": broker.kafka_bootstrap})
+    listed = admin.list_consumer_groups().result(30)
+    described = admin.describe_consumer_groups(["g"])["g"].result(30)
+    committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("g", [
+        TopicPartition("t", p) for p in range(PARTITIONS)])])["g"].result(30)
+    assert [g.group_id for g in listed.valid] == ["g"]
+    assert described.group_id == "g" and str(described.state).endswith("EMPTY") and not described.members
+    stored = group_offsets(zk, "g", "t", list(range(PARTITIONS)))
+    assert {tp.partition: tp.offset for tp in committed.topic_partitions if tp.offset >= 0} == stored
+    assert sum(len([o for o in offsets[p] if o < stored.get(p, 0)]) for p in offsets) == FIRST
