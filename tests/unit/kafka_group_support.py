@@ -79,8 +79,8 @@ class Node:
     registration (with a KAFKA endpoint), and `GroupRequests` over them."""
 
     def __init__(self, zk_connect: str, broker_id: int, rules: RequestRules | None = None,
-                 settings: GroupSettings = FAST) -> None:
-        self.zk = KazooClient(zk_connect)
+                 settings: GroupSettings = FAST, zk_timeout: float = 10.0) -> None:
+        self.zk = KazooClient(zk_connect, timeout=zk_timeout)
         self.zk.start(30)
         endpoints = (Endpoint("PLAINTEXT", "127.0.0.1", 9000 + broker_id), Endpoint("KAFKA", "127.0.0.1",
                                                                                      9100 + broker_id))
@@ -95,6 +95,12 @@ class Node:
     def become_controller(self) -> None:
         assert claim_controller_node(self.zk, self.broker_id) is not None
         bump_controller_epoch(self.zk)
+
+    def close_quietly(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def close(self) -> None:
         self.registry.states.close()

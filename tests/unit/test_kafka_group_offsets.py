@@ -6,6 +6,7 @@ broker reads them), a deposed coordinator unable to write, and the ACLs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -18,7 +19,9 @@ from broker.server.auth.authorizer import Authorizer
 from broker.server.auth.rules import RequestRules
 from broker.server.kafka.groupstore import CoordinatorFenced, GroupStore
 from harness.process import wait_until
-from tests.unit.kafka_group_support import Consumer, Node, call, commit_topic, nested, session
+from harness.proxy import TcpProxy
+from broker.server.controllernode import bump_controller_epoch, claim_controller_node
+from tests.unit.kafka_group_support import FAST, Consumer, Node, call, commit_topic, ms, nested, session
 
 
 @pytest.fixture
@@ -232,3 +235,56 @@ def test_group_and_topic_acls_refuse_with_kafka_error_codes(zk_connect, zk):
     assert a["bob_describe"].groups[0].error_code == ErrorCode.group_authorization_failed
     assert a["alice_describe"].groups[0].authorized_operations == (1 << 3) | (1 << 8), "Read implies Describe"
     assert group_offsets(zk, "g", "u", [0]) == {}
+
+
+def test_with_zookeeper_away_group_requests_answer_coordinator_not_available_and_recover(zookeeper, zk_connect):
+    """The coordinator's link to ZooKeeper cut: commits, a new group's join and the
+    listing are answered COORDINATOR_NOT_AVAILABLE or NOT_COORDINATOR (clients retry,
+    then find the coordinator again), never left unanswered; once ZooKeeper is back
+    (and the broker the controller again) a member joins and commits."""
+    host, port = zookeeper.connect_string.split(",")[0].rsplit(":", 1)
+    with TcpProxy((host, int(port))) as proxy:
+        node = Node(proxy.address + zk_connect[zk_connect.index("/"):], 1, zk_timeout=3,
+                    settings=dataclasses.replace(FAST, zookeeper_timeout=1.0))
+        try:
+            node.become_controller()
+            node.registry.create_topic("t", 2)
+
+            async def scenario():
+                await node.groups.start()
+                member = Consumer(node.groups, "g", 2)
+                await member.join()
+                assert await member.commit("t", {0: 10}) == {0: ErrorCode.none}
+                proxy.cut()
+                away = dict(
+                    commit=(await member.commit("t", {0: 20}))[0],
+                    join=(await call(node.groups, ApiKey.JOIN_GROUP, 5, group_id="h", session_timeout=ms(1000),
+                                     rebalance_timeout=ms(1000), member_id="", protocol_type="consumer",
+                                     protocols=(nested(ApiKey.JOIN_GROUP, 5, "JoinGroupRequestProtocol",
+                                                       name="range", metadata=b""),))).error_code,
+                    fetch=(await call(node.groups, ApiKey.OFFSET_FETCH, 5,
+                                      **fetch_fields(5, "g", {"t": [0]}))).error_code,
+                )
+                proxy.restore()
+                await asyncio.to_thread(wait_until, lambda: node.zk.connected, 30, "ZooKeeper again")
+                if claim_controller_node(node.zk, 1) is not None and \
+                        GroupStore(node.zk, 1).coordinator().epoch_version is None:
+                    bump_controller_epoch(node.zk)  # our session was lost: the controller's takeover
+                back = Consumer(node.groups, "g", 2)
+                while True:  # as a client, rejoin until the coordinator serves again
+                    try:
+                        await back.join()
+                        break
+                    except AssertionError:
+                        back.member_id = ""
+                        await asyncio.sleep(0.1)
+                recovered = await back.commit("t", {1: 30})
+                await node.groups.stop()
+                return away, recovered
+
+            away, recovered = asyncio.run(asyncio.wait_for(scenario(), 60))
+        finally:
+            node.close_quietly()
+    unavailable = {ErrorCode.coordinator_not_available, ErrorCode.not_coordinator}
+    assert away["commit"] in unavailable and away["join"] in unavailable and away["fetch"] in unavailable, away
+    assert recovered == {1: ErrorCode.none}

@@ -39,11 +39,12 @@ class GroupSettings:
     min_session_timeout: float = 6.0  # group.min.session.timeout.ms
     max_session_timeout: float = 1800.0  # group.max.session.timeout.ms
     initial_rebalance_delay: float = 3.0  # group.initial.rebalance.delay.ms
+    zookeeper_timeout: float = 6.0  # the longest wait for ZooKeeper: zookeeper.session.timeout.ms
 
     @classmethod
     def from_config(cls, config: Any) -> "GroupSettings":
         return cls(config.group_min_session_timeout_ms / 1000, config.group_max_session_timeout_ms / 1000,
-                   config.group_initial_rebalance_delay_ms / 1000)
+                   config.group_initial_rebalance_delay_ms / 1000, config.zookeeper_session_timeout_ms / 1000)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class RoleWatch:
         """The role; requests arriving during a read wait for that read."""
         if self._stale and self._reading is None:
             self._stale = False  # a change while we read sets it again
-            self._reading = asyncio.ensure_future(asyncio.to_thread(self.store.coordinator))
+            self._reading = asyncio.ensure_future(self.store.call(self.store.coordinator))
         if self._reading is not None:
             reading = self._reading
             try:
@@ -131,7 +132,7 @@ class GroupCoordinator:
     async def group(self, group_id: str) -> Group:
         """The group, loaded with its last generation from ZooKeeper on first use."""
         if group_id not in self.groups:
-            stored = await asyncio.to_thread(self.store.read_group, group_id)
+            stored = await self.store.call(self.store.read_group, group_id)
             if group_id not in self.groups:  # another request may have loaded it meanwhile
                 self.groups[group_id] = Group(group_id, stored.generation if stored else 0,
                                               stored.protocol_type if stored else "")
@@ -264,7 +265,7 @@ class GroupCoordinator:
             epoch_version = self.epoch_version
             if epoch_version is None:
                 raise CoordinatorFenced("not the coordinator")
-            await asyncio.to_thread(self.store.write_group, group.group_id, stored, epoch_version)
+            await self.store.call(self.store.write_group, group.group_id, stored, epoch_version)
             if self.groups.get(group.group_id) is not group:
                 return  # dropped meanwhile: its waiters were answered
             group.new_generation(generation, self.clock())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
+from kazoo.exceptions import KazooException
 from kio.schema.errors import ErrorCode
 
 from broker.common.acls import Operation
@@ -35,7 +36,7 @@ class GroupListing:
         states = {s.lower() for s in field(request, "states_filter", ())}
         listed = []
         if (await self.coordinator.role()).epoch_version is not None:
-            stored = await asyncio.to_thread(self.coordinator.store.kafka_groups)
+            stored = await self.coordinator.store.call(self.coordinator.store.kafka_groups)
             for group_id in sorted(set(stored) | set(self.coordinator.groups)):
                 group = self.coordinator.known(group_id)
                 state = group.state.value if group else GroupState.EMPTY.value
@@ -49,7 +50,7 @@ class GroupListing:
                         groups=tuple(listed))
 
     async def _stored_type(self, group_id: str) -> str:
-        stored = await asyncio.to_thread(self.coordinator.store.read_group, group_id)
+        stored = await self.coordinator.store.call(self.coordinator.store.read_group, group_id)
         return stored.protocol_type if stored else ""
 
     async def describe_groups(self, request: Any, version: int, session: Session, refusal: Refusal) -> Any:
@@ -65,8 +66,11 @@ class GroupListing:
         group = self.coordinator.known(group_id) if refusal is None else None
         state = group.state if group else GroupState.DEAD
         if group is None and refusal is None:
-            stored = await asyncio.to_thread(self.coordinator.store.read_group, group_id)
-            state = GroupState.EMPTY if stored else GroupState.DEAD
+            try:
+                stored = await self.coordinator.store.call(self.coordinator.store.read_group, group_id)
+                state = GroupState.EMPTY if stored else GroupState.DEAD
+            except (KazooException, OSError):
+                refusal = ErrorCode.coordinator_not_available
         stable = state == GroupState.STABLE
         members = tuple(
             entity(ApiKey.DESCRIBE_GROUPS, version, "DescribedGroupMember", member_id=m.member_id,

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 from kio.schema.errors import ErrorCode
 
 from broker.common.acls import Operation
@@ -35,6 +36,7 @@ from broker.server.replies import Reply, later
 logger = logging.getLogger(__name__)
 
 FAILURE_LOG_INTERVAL_S = 60.0
+ZOOKEEPER_AWAY = (KazooException, OSError)  # a read of the group's nodes failed: COORDINATOR_NOT_AVAILABLE
 TRANSACTION_KEY = 1  # FindCoordinator's key_type for transactional ids: logbus has no transactions
 
 
@@ -43,7 +45,7 @@ class GroupRequests:
                  settings: GroupSettings) -> None:
         self.registry = registry
         self.rules = rules
-        self.coordinator = GroupCoordinator(GroupStore(zk, broker_id), settings)
+        self.coordinator = GroupCoordinator(GroupStore(zk, broker_id, settings.zookeeper_timeout), settings)
         self.offsets = OffsetRequests(self.coordinator, registry, rules)
         self.listing = GroupListing(self.coordinator, rules)
         self._ticker: asyncio.Task | None = None
@@ -109,7 +111,10 @@ class GroupRequests:
             self.rules.group(session, Operation.DESCRIBE, key)
         except AuthorizationFailed as exc:
             return ErrorCode.group_authorization_failed, str(exc), -1, "", -1
-        role = await self.coordinator.role()
+        try:
+            role = await self.coordinator.role()
+        except Exception as exc:  # ZooKeeper away: clients retry FindCoordinator
+            return ErrorCode.coordinator_not_available, f"cannot read the controller: {exc}", -1, "", -1
         broker = self.registry.view.brokers.get(role.controller) if role.controller is not None else None
         if broker is None:
             return ErrorCode.coordinator_not_available, "no controller (the group coordinator) now", -1, "", -1
@@ -146,12 +151,16 @@ class GroupRequests:
         if refusal is None:
             session_timeout = request.session_timeout.total_seconds()
             rebalance = field(request, "rebalance_timeout", None)
-            answer = await self.coordinator.join(JoinRequest(
-                request.group_id, request.member_id, session_timeout,
-                rebalance.total_seconds() if rebalance is not None and rebalance.total_seconds() >= 0
-                else session_timeout,
-                request.protocol_type, tuple((p.name, bytes(p.metadata)) for p in request.protocols),
-                session.host, version >= 4))
+            try:
+                answer = await self.coordinator.join(JoinRequest(
+                    request.group_id, request.member_id, session_timeout,
+                    rebalance.total_seconds() if rebalance is not None and rebalance.total_seconds() >= 0
+                    else session_timeout,
+                    request.protocol_type, tuple((p.name, bytes(p.metadata)) for p in request.protocols),
+                    session.host, version >= 4))
+            except ZOOKEEPER_AWAY as exc:  # loading the group's generation
+                logger.warning("group %s: cannot load it from ZooKeeper: %s", request.group_id, exc)
+                refusal = ErrorCode.coordinator_not_available
         error = refusal if refusal is not None else answer.error
         members = () if refusal is not None else tuple(
             entity(ApiKey.JOIN_GROUP, version, "JoinGroupResponseMember", member_id=m, group_instance_id=None,
@@ -208,7 +217,11 @@ class GroupRequests:
     # ------------------------------------------------------------ inspection
 
     async def list_groups(self, request: Any, version: int, session: Session) -> Any:
-        return await self.listing.list_groups(request, version, session)
+        try:
+            return await self.listing.list_groups(request, version, session)
+        except ZOOKEEPER_AWAY:
+            return response(ApiKey.LIST_GROUPS, version, throttle_time=NO_THROTTLE,
+                            error_code=ErrorCode.coordinator_not_available, groups=())
 
     async def describe_groups(self, request: Any, version: int, session: Session) -> Any:
         return await self.listing.describe_groups(request, version, session, self.refusal)

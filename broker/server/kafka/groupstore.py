@@ -9,17 +9,26 @@ The coordinator is the active controller. Every write is one ZooKeeper transacti
 also checks `/controller_epoch` is at the version it was when this broker took the
 role (`CoordinatorEpoch`): a coordinator deposed meanwhile (a new controller bumps the
 epoch) cannot move a group's offsets or generation, whatever its members still send it.
-Blocking calls: the request handlers run them in a thread.
+
+Blocking calls, which the request handlers run with `call`: in a pool of the store's
+own, each ZooKeeper wait bounded by `timeout` (kazoo queues a request while ZooKeeper is
+away and waits for it without end) — a ZooKeeper outage answers the group requests
+COORDINATOR_NOT_AVAILABLE and cannot take the broker's shared executor with it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
+from kazoo.exceptions import (
+    BadVersionError, KazooException, NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency,
+)
 
 from broker.common.zklayout import (
     CONSUMERS, CONTROLLER, CONTROLLER_EPOCH, decode_controller, decode_offset, encode_offset, kafka_group_path,
@@ -31,6 +40,10 @@ logger = logging.getLogger(__name__)
 NODES_PER_TRANSACTION = 500  # ZooKeeper bounds a request (jute.maxbuffer, 1 MB)
 
 TopicPartition = tuple[str, int]
+
+
+class ZooKeeperAway(KazooException):
+    """A ZooKeeper call did not return within the store's timeout."""
 
 
 class CoordinatorFenced(Exception):
@@ -67,9 +80,22 @@ class CoordinatorEpoch:
 
 
 class GroupStore:
-    def __init__(self, zk: KazooClient, broker_id: int) -> None:
+    def __init__(self, zk: KazooClient, broker_id: int, timeout: float = 5.0, threads: int = 4) -> None:
         self.zk = zk
         self.broker_id = broker_id
+        self.timeout = timeout
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="logbus-groups")
+
+    async def call(self, method: Callable[..., Any], *args: Any) -> Any:
+        """Run one of the blocking methods below in the store's pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, method, *args)
+
+    def _wait(self, result: Any) -> Any:
+        """An asynchronous kazoo call's answer, or ZooKeeperAway after `timeout`."""
+        try:
+            return result.get(timeout=self.timeout)
+        except self.zk.handler.timeout_exception:
+            raise ZooKeeperAway(f"no answer from ZooKeeper within {self.timeout:.0f}s") from None
 
     def coordinator(self) -> CoordinatorEpoch:
         """Read who coordinates. This broker coordinates while `/controller` names it,
@@ -78,14 +104,14 @@ class GroupStore:
         controller's bump, the version is the predecessor's, which a deposed coordinator
         could still write with; `loading` says so (COORDINATOR_LOAD_IN_PROGRESS)."""
         try:
-            data, stat = self.zk.get(CONTROLLER)
+            data, stat = self._wait(self.zk.get_async(CONTROLLER))
             controller = decode_controller(data)
         except (NoNodeError, ValueError, KeyError, TypeError):
             return CoordinatorEpoch(None)
         if controller != self.broker_id or stat.ephemeralOwner != self.zk.client_id[0]:
             return CoordinatorEpoch(controller)
         try:
-            epoch = self.zk.get(CONTROLLER_EPOCH)[1]
+            epoch = self._wait(self.zk.get_async(CONTROLLER_EPOCH))[1]
         except NoNodeError:
             return CoordinatorEpoch(controller, loading=True)
         if epoch.mzxid < stat.czxid:
@@ -96,7 +122,7 @@ class GroupStore:
 
     def read_group(self, group: str) -> StoredGroup | None:
         try:
-            data, _ = self.zk.get(kafka_group_path(group))
+            data, _ = self._wait(self.zk.get_async(kafka_group_path(group)))
         except NoNodeError:
             return None
         try:
@@ -108,10 +134,11 @@ class GroupStore:
     def kafka_groups(self) -> list[str]:
         """Groups the Kafka coordinator has kept a generation for."""
         try:
-            groups = self.zk.get_children(CONSUMERS)
+            groups = self._wait(self.zk.get_children_async(CONSUMERS))
         except NoNodeError:
             return []
-        return sorted(g for g in groups if self.zk.exists(kafka_group_path(g)) is not None)
+        found = [(g, self.zk.exists_async(kafka_group_path(g))) for g in groups]
+        return sorted(g for g, call in found if self._wait(call) is not None)
 
     def committed(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         """The group's committed next offsets; partitions without one are absent. The
@@ -121,7 +148,7 @@ class GroupStore:
         out = {}
         for (topic, partition), call in calls:
             try:
-                data, _ = call.get()
+                data, _ = self._wait(call)
             except NoNodeError:
                 continue
             try:
@@ -134,13 +161,13 @@ class GroupStore:
         """Every committed offset of the group (OffsetFetch for all topics)."""
         partitions = []
         try:
-            topics = self.zk.get_children(offsets_path(group))
+            topics = self._wait(self.zk.get_children_async(offsets_path(group)))
         except NoNodeError:
             return {}
         for topic in topics:
             try:
-                partitions += [(topic, int(p)) for p in self.zk.get_children(f"{offsets_path(group)}/{topic}")
-                               if p.isdigit()]
+                children = self._wait(self.zk.get_children_async(f"{offsets_path(group)}/{topic}"))
+                partitions += [(topic, int(p)) for p in children if p.isdigit()]
             except NoNodeError:
                 continue
         return self.committed(group, sorted(partitions))
@@ -172,7 +199,7 @@ class GroupStore:
                     transaction.create(path, data)
                 else:
                     transaction.set_data(path, data)
-            results = transaction.commit()
+            results = self._wait(transaction.commit_async())
             if isinstance(results[0], (BadVersionError, NoNodeError)):
                 raise CoordinatorFenced(f"/controller_epoch is no longer at version {epoch_version}")
             failed = [r for r in results[1:] if isinstance(r, Exception)
@@ -181,7 +208,7 @@ class GroupStore:
                 return
             if not all(isinstance(r, (NodeExistsError, NoNodeError)) for r in failed):
                 raise failed[0]
-            missing = {path for path, _ in writes if self.zk.exists(path) is None}
+            missing = {path for path, _ in writes if self._wait(self.zk.exists_async(path)) is None}
             for parent in {path.rsplit("/", 1)[0] for path in missing}:
-                self.zk.ensure_path(parent)
+                self._wait(self.zk.ensure_path_async(parent))
         raise CoordinatorFenced(f"group nodes kept being created and deleted under {attempts} transactions")

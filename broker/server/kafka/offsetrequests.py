@@ -85,7 +85,7 @@ class OffsetRequests:
         if epoch_version is None:
             return ErrorCode.not_coordinator
         try:
-            await asyncio.to_thread(self.coordinator.store.commit, group_id, offsets, epoch_version)
+            await self.coordinator.store.call(self.coordinator.store.commit, group_id, offsets, epoch_version)
             return ErrorCode.none
         except CoordinatorFenced as exc:
             logger.warning("group %s: commit refused, not the coordinator any more (%s)", group_id, exc)
@@ -120,10 +120,10 @@ class OffsetRequests:
         if refusal is None:
             try:
                 if wanted is None:
-                    committed = await asyncio.to_thread(self.coordinator.store.committed_all, group_id)
+                    committed = await self.coordinator.store.call(self.coordinator.store.committed_all, group_id)
                     wanted = sorted(k for k in committed if self.rules.reads(session, k[0]))
                 else:
-                    committed = await asyncio.to_thread(self.coordinator.store.committed, group_id, wanted)
+                    committed = await self.coordinator.store.call(self.coordinator.store.committed, group_id, wanted)
             except Exception as exc:
                 logger.warning("group %s: reading offsets from ZooKeeper failed: %s", group_id, exc)
                 refusal = ErrorCode.coordinator_not_available
