@@ -144,7 +144,7 @@ class AdminRequests:
                               replication_factor=result.replication_factor, configs=tuple(
                                   entity(ApiKey.CREATE_TOPICS, version, "CreatableTopicConfigs", name=c.name,
                                          value=c.value, read_only=True, config_source=c.source, is_sensitive=False)
-                                  for c in result.configs))
+                                  for c in result.configs) if version >= 5 else ())
             topics.append(entity(ApiKey.CREATE_TOPICS, version, "CreatableTopicResult", name=name, topic_id=None,
                                  topic_config_error_code=0, **fields))
         return response(ApiKey.CREATE_TOPICS, version, throttle_time=NO_THROTTLE, topics=tuple(topics))

@@ -36,8 +36,9 @@ def response(api_key: int, version: int, **fields: Any) -> Any:
     return build(load_response_schema(api_key, version), **fields)
 
 
-def entity(api_key: int, version: int, name: str, **fields: Any) -> Any:
-    """A nested entity of a response (e.g. "MetadataResponseTopic") at `version`."""
+def entity(api_key: int, version: int, name: str, /, **fields: Any) -> Any:
+    """A nested entity of a response (e.g. "MetadataResponseTopic") at `version`
+    (`name` positional: entities have a field `name` too)."""
     return build(getattr(response_module(api_key, version), name), **fields)
 
 
