@@ -104,6 +104,36 @@ def test_plain_is_offered_over_tls_only_and_checked_against_the_scram_credential
     assert "PLAIN" in in_clear.str() and "SCRAM-SHA-256" in in_clear.str()  # the broker's list, without PLAIN
 
 
+def test_kafka_python_and_aiokafka_authenticate_with_scram(secured):
+    """Their SASL: SaslHandshake v1 then SaslAuthenticate, as librdkafka's."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from kafka.admin import KafkaAdminClient
+
+    name = f"py-{uuid.uuid4().hex[:8]}"
+    assert create(AdminClient(client_config(secured, "admin", "admin-secret")), name) is None
+    host, port = secured.address(0, "KAFKA_SASL_PLAINTEXT")
+    sasl = dict(bootstrap_servers=f"{host}:{port}", security_protocol="SASL_PLAINTEXT",
+                sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="admin", sasl_plain_password="admin-secret")
+    admin = KafkaAdminClient(request_timeout_ms=TIMEOUT * 1000, **sasl)
+    try:
+        assert name in admin.list_topics()
+    finally:
+        admin.close()
+
+    async def aiokafka_topics() -> set[str]:
+        producer = AIOKafkaProducer(request_timeout_ms=TIMEOUT * 1000, **sasl)
+        await producer.start()
+        try:
+            await producer.client.force_metadata_update()
+            return producer.client.cluster.topics()
+        finally:
+            await producer.stop()
+
+    assert name in asyncio.run(aiokafka_topics())
+
+
 def frame(request, correlation_id: int) -> bytes:
     request.with_header(correlation_id=correlation_id, client_id="test")
     body = bytes(request.encode(header=True))
@@ -135,6 +165,16 @@ def test_a_failed_authentication_is_answered_then_the_connection_closed(secured)
         assert (final.header.correlation_id, final.error_code) == (3, KafkaError.SASL_AUTHENTICATION_FAILED)
         assert final.error_message == "authentication failed: invalid credentials"
         assert sock.recv(1) == b""  # closed by the broker after its answer
+
+
+def test_a_request_before_authentication_is_refused_then_the_connection_closed(secured):
+    from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+
+    with socket.create_connection(secured.address(0, "KAFKA_SASL_PLAINTEXT"), timeout=TIMEOUT) as sock:
+        sock.sendall(frame(MetadataRequest(topics=None, version=8), 1))
+        answer = MetadataResponse.decode(read_frame(sock), version=8, header=True)
+        assert answer.header.correlation_id == 1 and not answer.topics and not answer.brokers
+        assert sock.recv(1) == b""
 
 
 def test_create_topics_and_describe_configs_need_their_acls(secured):
