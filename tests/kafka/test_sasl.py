@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest
 
 from broker.common.acls import Operation, PatternType, ResourceType
+from harness.frames import read_frame
 from harness.process import free_port, wait_until
 from harness.secured import LISTENERS, PROTOCOLS, SecuredCluster
 from harness.zookeeper import ZooKeeperServer
@@ -138,18 +139,6 @@ def frame(request, correlation_id: int) -> bytes:
     request.with_header(correlation_id=correlation_id, client_id="test")
     body = bytes(request.encode(header=True))
     return struct.pack(">i", len(body)) + body
-
-
-def read_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise EOFError(f"closed after {len(data)} of {n} bytes")
-            data += chunk
-        return data
-    return exactly(struct.unpack(">i", exactly(4))[0])
 
 
 def test_a_failed_authentication_is_answered_then_the_connection_closed(secured):
