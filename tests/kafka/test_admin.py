@@ -74,13 +74,14 @@ def test_an_existing_topic_is_refused_and_kept(admin_broker):
 def test_bad_requests_each_get_their_code_and_the_good_one_is_created(admin_broker):
     admin = admin_client(admin_broker)
     names = {what: f"{what}-{uuid.uuid4().hex[:8]}" for what in
-             ("partitions", "factor", "assigned", "config", "unknown", "name", "good")}
+             ("partitions", "factor", "assigned", "config", "compact", "unknown", "name", "good")}
     outcome = create(
         admin,
         NewTopic(names["partitions"], 100_000, 1),
         NewTopic(names["factor"], 1, 3),  # one live broker
         NewTopic(names["assigned"], 2, replica_assignment=[[0], [0]]),
         NewTopic(names["config"], 1, 1, config={"retention.ms": "1000"}),
+        NewTopic(names["compact"], 1, 1, config={"cleanup.policy": "compact"}),
         NewTopic(names["unknown"], 1, 1, config={"compression.typo": "zstd"}),
         NewTopic("bad/name", 1, 1),
         NewTopic(names["good"], 1, 1, config={"cleanup.policy": "delete"}),  # what every topic has
@@ -91,11 +92,12 @@ def test_bad_requests_each_get_their_code_and_the_good_one_is_created(admin_brok
         names["factor"]: KafkaError.INVALID_REPLICATION_FACTOR,
         names["assigned"]: KafkaError.INVALID_REQUEST,
         names["config"]: KafkaError.INVALID_CONFIG,
+        names["compact"]: KafkaError.INVALID_CONFIG,
         names["unknown"]: KafkaError.INVALID_CONFIG,
         "bad/name": KafkaError.TOPIC_EXCEPTION,
         names["good"]: None,
     }
-    assert "retention.ms=1000" in outcome[names["config"]].str()  # the reason reaches the client
+    assert "log.retention.ms.per.topic" in outcome[names["config"]].str()  # the reason reaches the client
     assert "logbus assigns replicas" in outcome[names["assigned"]].str()
     listed = admin.list_topics(timeout=TIMEOUT).topics
     assert [n for n in names.values() if n in listed] == [names["good"]]

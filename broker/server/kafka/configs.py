@@ -132,7 +132,8 @@ def refused_topic_config(name: str, value: str | None, effective: dict[str, str]
                 "set by the brokers' configuration")
     if value is None or value == effective[name]:
         return None
-    where = (f"log.{name}.per.topic in the brokers' configuration" if name in ("retention.ms", "retention.bytes")
-             else f"the brokers' {_TOPIC_KEYS[name][0] or 'behaviour'}")
+    if name == "cleanup.policy":
+        return f"{name}={value}: logbus does not compact; every topic has cleanup.policy=delete"
+    where = (f"log.{name}.per.topic" if name in ("retention.ms", "retention.bytes") else _TOPIC_KEYS[name][0])
     return (f"{name}={value}: logbus does not set topic configs at creation; this topic would have "
-            f"{name}={effective[name]} (set by {where})")
+            f"{name}={effective[name]} (from {where} in the brokers' configuration)")
