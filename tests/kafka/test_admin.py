@@ -13,6 +13,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from harness.cluster import BrokerProcess, LocalCluster
+from harness.process import wait_until
+from harness.proxy import TcpProxy
 
 TIMEOUT = 30
 
@@ -160,3 +162,23 @@ def test_kafka_python_admin_creates_and_describes(admin_broker):
         assert name in admin.list_topics()
     finally:
         admin.close()
+
+
+def test_a_creation_zookeeper_does_not_finish_in_time_is_answered_timed_out(cluster, zookeeper, zk_connect):
+    """ZooKeeper unreachable from the broker (through a proxy cut for the test): the
+    answer comes at the request's timeout, REQUEST_TIMED_OUT, not at ZooKeeper's pace;
+    the write goes on, and the topic exists once ZooKeeper is back."""
+    host, port = zookeeper.connect_string.split(",")[0].split(":")
+    with TcpProxy((host, int(port))) as proxy:
+        broker = cluster.start_broker(0, {"zookeeper.session.timeout.ms": 30_000}, kafka=True,
+                                      zookeeper=proxy.address + zk_connect[zk_connect.index("/"):])
+        admin = admin_client(broker)
+        assert admin.list_topics(timeout=TIMEOUT).brokers  # connected before the cut
+        name = f"slow-{uuid.uuid4().hex[:8]}"
+        proxy.cut()
+        try:
+            refused = create(admin, NewTopic(name, 1, 1), operation_timeout=2)[name]
+        finally:
+            proxy.restore()
+        assert refused.code() == KafkaError.REQUEST_TIMED_OUT
+        wait_until(lambda: topic_partitions(admin, name) == 1, TIMEOUT, f"{name} to be created after all")

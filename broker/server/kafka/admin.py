@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 from typing import Any, NamedTuple
 
@@ -125,6 +126,7 @@ class AdminRequests:
                     else:
                         await creation
                 except asyncio.TimeoutError:
+                    creation.add_done_callback(functools.partial(_created_late, item.name))
                     item = Refused(KafkaError.request_timed_out, f"topic {item.name!r} was not created within "
                                                                  f"{timeout_s * 1000:.0f} ms; it may still be")
                 except LogbusError as exc:
@@ -210,3 +212,12 @@ class AdminRequests:
         return entity(ApiKey.DESCRIBE_CONFIGS, version, "DescribeConfigsResourceResult", name=value.name,
                       value=value.value, read_only=True, config_source=value.source, is_sensitive=False,
                       synonyms=(), config_type=value.type, documentation=None)
+
+
+def _created_late(name: str, creation: asyncio.Future) -> None:
+    """The end of a creation answered REQUEST_TIMED_OUT, logged (and its exception retrieved)."""
+    if creation.cancelled() or creation.exception() is not None:
+        logger.warning("topic %s, answered REQUEST_TIMED_OUT, was not created: %r", name,
+                       None if creation.cancelled() else creation.exception())
+    else:
+        logger.info("topic %s, answered REQUEST_TIMED_OUT, was created after all", name)
