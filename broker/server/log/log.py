@@ -152,13 +152,12 @@ class Log:
 
         A set that is one producer `batch` is checked against the producer state first:
         a repeat of a batch the log holds is answered with that batch's offsets and
-        not appended; an out-of-order or fenced one raises (producers.py).
-
-        Raises StorageError, with nothing appended, when the write (or the roll before
-        it) fails or the log directory is offline. `records`: the set's (counted here
-        when not given), for the segment's entry index."""
-        return self._append(len(message_set), lambda base: message_set, count, min_timestamp, max_timestamp, buffered,
-                            batch, set_records(message_set) if records < 0 else records)
+        not appended; an out-of-order or fenced one raises (producers.py). Raises
+        StorageError, with nothing appended, when the write (or the roll before it)
+        fails or the log directory is offline. `records`: the set's (counted here when
+        not given), for the segment's entry index."""
+        return self._append(len(message_set), message_set, None, count, min_timestamp, max_timestamp, buffered, batch,
+                            set_records(message_set) if records < 0 else records)
 
     def append_kafka(self, batch: bytes | memoryview, produced: ProducedBatch, leader_epoch: int,
                      buffered: bool = False) -> AppendResult:
@@ -167,12 +166,13 @@ class Log:
         if `store_decompressed` (docs/kafka.md, "Record batches"). Otherwise as `append`."""
         records, max_ts = produced.records, produced.max_timestamp
         batch = decompressed_batch(batch) if produced.store_decompressed else batch
-        return self._append(HEADER_SIZE + len(batch), lambda base: kafka_entry(batch, base, leader_epoch, max_ts),
+        return self._append(HEADER_SIZE + len(batch), None, lambda base: kafka_entry(batch, base, leader_epoch, max_ts),
                             records, max_ts, max_ts, buffered, produced.identity, records)
 
-    def _append(self, size: int, entry_at: Callable[[int], bytes | memoryview], count: int, min_timestamp: int,
-                max_timestamp: int, buffered: bool, batch: BatchIdentity | None, records: int) -> AppendResult:
-        """`append`'s body for the `size` bytes `entry_at(position)` builds where they land."""
+    def _append(self, size: int, data: bytes | memoryview | None, entry_at: Callable[[int], bytes] | None, count: int,
+                min_timestamp: int, max_timestamp: int, buffered: bool, batch: BatchIdentity | None,
+                records: int) -> AppendResult:
+        """`append`'s body for `size` bytes: `data`, or what `entry_at(position)` builds where they land."""
         if not self.log_dir.online:
             self.log_dir.check_writable(self.name)
         with self._lock:
@@ -187,7 +187,7 @@ class Log:
                     active = self._roll()
                 base = active.end_offset
                 index = active.index  # loaded before the append: it must not count this set yet
-                data = entry_at(base)
+                data = data if entry_at is None else entry_at(base)
                 active.append(data, buffered)
             except OSError as exc:
                 raise self.log_dir.failed(exc, self.name, f"append of {size} bytes") from None
