@@ -15,9 +15,8 @@ that entry (`tests/unit/test_columns.py` holds them to it): magic 1 and 2 entrie
 compressed wrappers and magic-3 producer batches, compressed or not, are decoded by a
 walk that accepts only entries every check passes; an entry it does not accept is
 handed to `iter_messages` itself, so every error is the reference's by construction.
-A magic-4 entry (a Kafka batch) is read by the reference's own `kafka_messages`, its
-records laid out as magic-2 entries in its place, their headers in
-`MessageColumns.headers` (not in `to_arrow`'s COLUMNS, the tables' schema).
+A magic-4 entry (a Kafka batch) is read by `kafka_records`, as the reference reads it,
+into magic-2 entries in its place, headers in `MessageColumns.headers` (not in COLUMNS).
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from dataclasses import dataclass, field
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec
 from broker.common.errors import InvalidMessage
 from broker.common.message import (
-    BATCH_FIELDS, BATCH_HEADER_SIZE, HEADER, HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGICS, MIN_ENTRY_SIZE, SEEDS,
-    V2_SEEDS, V4_SEEDS, CorruptEntry, Message, checksum, inner_set, iter_messages, record_offset,
+    BATCH_FIELDS, BATCH_HEADER_SIZE, HEADER, HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGICS, MIN_ENTRY_SIZE,
+    SEEDS, V2_SEEDS, CorruptEntry, Message, checksum, entry_crc, inner_set, iter_messages, record_offset,
 )
 
 COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
@@ -228,8 +227,7 @@ def decode_columns(
         if size >= MIN_ENTRY_SIZE and magic in MAGICS and entry_end > end:
             break  # a partial tail: the next fetch starts at it
         offset = base_offset + pos
-        if magic == MAGIC_KAFKA and entry_end <= end and (not verify_crc or checksum(view[pos + 10 : entry_end],
-                                                                                     V4_SEEDS[0]) == crc):
+        if magic == MAGIC_KAFKA and (not verify_crc or entry_crc(view, pos, entry_end, magic, 0) == crc):
             if opened := cols.open_kafka(view, pos, entry_end, offset, max_decompressed_bytes):
                 cols.offsets += [offset + i for i in range(opened)]
                 pos = entry_end
@@ -372,19 +370,21 @@ class _Columns:
     def open_kafka(self, view: memoryview, pos: int, entry_end: int, offset: int, max_decompressed_bytes: int) -> int:
         """Append the records of the magic-4 entry at `pos` (CRC checked) as magic-2 entries
         (CRC 0) in its place; return how many, 0 when `iter_messages` would refuse it."""
-        from broker.common.kafka.fetch import kafka_messages  # lazy: message.iter_messages says why
+        from broker.common.kafka.fetch import kafka_records  # lazy: message.iter_messages says why
         try:
-            messages = kafka_messages(view, pos, entry_end, offset, max_decompressed_bytes)
+            records = kafka_records(view, pos, entry_end, offset, max_decompressed_bytes)
         except CorruptEntry:
             return 0
-        mark, pack = len(self.starts), HEADER.pack
-        self.headers.update((mark + i, m.headers) for i, m in enumerate(messages) if m.headers)
-        inner = b"".join([pack(MIN_ENTRY_SIZE + len(m.key or b"") + len(m.value), MAGIC, 0, 0, m.timestamp,
-                               -1 if m.key is None else len(m.key)) + (m.key or b"") + m.value for m in messages])
-        with memoryview(inner) as inner_view:
-            self.plain_run(inner_view, 0, len(inner), False)
+        mark, pack, parts = len(self.starts), HEADER.pack, []
+        for _, timestamp, key, value, _ in records:
+            key_length, value = -1 if key is None else len(key), value or b""
+            parts += [pack(MIN_ENTRY_SIZE + max(key_length, 0) + len(value), MAGIC, 0, 0, timestamp, key_length),
+                      key or b"", value]
+        self.headers.update((mark + i, tuple(r.headers)) for i, r in enumerate(records) if r.headers)
+        inner = b"".join(parts)
+        self.plain_run(memoryview(inner), 0, len(inner), False)
         self.moved(mark, self.replace(pos, entry_end, inner))
-        return len(messages)
+        return len(records)
 
 
 def _reference(view: memoryview, pos: int, entry_end: int, end: int, offset: int, verify_crc: bool,

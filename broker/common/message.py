@@ -172,7 +172,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
     error, stop = None, ScanStop.END
     compressed = batches = 0
-    v2, v3, seeds, seeds3 = MAGIC, MAGIC_BATCH, V2_SEEDS, V3_SEEDS  # attributes are checked to be 0..4 first
+    v2, v3, seeds, seeds3, top = MAGIC, MAGIC_BATCH, V2_SEEDS, V3_SEEDS, max_magic  # attributes: checked 0..4 first
     batch_min_size = min_size + BATCH_FIELDS.size
     try:
         while pos < end:
@@ -187,7 +187,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             if entry_end > end:
                 error, stop = f"partial entry at byte {pos}: needs {size + 4} bytes, {end - pos} left", ScanStop.PARTIAL
                 break
-            if not 1 <= magic <= max_magic or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
+            if not 1 <= magic <= top or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
                 error, stop = _header_error(pos, magic, attributes, key_length, max_magic), ScanStop.INVALID
                 break
             if magic == v2:
