@@ -1,13 +1,18 @@
 """Magic-4 entries (Kafka batches the broker stored, docs/kafka.md "Record batches")
-served by a real broker to the native consumer: in order with the native messages
-around them, headers kept, and a fetch at a record inside a batch answered from it."""
+served by a real broker to the native consumers (SimpleConsumer, a group member's
+stream): in order with the native messages around them, headers kept, and a fetch at a
+record inside a batch answered from it."""
 
 from __future__ import annotations
 
 from broker.client.consumer import SimpleConsumer
+from broker.client.group import ConsumerGroup
 from broker.common.kafka.records import check_batch
 from broker.server.log.log import Log, LogConfig
 from tests.unit.test_kafka_records import librdkafka_batch
+
+from harness.process import wait_until
+from tests.integration.clientutil import Collector
 
 from .brokerutil import connect, produce
 
@@ -35,3 +40,12 @@ def test_the_native_consumer_reads_kafka_batches_the_broker_stored(cluster, zk_c
         consumer.seek(position + 20)  # a record inside the batch: the broker answers with the batch
         assert [m.offset for m in consumer.fetch()][:2] == [position + 20, position + 21]
         assert consumer.latest() == appended.next_offset + len(messages[-1].value) + 22
+    group = ConsumerGroup("readers", {"mixed": 1}, zk_connect, consumer_timeout_ms=200, max_wait_ms=100,
+                          auto_offset_reset="smallest")
+    collector = Collector(group)
+    try:
+        wait_until(lambda: len(collector.values()) >= 52, 60, "every record through the group's stream")
+    finally:
+        group.close()
+    consumed = [(m.offset, m.value, m.headers) for m in collector.messages]
+    assert consumed == [(m.offset, m.value, m.headers) for m in messages]
