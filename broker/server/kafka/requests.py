@@ -28,12 +28,14 @@ from broker.common.kafka.frames import RequestHeader, api_versions_response
 from broker.common.partitionstates import live_leader
 from broker.server.auth.session import Session
 from broker.server.handlers import RequestHandler
+from broker.server.kafka.admin import AdminRequests
 from broker.server.kafka.coordinator import GroupSettings
 from broker.server.kafka.fetching import FetchRequests
 from broker.server.kafka.groups import GroupRequests
 from broker.server.kafka.producing import ProduceRequests
 from broker.server.kafka.messages import entity, field, response
 from broker.server.kafka.positions import kafka_end, offset_for_time
+from broker.server.kafka.sasl import KafkaSasl
 from broker.server.replies import Reply, answered, later
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class KafkaRequests:
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
         }
+        self.add({**AdminRequests(native).handlers(),
+                  **KafkaSasl(native.authentication, self.config.sasl_enabled_mechanisms).handlers()})
         # the group coordinator (groups.py): started and stopped with the broker
         self.groups = GroupRequests(self.registry.zk, self.config.broker_id, self.registry, self.rules,
                                     GroupSettings.from_config(self.config))
