@@ -1,0 +1,110 @@
+"""The brokers' record counts (docs/provider.md, "The audit", tier `broker`): how many
+records of a partition's committed log fall in each window of their timestamp, kept in
+ZooKeeper at `/logbus_audit/<topic>/<partition>` by the partition's leader
+(`broker.server.audit`) and read by the audit (`broker.client.auditcounts`).
+
+The counts are a function of the committed log prefix `[began, upto)` alone — the same
+bytes on every in-sync replica — so whichever broker leads continues from `upto` on its
+own copy, and a write conditional on the node's version makes each prefix counted once
+whoever writes it. The node:
+
+    {"upto": offset, "began": offset, "windows": {"<window_start>": count, ...},
+     "pruned": records, "unreadable": entries, "skipped": bytes}
+
+`upto` is an entry boundary: every record of an offset in `[began, upto)` is counted.
+`pruned` counts the records of windows dropped because they are older than the broker's
+`audit.window.retention.ms` (and of records already that old when counted);
+`unreadable` the entries that could not be decoded (passed over, never a count);
+`skipped` the bytes retention deleted before they were counted (a leader that could not
+count for longer than the log's retention).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from broker.common.message import CorruptEntry, Message, iter_messages
+from broker.common.zklayout import AUDIT
+
+WINDOW_MS = 600_000  # the monitoring events' windows (broker.client.monitoring.DEFAULT_WINDOW_MS)
+
+
+def audit_topic_path(topic: str) -> str:
+    return f"{AUDIT}/{topic}"
+
+
+def audit_path(topic: str, partition: int) -> str:
+    return f"{AUDIT}/{topic}/{partition}"
+
+
+@dataclass
+class PartitionCounts:
+    """One partition's counts: records per window start (ms) of the offsets in
+    `[began, upto)`."""
+
+    upto: int
+    began: int
+    windows: dict[int, int] = field(default_factory=dict)
+    pruned: int = 0
+    unreadable: int = 0
+    skipped: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps({"upto": self.upto, "began": self.began, "pruned": self.pruned,
+                           "unreadable": self.unreadable, "skipped": self.skipped,
+                           "windows": {str(w): n for w, n in sorted(self.windows.items())}},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "PartitionCounts":
+        """Raises ValueError naming what is wrong with a node that is not ours."""
+        try:
+            node = json.loads(data)
+            return cls(int(node["upto"]), int(node["began"]), {int(w): int(n) for w, n in node["windows"].items()},
+                       int(node.get("pruned", 0)), int(node.get("unreadable", 0)),
+                       int(node.get("skipped", 0)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a record-count node ({type(exc).__name__}: {exc}): {bytes(data[:200])!r}") from None
+
+    def count(self, messages: Iterable[Message], oldest_ms: int, window_ms: int = WINDOW_MS) -> None:
+        """Add `messages` to their windows; those of a window starting before
+        `oldest_ms` (the retention horizon) go to `pruned`."""
+        windows = self.windows
+        for message in messages:
+            window = message.timestamp - message.timestamp % window_ms
+            if window < oldest_ms:
+                self.pruned += 1
+            else:
+                windows[window] = windows.get(window, 0) + 1
+
+    def count_entries(self, data: bytes | memoryview, offset: int, oldest_ms: int,
+                      window_ms: int = WINDOW_MS) -> None:
+        """Count the whole entries `data` holds, read at `offset` (== `upto`), and move
+        `upto` past them. An entry that does not decode is skipped and counted in
+        `unreadable` (the append checked it: this is damage on disk, which the count
+        must survive); one whose size is not even plausible ends the chunk there."""
+        assert offset == self.upto, (offset, self.upto)
+        end = offset + len(data)
+        view = memoryview(data)
+        while self.upto < end:
+            pos = self.upto - offset
+            messages: list[Message] = []
+            try:
+                for message in iter_messages(view[pos:], self.upto):
+                    messages.append(message)
+                self.count(messages, oldest_ms, window_ms)
+                self.upto = end
+            except CorruptEntry as corrupt:
+                self.count(messages, oldest_ms, window_ms)
+                self.unreadable += 1
+                if corrupt.next_offset is None or corrupt.next_offset > end:
+                    self.upto = end
+                else:
+                    self.upto = corrupt.next_offset
+
+    def prune(self, oldest_ms: int) -> None:
+        """Drop the windows that start before `oldest_ms`, adding them to `pruned`."""
+        for window in [w for w in self.windows if w < oldest_ms]:
+            self.pruned += self.windows.pop(window)
