@@ -257,7 +257,8 @@ def main() -> int:
 
         from airflow_provider_logbus.batch import audit_inputs
         from airflow_provider_logbus.cluster import LogbusCluster
-        from airflow_provider_logbus.completeness import format_report, judge
+        from airflow_provider_logbus.completeness import judge
+        from airflow_provider_logbus.reporttext import format_report
         from airflow_provider_logbus.examples.config import ExampleConfig
         from airflow_provider_logbus.targets import open_target
 

@@ -9,11 +9,13 @@ own copy, and a write conditional on the node's version makes each prefix counte
 whoever writes it. The node:
 
     {"upto": offset, "began": offset, "windows": {"<window_start>": count, ...},
-     "pruned": records, "unreadable": entries, "skipped": bytes}
+     "pruned": records, "unreadable": entries, "skipped": bytes, "kept_from": ms}
 
 `upto` is an entry boundary: every record of an offset in `[began, upto)` is counted.
 `pruned` counts the records of windows dropped because they are older than the broker's
-`audit.window.retention.ms` (and of records already that old when counted);
+`audit.window.retention.ms` (and of records already that old when counted), and
+`kept_from` is the oldest window start still kept: the counts of earlier windows are
+partial;
 `unreadable` the entries that could not be decoded (passed over, never a count);
 `skipped` the bytes retention deleted before they were counted (a leader that could not
 count for longer than the log's retention).
@@ -50,10 +52,12 @@ class PartitionCounts:
     pruned: int = 0
     unreadable: int = 0
     skipped: int = 0
+    kept_from: int = 0  # windows starting before it were pruned (or never kept)
 
     def encode(self) -> bytes:
         return json.dumps({"upto": self.upto, "began": self.began, "pruned": self.pruned,
                            "unreadable": self.unreadable, "skipped": self.skipped,
+                           "kept_from": self.kept_from,
                            "windows": {str(w): n for w, n in sorted(self.windows.items())}},
                           separators=(",", ":")).encode()
 
@@ -64,7 +68,7 @@ class PartitionCounts:
             node = json.loads(data)
             return cls(int(node["upto"]), int(node["began"]), {int(w): int(n) for w, n in node["windows"].items()},
                        int(node.get("pruned", 0)), int(node.get("unreadable", 0)),
-                       int(node.get("skipped", 0)))
+                       int(node.get("skipped", 0)), int(node.get("kept_from", 0)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a record-count node ({type(exc).__name__}: {exc}): {bytes(data[:200])!r}") from None
 
@@ -106,5 +110,6 @@ class PartitionCounts:
 
     def prune(self, oldest_ms: int) -> None:
         """Drop the windows that start before `oldest_ms`, adding them to `pruned`."""
+        self.kept_from = max(self.kept_from, oldest_ms)
         for window in [w for w in self.windows if w < oldest_ms]:
             self.pruned += self.windows.pop(window)

@@ -18,6 +18,7 @@ old logs) is caught up over several rounds without holding a thread long.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -138,8 +139,7 @@ class RecordCounter:
         (whole entries: `chunks` cuts at entry boundaries, and so does the visible
         offset). Records retention deleted before they were counted are named in
         `skipped` (bytes)."""
-        counts = PartitionCounts(counts.upto, counts.began, dict(counts.windows), counts.pruned, counts.unreadable,
-                                 counts.skipped)
+        counts = dataclasses.replace(counts, windows=dict(counts.windows))
         start = log.start_offset
         if counts.upto < start:
             logger.warning("%s: retention deleted offsets [%d, %d) before they were counted for the audit",

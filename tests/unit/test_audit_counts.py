@@ -114,7 +114,7 @@ def test_windows_older_than_the_horizon_are_pruned_into_one_count(zk, log):
     counter(zk, retention_ms=3_600_000).advance(log)  # one hour: the five-hour-old window is dropped
     counts = node(zk)
     assert counts.windows == {w: n for w, n in expected.items() if w >= NOW}
-    assert counts.pruned == 40
+    assert counts.pruned == 40 and counts.kept_from == NOW - 3_600_000
 
 
 def test_records_retention_deleted_before_they_were_counted_are_named(zk, tmp_path):
@@ -164,5 +164,5 @@ def test_excluded_topics_are_never_counted(zk, tmp_path):
 def test_a_node_that_is_not_ours_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="not a record-count node .*KeyError"):
         PartitionCounts.decode(json.dumps({"windows": {}}).encode())
-    counts = PartitionCounts(10, 0, {NOW: 3}, 1, 2, 4)
+    counts = PartitionCounts(10, 0, {NOW: 3}, 1, 2, 4, NOW)
     assert PartitionCounts.decode(counts.encode()) == counts
