@@ -9,9 +9,10 @@ The counts cover each partition's offsets `[began, upto)`, and whole windows fro
   have not counted yet: its hours are *behind* (pending until counting catches up — a
   few seconds — never a verdict);
 * a batch that loaded offsets below a partition's `began` (records retention deleted
-  before the brokers began counting: a cluster upgraded with old data), and an hour
-  before `kept_from` (its windows were pruned), have *partial* broker counts: the tier
-  is shown there but not compared, and those hours are audited as before it existed.
+  before the brokers began counting: a cluster upgraded with old data) or in a range
+  retention deleted before the brokers counted it (`skipped`), and an hour before
+  `kept_from` (its windows were pruned), have *partial* broker counts: the tier is shown
+  there but not compared, and those hours are audited as before it existed.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def broker_gaps(broker: BrokerCounts, batches: list[BatchRecord], topic: str) ->
                 behind_hours |= _hours(record, topic)
                 seen = behind.setdefault(r.partition, {"partition": r.partition, "counted_to": upto, "loaded_to": 0})
                 seen["loaded_to"] = max(seen["loaded_to"], r.end)
-            elif r.start < broker.began[key]:
+            elif r.start < broker.began[key] or any(a < r.end and r.start < b for a, b in broker.skipped.get(key, ())):
                 partial_hours |= _hours(record, topic)
     kept = [k for (t, _), k in broker.kept_from.items() if t == topic]
     return BrokerGaps(sorted(behind.values(), key=lambda b: b["partition"]), frozenset(behind_hours),

@@ -193,7 +193,7 @@ def judge(report: dict, now_ms: int, grace_ms: int) -> dict:
     reasons.extend(_table_reason(h) for h in report["hours"] if h["unrecorded"])
     below = report["completeness"] < threshold
     past_grace = now_ms >= report["end_ms"] + grace_ms
-    behind = bool(report.get("broker_behind"))
+    behind = len(judged) < len(report["hours"])
     if below and past_grace and not behind:
         reasons.append(_below(report, report["hours"], threshold))
     report["status"] = "failed" if reasons else ("pending" if below or behind else "ok")

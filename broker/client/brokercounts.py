@@ -19,13 +19,15 @@ Partition = tuple[str, int]  # (topic, partition)
 @dataclass(frozen=True)
 class BrokerCounts:
     """Records the brokers counted per (topic, window start), summed over partitions,
-    and per partition the offsets they were counted over, `[began, upto)`, and the first
-    window whose count is whole (`kept_from`: older ones were pruned)."""
+    and per partition the offsets they were counted over, `[began, upto)` less the
+    ranges retention deleted first (`skipped`), and the first window whose count is
+    whole (`kept_from`: older ones were pruned)."""
 
     counts: dict[tuple[str, int], int] = field(default_factory=dict)
     began: dict[Partition, int] = field(default_factory=dict)
     upto: dict[Partition, int] = field(default_factory=dict)
     kept_from: dict[Partition, int] = field(default_factory=dict)  # earlier windows' counts are partial
+    skipped: dict[Partition, list[tuple[int, int]]] = field(default_factory=dict)  # deleted before counted
 
     def topics(self) -> set[str]:
         return {t for t, _ in self.began}
@@ -55,6 +57,7 @@ def read_broker_counts(zk: KazooClient, topics: Iterable[str] | None = None) -> 
                 raise ValueError(f"the brokers' record counts at {path}: {exc}") from None
             key = (topic, int(name))
             counts.began[key], counts.upto[key], counts.kept_from[key] = node.began, node.upto, node.kept_from
+            counts.skipped[key] = node.skipped
             for window, n in node.windows.items():
                 counts.counts[(topic, window)] = counts.counts.get((topic, window), 0) + n
     return counts

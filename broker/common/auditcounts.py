@@ -9,7 +9,7 @@ own copy, and a write conditional on the node's version makes each prefix counte
 whoever writes it. The node:
 
     {"upto": offset, "began": offset, "windows": {"<window_start>": count, ...},
-     "pruned": records, "unreadable": entries, "skipped": bytes, "kept_from": ms}
+     "pruned": records, "unreadable": entries, "skipped": [[start, end], ...], "kept_from": ms}
 
 `upto` is an entry boundary: every record of an offset in `[began, upto)` is counted.
 `pruned` counts the records of windows dropped because they are older than the broker's
@@ -17,8 +17,8 @@ whoever writes it. The node:
 `kept_from` is the oldest window start still kept: the counts of earlier windows are
 partial;
 `unreadable` the entries that could not be decoded (passed over, never a count);
-`skipped` the bytes retention deleted before they were counted (a leader that could not
-count for longer than the log's retention).
+`skipped` the offset ranges retention deleted before they were counted (a leader that
+could not count for longer than the log's retention).
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ class PartitionCounts:
     windows: dict[int, int] = field(default_factory=dict)
     pruned: int = 0
     unreadable: int = 0
-    skipped: int = 0
+    skipped: list[tuple[int, int]] = field(default_factory=list)
     kept_from: int = 0  # windows starting before it were pruned (or never kept)
 
     def encode(self) -> bytes:
         return json.dumps({"upto": self.upto, "began": self.began, "pruned": self.pruned,
-                           "unreadable": self.unreadable, "skipped": self.skipped,
+                           "unreadable": self.unreadable, "skipped": [list(r) for r in self.skipped],
                            "kept_from": self.kept_from,
                            "windows": {str(w): n for w, n in sorted(self.windows.items())}},
                           separators=(",", ":")).encode()
@@ -68,7 +68,7 @@ class PartitionCounts:
             node = json.loads(data)
             return cls(int(node["upto"]), int(node["began"]), {int(w): int(n) for w, n in node["windows"].items()},
                        int(node.get("pruned", 0)), int(node.get("unreadable", 0)),
-                       int(node.get("skipped", 0)), int(node.get("kept_from", 0)))
+                       [(int(a), int(b)) for a, b in node.get("skipped", [])], int(node.get("kept_from", 0)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a record-count node ({type(exc).__name__}: {exc}): {bytes(data[:200])!r}") from None
 

@@ -137,14 +137,14 @@ class RecordCounter:
     def _counted(self, log: Log, counts: PartitionCounts, visible: int) -> PartitionCounts:
         """A copy of `counts` advanced over `[upto, visible)`, at most `max_bytes` of it
         (whole entries: `chunks` cuts at entry boundaries, and so does the visible
-        offset). Records retention deleted before they were counted are named in
-        `skipped` (bytes)."""
-        counts = dataclasses.replace(counts, windows=dict(counts.windows))
+        offset). Offsets retention deleted before they were counted are named in
+        `skipped`."""
+        counts = dataclasses.replace(counts, windows=dict(counts.windows), skipped=list(counts.skipped))
         start = log.start_offset
         if counts.upto < start:
             logger.warning("%s: retention deleted offsets [%d, %d) before they were counted for the audit",
                            log.name, counts.upto, start)
-            counts.skipped += start - counts.upto
+            counts.skipped.append((counts.upto, start))
             counts.upto = start
         oldest = self.clock() - self.retention_ms
         oldest -= oldest % self.window_ms

@@ -80,10 +80,12 @@ def test_a_bounded_round_catches_up_over_several_rounds_exactly(zk, log):
     assert node(zk).windows == expected and node(zk).upto == log.visible_offset
 
 
-def test_a_deposed_leaders_late_write_fails_and_nothing_is_counted_twice(zk, log, tmp_path):
+def test_a_deposed_leaders_late_write_fails_and_the_node_never_moves_back(zk, log, tmp_path):
     """Two brokers both count the partition (a deposed leader that has not heard yet):
-    each on its own copy of the same committed log. The one whose view of the node is
-    stale loses the conditional write, re-reads, and continues from the winner's `upto`."""
+    each on its own copy of the same committed log, the deposed one's high watermark
+    behind. The one whose view of the node is stale loses the conditional write,
+    re-reads, and continues from the winner's `upto` — its own, older count never
+    replaces the node's (the audit would see counts fall)."""
     expected = fill(log)
     log.close()
     shutil.copytree(tmp_path / "events-0", tmp_path / "copy" / "events-0")
@@ -96,13 +98,16 @@ def test_a_deposed_leaders_late_write_fails_and_nothing_is_counted_twice(zk, log
         assert old.advance(old_leader_log)  # the old leader counts up to the first committed offset
         for l in (old_leader_log, new_leader_log):
             append(l, encode_message_set([(None, b"late%d" % i, NOW + 2) for i in range(11)]))
-            l.flush()
             l.high_watermark = l.end_offset
+            append(l, encode_message_set([(None, b"later%d" % i, NOW + 3) for i in range(5)]))
+            l.flush()
+        new_leader_log.high_watermark = new_leader_log.end_offset
         assert new.advance(new_leader_log)  # the new leader continues from the node
         assert node(zk).upto == new_leader_log.end_offset
-        assert not old.advance(old_leader_log)  # stale version: re-read, nothing left to count
+        assert not old.advance(old_leader_log)  # stale version: re-read, nothing left to count below its HW
+        assert node(zk).upto == new_leader_log.end_offset
         counts = node(zk)
-        assert counts.windows == {**expected, NOW: expected[NOW] + 11}
+        assert counts.windows == {**expected, NOW: expected[NOW] + 16}
         assert counts.upto == old_leader_log.end_offset == new_leader_log.end_offset
     finally:
         old_leader_log.close()
@@ -130,7 +135,7 @@ def test_records_retention_deleted_before_they_were_counted_are_named(zk, tmp_pa
         assert log.delete_old_segments(NOW + 10**9)  # retention takes all but the active segment
         assert counter(zk).advance(log)
         counts = node(zk)
-        assert (counts.began, counts.skipped) == (0, log.start_offset - len(one))
+        assert (counts.began, counts.skipped) == (0, [(len(one), log.start_offset)])
         assert counts.windows[NOW] == 1 + log.record_count(log.start_offset)[0]
     finally:
         log.close()
@@ -164,5 +169,5 @@ def test_excluded_topics_are_never_counted(zk, tmp_path):
 def test_a_node_that_is_not_ours_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="not a record-count node .*KeyError"):
         PartitionCounts.decode(json.dumps({"windows": {}}).encode())
-    counts = PartitionCounts(10, 0, {NOW: 3}, 1, 2, 4, NOW)
+    counts = PartitionCounts(10, 0, {NOW: 3}, 1, 2, [(4, 8)], NOW)
     assert PartitionCounts.decode(counts.encode()) == counts

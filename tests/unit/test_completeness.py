@@ -300,6 +300,10 @@ def test_hours_the_brokers_counted_only_in_part_are_audited_as_before_the_broker
     assert first["tiers"][1] == {"tier": "broker", "count": 4, "partial": True}
     assert first["status"] == "complete" and second["status"] == "complete"
     assert (second["unreported"], second["produced"]) == (5, 5)  # committed by producers without events
+    from dataclasses import replace
+
+    skipped = replace(counted({T0: 4}, {0: 100}), skipped={("t", 0): [(30, 60)]})  # deleted before counted
+    assert broker_report([old], {T0: 10}, skipped)["hours"][0]["tiers"][1]["partial"]
     pruned = judge(broker_report([old], {}, counted({}, {0: 100}, kept_from=T0 + H)), now_ms=T0 + 5 * H,
                    grace_ms=0)
     assert pruned["hours"][0]["tiers"][1]["partial"] and pruned["hours"][0]["duplicated_at"] == ["table"]
