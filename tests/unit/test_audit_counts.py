@@ -141,15 +141,22 @@ def test_records_retention_deleted_before_they_were_counted_are_named(zk, tmp_pa
         log.close()
 
 
-def test_an_undecodable_entry_on_disk_is_passed_over_and_named(zk, log):
+def test_an_undecodable_entry_on_disk_is_passed_over_and_named_and_a_damaged_record_still_counts(zk, log):
+    """A compressed set whose bytes no longer decompress holds no countable records: it
+    is passed over (`unreadable`). A plain record with a damaged value is still a
+    committed record: counted, so the table that cannot load it shows it missing."""
     append(log, encode_message_set([(None, b"a", NOW)]))
-    size = log.end_offset
-    append(log, encode_message_set([(None, b"b", NOW)]))
+    damaged_set = log.end_offset
+    append(log, encode_message_set([(None, b"b%d" % i, NOW) for i in range(20)], "gzip"))
+    damaged_value = log.end_offset
     append(log, encode_message_set([(None, b"c", NOW)]))
     log.flush()
-    with open(log.segments[0].path, "r+b") as f:  # damage the second entry's value
-        f.seek(2 * size - 1)
+    with open(log.segments[0].path, "r+b") as f:
+        f.seek(damaged_set + 40)
+        f.write(b"\xff" * 8)
+        f.seek(log.end_offset - 1)
         f.write(b"Z")
+    assert damaged_value < log.end_offset
     counter(zk).advance(log)
     counts = node(zk)
     assert (counts.windows, counts.unreadable, counts.upto) == ({NOW: 2}, 1, log.end_offset)
@@ -171,3 +178,18 @@ def test_a_node_that_is_not_ours_is_refused_with_the_reason():
         PartitionCounts.decode(json.dumps({"windows": {}}).encode())
     counts = PartitionCounts(10, 0, {NOW: 3}, 1, 2, [(4, 8)], NOW)
     assert PartitionCounts.decode(counts.encode()) == counts
+
+
+def test_the_timestamp_walk_gives_what_the_reference_decoder_gives():
+    from broker.common.records import record_timestamps
+
+    data = b"".join([
+        encode_message_set([(b"k", b"a%d" % i, NOW - i * 7_919_000) for i in range(9)]),
+        encode_message_set([(None, b"z%d" % i, NOW + i) for i in range(30)], "gzip"),
+        encode_batch([(None, b"b%d" % i, OLD + i * 600_001) for i in range(12)], BatchIdentity(3, 0, 0, 12), "gzip"),
+        encode_batch([(b"key", b"c", NOW)], BatchIdentity(3, 0, 12, 1)),
+    ])
+    timestamps, stop = record_timestamps(data)
+    assert stop == len(data)
+    assert list(timestamps) == [m.timestamp for m in iter_messages(data, 0)]
+    assert record_timestamps(data + data[:10])[1] == len(data)  # a partial tail is not read
