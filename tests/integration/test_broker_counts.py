@@ -9,20 +9,11 @@ import time
 from broker.client.brokercounts import read_broker_counts
 from broker.client.monitoring import MONITORING_TOPIC
 from broker.client.producer import Producer
-from broker.common.auditcounts import WINDOW_MS
 from harness.process import wait_until
-from tests.integration.clientutil import read_topic
+from tests.integration.clientutil import per_window, read_topic
 
 TOPIC = "clicks"
 SETTINGS = {"audit.count.interval.ms": 100, "log.flush.interval.ms": 20, "num.partitions": 2}
-
-
-def per_window(messages) -> dict[tuple[str, int], int]:
-    out: dict[tuple[str, int], int] = {}
-    for m in messages:
-        key = (TOPIC, m.timestamp - m.timestamp % WINDOW_MS)
-        out[key] = out.get(key, 0) + 1
-    return out
 
 
 def test_committed_records_are_counted_per_window_of_their_event_time(cluster, zk, zk_connect):
@@ -39,7 +30,7 @@ def test_committed_records_are_counted_per_window_of_their_event_time(cluster, z
 
     wait_until(lambda: sum(map(len, read_topic(zk_connect, TOPIC).values())) == 430, 30, "every record visible")
     stored = [m for messages in read_topic(zk_connect, TOPIC).values() for m in messages]
-    expected = per_window(stored)
+    expected = per_window(TOPIC, stored)
     assert len(expected) >= 4 and sum(expected.values()) == 430  # four hours' windows (+ i ms may cross one)
 
     def caught_up():

@@ -11,9 +11,8 @@ import time
 
 from broker.client.brokercounts import read_broker_counts
 from broker.client.producer import Producer
-from broker.common.auditcounts import WINDOW_MS
 from harness.process import wait_until
-from tests.integration.clientutil import read_topic
+from tests.integration.clientutil import per_window, read_topic
 from broker.common.zklayout import create_topic
 from tests.replication.replicated import (BROKER_SETTINGS, create_replicated_topic, pause_quietly, state,
                                           wait_for_state, wait_isr)
@@ -49,14 +48,6 @@ class Sender(threading.Thread):
         return len(self.acknowledged) > than
 
 
-def per_window(messages) -> dict[tuple[str, int], int]:
-    out: dict[tuple[str, int], int] = {}
-    for m in messages:
-        key = (TOPIC, m.timestamp - m.timestamp % WINDOW_MS)
-        out[key] = out.get(key, 0) + 1
-    return out
-
-
 def upto(zk) -> int:
     return read_broker_counts(zk, [TOPIC]).upto.get((TOPIC, 0), -1)
 
@@ -90,7 +81,7 @@ def test_the_broker_tier_counts_every_committed_record_once_across_a_kill_and_a_
     stored = wait_until(lambda: (m := read_topic(zk_connect, TOPIC)[0]) and len(m) >= len(sender.acknowledged) and m,
                         60, "every acknowledged record visible")
     assert set(sender.acknowledged) <= {m.value for m in stored}
-    expected = per_window(stored)
+    expected = per_window(TOPIC, stored)
     end = stored[-1].next_offset
     counts = wait_until(lambda: (c := read_broker_counts(zk, [TOPIC])).upto[(TOPIC, 0)] >= end and c, 60,
                         "the leader to count to the end")
@@ -139,4 +130,4 @@ def test_records_a_killed_leader_held_but_never_committed_are_not_counted(cluste
     end = stored[-1].next_offset
     counts = wait_until(lambda: (c := read_broker_counts(zk, [TOPIC])).upto[(TOPIC, 0)] >= end and c, 60,
                         "the new leader to count to the end")
-    assert counts.counts == per_window(stored) and sum(counts.counts.values()) == 40
+    assert counts.counts == per_window(TOPIC, stored) and sum(counts.counts.values()) == 40
