@@ -17,6 +17,9 @@ the alternatives interleaved round by round:
 - request decode: kio's decode of the ProduceRequest v9 frame carrying the batch;
 - magic 3 -> v2: a native idempotent batch as a RecordBatch v2 for a Kafka fetch;
 - fetch cut: a region of stored magic-4 entries as the batches a fetch response sends;
+- native read: a stored magic-4 entry's records as a native consumer gets them
+  (`iter_messages`; `decode_columns(...).messages()`, the consumers' path), beside the
+  same records in a native magic-2 set;
 - span rule: the smallest power-of-two count of identical records (one timestamp) at
   which a compressed batch holds more records than its entry spans bytes (then the
   broker stores it decompressed).
@@ -38,7 +41,8 @@ from broker.common.compression import Codec, compress, decompress
 from broker.common.kafka import frames
 from broker.common.kafka.fetch import fetch_batches, read_records
 from broker.common.kafka.records import ATTRIBUTES_AT, BATCH_HEADER, BATCH_HEADER_SIZE, check_batch, kafka_entry
-from broker.common.message import BatchIdentity, checksum, encode_batch
+from broker.common.columns import decode_columns
+from broker.common.message import BatchIdentity, checksum, encode_batch, encode_message_set, iter_messages
 
 CODECS = {"none": Codec.NONE, "gzip": Codec.GZIP, "lz4": Codec.LZ4, "zstd": Codec.ZSTD}
 
@@ -165,6 +169,12 @@ def main() -> None:
         cases[f"store verbatim {name}"] = ((lambda b=batch: store_verbatim(b)), n)
         cases[f"walk in Python {name}"] = ((lambda b=batch: python_walk(b)), n)
         cases[f"convert to magic 3 {name}"] = ((lambda b=batch: convert_to_magic3(b)), n)
+    plain = encode_message_set([(None, _event(i, args.value_bytes), 1_700_000_000_000) for i in range(n)])
+    for name, data in ((f"magic 4 {name}", kafka_entry(batches[name], 0, 0, 1)) for name in ("none", "lz4")):
+        cases[f"native read {name}: iter_messages"] = ((lambda d=data: list(iter_messages(d, 0))), n)
+        cases[f"native read {name}: decode_columns"] = ((lambda d=data: decode_columns(d, 0).messages()), n)
+    cases["native read magic 2: iter_messages"] = ((lambda: list(iter_messages(plain, 0))), n)
+    cases["native read magic 2: decode_columns"] = ((lambda: decode_columns(plain, 0).messages()), n)
     frame = produce_frame(batches["none"])
     cases["request decode (kio, Produce v9)"] = ((lambda: frames.decode_request(frame)), n)
     cases["magic 3 -> v2 (fetch of a native batch)"] = ((lambda: fetch_batches(native, 0)), n)

@@ -31,6 +31,7 @@ from broker.common.message import encode_message_set
 from broker.common.protocol import ApiKey, ProduceRequest, encode_request
 from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
+from harness.frames import read_frame
 from harness.process import wait_until
 from harness.zookeeper import client
 
@@ -117,8 +118,7 @@ def connections_run(count: int, rounds: int) -> dict:
             while waiting:
                 for key, _ in selector.select(60):
                     sock = key.fileobj
-                    size = int.from_bytes(_read(sock, 4), "big")
-                    _read(sock, size)
+                    read_frame(sock)
                     worst = max(worst, time.perf_counter() - started[sock])
                     selector.unregister(sock)
                     waiting.discard(sock)
@@ -128,16 +128,6 @@ def connections_run(count: int, rounds: int) -> dict:
         for sock in socks:
             sock.close()
         return {"connections": count, "msg_s": rate, "worst_ms": worst * 1000, "rss_mib": rss}
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        data += chunk
-    return data
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ from broker.common.columns import MessageColumns, empty_columns
 
 @dataclass(frozen=True, slots=True)
 class ConsumedMessage:
-    """A message with where it came from."""
+    """A message with where it came from; `headers` as `Message.headers` (a Kafka
+    record's, empty for a native message)."""
 
     topic: str
     partition: int
@@ -30,6 +31,7 @@ class ConsumedMessage:
     timestamp: int
     key: bytes | None
     value: bytes
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,8 @@ class MessageStream:
                 self._chunk = None
             if self._hand_out(chunk, columns.next_offsets[i]):
                 return ConsumedMessage(chunk.topic, chunk.partition, columns.offsets[i], columns.next_offsets[i],
-                                       columns.timestamps[i], self._keys[i], self._values[i])
+                                       columns.timestamps[i], self._keys[i], self._values[i],
+                                       columns.headers.get(i, ()))
             self._chunk = None  # stale: a rebalance happened since it was fetched
 
     def next_batch(self) -> ConsumedBatch:

@@ -35,6 +35,7 @@ class Operation(str, enum.Enum):
     CREATE = "Create"
     DESCRIBE = "Describe"
     ALTER = "Alter"
+    DESCRIBE_CONFIGS = "DescribeConfigs"  # a topic's or the broker's settings (the Kafka listener)
     CLUSTER_ACTION = "ClusterAction"
     ALL = "All"
 

@@ -15,38 +15,28 @@ that entry (`tests/unit/test_columns.py` holds them to it): magic 1 and 2 entrie
 compressed wrappers and magic-3 producer batches, compressed or not, are decoded by a
 walk that accepts only entries every check passes; an entry it does not accept is
 handed to `iter_messages` itself, so every error is the reference's by construction.
+A magic-4 entry (a Kafka batch) is read by `kafka_records`, as the reference reads it,
+into magic-2 entries in its place, headers in `MessageColumns.headers` (not in COLUMNS).
 """
 
 from __future__ import annotations
 
 import bisect
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec
 from broker.common.errors import InvalidMessage
 from broker.common.message import (
-    BATCH_FIELDS,
-    BATCH_HEADER_SIZE,
-    HEADER,
-    HEADER_SIZE,
-    MAGIC_BATCH,
-    MAGICS,
-    MIN_ENTRY_SIZE,
-    SEEDS,
-    V2_SEEDS,
-    CorruptEntry,
-    Message,
-    checksum,
-    inner_set,
-    iter_messages,
-    record_offset,
+    BATCH_FIELDS, BATCH_HEADER_SIZE, HEADER, HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGICS, MIN_ENTRY_SIZE,
+    SEEDS, V2_SEEDS, CorruptEntry, Message, checksum, entry_crc, inner_set, iter_messages, record_offset,
 )
 
 COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
 
 _new = object.__new__
 _SET_FIELDS = tuple(getattr(Message, name).__set__ for name in ("offset", "next_offset", "timestamp", "key", "value"))
+_SET_HEADERS = Message.headers.__set__  # type: ignore[attr-defined]
 
 
 def _message(offset: int, next_offset: int, timestamp: int, key: bytes | None, value: bytes) -> Message:
@@ -60,6 +50,7 @@ def _message(offset: int, next_offset: int, timestamp: int, key: bytes | None, v
     set_timestamp(m, timestamp)
     set_key(m, key)
     set_value(m, value)
+    _SET_HEADERS(m, ())
     return m
 
 
@@ -78,7 +69,7 @@ class MessageColumns:
     taking every message: past the last decoded entry, the fetch's base offset when
     nothing decoded. `corrupt` is the entry the decoding stopped at (`iter_messages`
     would raise it after these messages), None when it stopped at the end or at a
-    partial tail.
+    partial tail. `headers`: by message index, those of the messages with any.
     """
 
     data: bytes
@@ -90,6 +81,7 @@ class MessageColumns:
     key_lengths: array
     next_offset: int
     corrupt: CorruptEntry | None = None
+    headers: dict[int, tuple] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -113,7 +105,10 @@ class MessageColumns:
 
     def messages(self) -> list[Message]:
         """One `Message` per message: the per-message readers' form."""
-        return list(map(_message, self.offsets, self.next_offsets, self.timestamps, self.keys(), self.values()))
+        messages = list(map(_message, self.offsets, self.next_offsets, self.timestamps, self.keys(), self.values()))
+        for i, headers in self.headers.items():
+            _SET_HEADERS(messages[i], headers)
+        return messages
 
     def tail(self, first: int) -> "MessageColumns":
         """The messages from index `first` on (a stream that handed some out one by one
@@ -122,7 +117,7 @@ class MessageColumns:
             return self
         return MessageColumns(self.data, self.offsets[first:], self.next_offsets[first:], self.timestamps[first:],
                               self.starts[first:], self.ends[first:], self.key_lengths[first:], self.next_offset,
-                              self.corrupt)
+                              self.corrupt, {i - first: h for i, h in self.headers.items() if i >= first})
 
     def to_arrow(self, topic: str, partition: int):
         """An Arrow record batch (`COLUMNS`: topic string, partition int32, offset int64,
@@ -232,7 +227,12 @@ def decode_columns(
         if size >= MIN_ENTRY_SIZE and magic in MAGICS and entry_end > end:
             break  # a partial tail: the next fetch starts at it
         offset = base_offset + pos
-        if _wrapper_ok(view, pos, entry_end, end, size, magic, attributes, crc, key_length, verify_crc):
+        if magic == MAGIC_KAFKA and (not verify_crc or entry_crc(view, pos, entry_end, magic, 0) == crc):
+            if opened := cols.open_kafka(view, pos, entry_end, offset, max_decompressed_bytes):
+                cols.offsets += [offset + i for i in range(opened)]
+                pos = entry_end
+                continue
+        elif _wrapper_ok(view, pos, entry_end, end, size, magic, attributes, crc, key_length, verify_crc):
             opened = cols.open_wrapper(view, pos, entry_end, magic, attributes, key_length, max_decompressed_bytes)
             if opened:
                 cols.offsets += [record_offset(offset, i, entry_end - pos) for i in range(opened)]
@@ -246,7 +246,7 @@ def decode_columns(
     next_offsets.append(base_offset + pos)
     return MessageColumns(cols.final_data(), offsets, next_offsets, array("q", cols.timestamps),
                           array("q", cols.starts), array("q", cols.ends), array("i", cols.key_lengths),
-                          base_offset + pos, corrupt)
+                          base_offset + pos, corrupt, cols.headers)
 
 
 def _wrapper_ok(view: memoryview, pos: int, entry_end: int, end: int, size: int, magic: int, attributes: int,
@@ -266,7 +266,8 @@ class _Columns:
     decompressed inner set, so that entries lie in message order (what a gather in
     bulk, `airflow_provider_logbus.arrow`, relies on)."""
 
-    __slots__ = ("offsets", "timestamps", "starts", "ends", "key_lengths", "data", "pieces", "copied", "shift")
+    __slots__ = ("offsets", "timestamps", "starts", "ends", "key_lengths", "headers", "data", "pieces", "copied",
+                 "shift")
 
     def __init__(self, data: bytes) -> None:
         self.offsets: list[int] = []
@@ -274,6 +275,7 @@ class _Columns:
         self.starts: list[int] = []
         self.ends: list[int] = []
         self.key_lengths: list[int] = []
+        self.headers: dict[int, tuple] = {}
         self.data = data
         self.pieces: list[bytes] = []  # the final data up to `copied` in the fetched bytes, once it differs
         self.copied = 0
@@ -363,6 +365,26 @@ class _Columns:
             return 0
         self.moved(mark, self.replace(pos, entry_end, inner))
         return len(self.starts) - mark
+
+
+    def open_kafka(self, view: memoryview, pos: int, entry_end: int, offset: int, max_decompressed_bytes: int) -> int:
+        """Append the records of the magic-4 entry at `pos` (CRC checked) as magic-2 entries
+        (CRC 0) in its place; return how many, 0 when `iter_messages` would refuse it."""
+        from broker.common.kafka.fetch import kafka_records  # lazy: message.iter_messages says why
+        try:
+            records = kafka_records(view, pos, entry_end, offset, max_decompressed_bytes)
+        except CorruptEntry:
+            return 0
+        mark, pack, parts = len(self.starts), HEADER.pack, []
+        for _, timestamp, key, value, _ in records:
+            key_length, value = -1 if key is None else len(key), value or b""
+            parts += [pack(MIN_ENTRY_SIZE + max(key_length, 0) + len(value), MAGIC, 0, 0, timestamp, key_length),
+                      key or b"", value]
+        self.headers.update((mark + i, tuple(r.headers)) for i, r in enumerate(records) if r.headers)
+        inner = b"".join(parts)
+        self.plain_run(memoryview(inner), 0, len(inner), False)
+        self.moved(mark, self.replace(pos, entry_end, inner))
+        return len(records)
 
 
 def _reference(view: memoryview, pos: int, entry_end: int, end: int, offset: int, verify_crc: bool,

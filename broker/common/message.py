@@ -15,7 +15,11 @@ set of magic-2 entries (compressed with the attributes' codec, or not)::
     int64 producer_id | int16 producer_epoch | int32 base_sequence | int32 count | inner set
 
 The CRC covers these fields like every other byte after the crc field, and `count`
-must be the inner set's number of messages, so a broker can dedupe by sequence. The broker never
+must be the inner set's number of messages, so a broker can dedupe by sequence. Magic 4
+holds one Kafka RecordBatch v2 as its value (attributes 0, key_length -1, CRC as magic
+2's; docs/kafka.md, "Record batches"): only the broker writes it, its records' offsets
+are its position plus offsetDelta, and its identity is the batch header's
+(producerId, producerEpoch, baseSequence, recordsCount at `KAFKA_FIELDS_AT`). The broker never
 builds Python objects per message: it validates a set with `scan`, which walks the
 buffer with `struct.unpack_from` and checks CRCs over memoryview slices, and looks
 inside compressed entries (`validate_message_set`) so that nothing it acknowledges is
@@ -28,104 +32,19 @@ from __future__ import annotations
 
 import enum
 import struct
-import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator, NamedTuple
-
-import crcmod.predefined
+from typing import Iterable, Iterator
 
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compress, decompress
+from broker.common.entry import (  # the entry header's names, imported from here by every reader and writer
+    BATCH_FIELDS, BATCH_HEADER_SIZE, CODEC_MASK, CRC_END, FIELDS_AT, HEADER, HEADER_SIZE, KAFKA_FIELDS_AT,
+    KAFKA_HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGIC_V1, MAGICS, MIN_ENTRY_SIZE, SEEDS, SEQUENCE_LIMIT,
+    SIZE_FIELD, V2_SEEDS, V3_SEEDS, V4_SEEDS, BatchIdentity, batch_identity, checksum, crc32c, entry_crc,
+    iter_batches, kafka_entry_error, now_ms,
+)
 from broker.common.errors import InvalidMessage, MessageTooLarge
 
-MAGIC = 2  # written: the CRC covers magic and attributes too
-MAGIC_V1 = 1  # still read: the CRC covers the bytes after the crc field only
-MAGIC_BATCH = 3  # an idempotent producer's batch: a wrapper carrying (producer id, epoch, sequence, count)
-MAGICS = (MAGIC_V1, MAGIC, MAGIC_BATCH)
-HEADER = struct.Struct(">ibbIqi")
-HEADER_SIZE = HEADER.size  # 22: the per-message overhead
-SIZE_FIELD = 4
-CRC_END = 10  # bytes before the first CRC-covered byte after the crc field
-MIN_ENTRY_SIZE = HEADER_SIZE - SIZE_FIELD  # value of `size` for an empty key and value
-CODEC_MASK = 0x07
 _SIZE = struct.Struct(">i")
-_CRC = struct.Struct(">I")
-
-crc32c: Callable[[bytes | memoryview], int] = crcmod.predefined.mkCrcFun("crc-32c")  # the reference
-
-
-def _fastest_crc32c() -> Callable[[bytes | memoryview], int]:
-    """The CRC-32C every inner loop calls. crcmod computes it a byte at a time behind a
-    Python wrapper (0.83 us for a 200-byte message, half of validating it); the
-    `crc32c` package uses the CPU's CRC32 instruction (0.25 us) and takes memoryview
-    slices. Used when installed and in agreement with crcmod on a test vector."""
-    try:
-        import crc32c as hardware  # type: ignore[import-not-found]
-
-        if hardware.crc32c(b"123456789") == crc32c(b"123456789") == 0xE3069283:
-            return hardware.crc32c
-    except (ImportError, AttributeError):
-        pass
-    return crc32c
-
-
-checksum = _fastest_crc32c()
-
-
-# CRC-32C of the two bytes (magic, attributes), by attributes & 0xFF: a magic-2 or -3
-# CRC continues from one of these, so checking it costs one call over one slice, as
-# magic 1 did.
-V2_SEEDS = tuple(crc32c(bytes([MAGIC, a])) for a in range(256))
-V3_SEEDS = tuple(crc32c(bytes([MAGIC_BATCH, a])) for a in range(256))
-SEEDS = {MAGIC_V1: (0,) * 256, MAGIC: V2_SEEDS, MAGIC_BATCH: V3_SEEDS}
-
-
-def entry_crc(view: memoryview, pos: int, entry_end: int, magic: int, attributes: int) -> int:
-    """The CRC an entry at `pos` should carry, per its magic: magics 2 and 3 cover
-    magic, attributes and `[pos+10, entry_end)`; magic 1 only the latter."""
-    return checksum(view[pos + CRC_END : entry_end], SEEDS[magic][attributes & 0xFF])
-
-
-BATCH_FIELDS = struct.Struct(">qhii")  # producer_id, producer_epoch, base_sequence, count
-BATCH_HEADER_SIZE = HEADER_SIZE + BATCH_FIELDS.size  # 40: a magic-3 entry's bytes before its inner set
-SEQUENCE_LIMIT = 1 << 31  # sequences wrap to 0 after 2**31 - 1, as Kafka's do
-
-
-class BatchIdentity(NamedTuple):
-    """Who wrote a magic-3 batch and which of their messages it holds."""
-
-    producer_id: int
-    epoch: int
-    base_sequence: int
-    count: int
-
-    @property
-    def last_sequence(self) -> int:
-        return (self.base_sequence + self.count - 1) % SEQUENCE_LIMIT
-
-
-def batch_identity(buf: bytes | memoryview, pos: int = 0) -> BatchIdentity:
-    """The identity of the magic-3 entry at `pos` (the caller knows it is one)."""
-    return BatchIdentity._make(BATCH_FIELDS.unpack_from(buf, pos + HEADER_SIZE))
-
-
-def iter_batches(buf: bytes | memoryview) -> Iterator[tuple[int, int, BatchIdentity]]:
-    """(position, end, identity) of every magic-3 entry among the whole entries of a
-    scanned buffer: what producer state learns from bytes already validated."""
-    pos, end = 0, len(buf)
-    unpack = HEADER.unpack_from
-    while end - pos >= HEADER_SIZE:
-        size, magic = unpack(buf, pos)[:2]
-        entry_end = pos + SIZE_FIELD + size
-        if size < MIN_ENTRY_SIZE or entry_end > end:
-            return
-        if magic == MAGIC_BATCH:
-            yield pos, entry_end, batch_identity(buf, pos)
-        pos = entry_end
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
 
 _ENTRY_HEAD = struct.Struct(">ibbI")  # size, magic, attributes, crc
 _ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first bytes after the crc
@@ -222,7 +141,7 @@ class ScanResult:
     stop: ScanStop
     error: str | None = None
     compressed: int = 0  # entries in the valid prefix whose value is a compressed set
-    batches: int = 0  # magic-3 entries (producer batches) in the valid prefix
+    batches: int = 0  # magic-3 and -4 entries (producer and Kafka batches) in the valid prefix
     records: int = -1  # messages (records) in the valid prefix; -1 where `scan` alone cannot tell (see `count_records`)
 
     @property
@@ -234,9 +153,12 @@ class ScanResult:
         return self.stop is ScanStop.TOO_LARGE
 
 
-def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, max_message_bytes: int = 0) -> ScanResult:
+def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, max_message_bytes: int = 0,
+         max_magic: int = MAGIC_KAFKA) -> ScanResult:
     """Walk entries from the start; stop at the first one that is partial or invalid,
     or (with `max_message_bytes`) valid but larger than that, size field included.
+    A magic above `max_magic` is invalid (a native produce's: only the broker writes
+    magic 4); a magic-4 entry's batch must fill it (batchLength) and be magic 2.
 
     This is the one validator: the broker accepts a produced set only when the scan
     covers all of it, and recovery truncates a segment at `valid_bytes`. It is the
@@ -250,7 +172,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
     error, stop = None, ScanStop.END
     compressed = batches = 0
-    v2, v3, seeds, seeds3 = MAGIC, MAGIC_BATCH, V2_SEEDS, V3_SEEDS  # attributes are checked to be 0..4 first
+    v2, v3, seeds, seeds3, top = MAGIC, MAGIC_BATCH, V2_SEEDS, V3_SEEDS, max_magic  # attributes: checked 0..4 first
     batch_min_size = min_size + BATCH_FIELDS.size
     try:
         while pos < end:
@@ -265,17 +187,26 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
             if entry_end > end:
                 error, stop = f"partial entry at byte {pos}: needs {size + 4} bytes, {end - pos} left", ScanStop.PARTIAL
                 break
-            if not 1 <= magic <= v3 or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
-                error, stop = _header_error(pos, magic, attributes, key_length), ScanStop.INVALID
+            if not 1 <= magic <= top or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
+                error, stop = _header_error(pos, magic, attributes, key_length, max_magic), ScanStop.INVALID
                 break
-            if magic == v3:
+            if magic == v2:
+                seed = seeds[attributes]
+            elif magic == v3:
                 if key_length != -1 or size < batch_min_size:
                     error, stop = f"a producer batch at byte {pos} has a key or no room for its fields", ScanStop.INVALID
                     break
                 batches += 1
                 seed = seeds3[attributes]
+            elif magic == 4:  # MAGIC_KAFKA: checked field by field, then CRC'd like magic 2
+                error = kafka_entry_error(view, pos, size, attributes, key_length)
+                if error:
+                    stop = ScanStop.INVALID
+                    break
+                batches += 1
+                seed = V4_SEEDS[0]
             else:
-                seed = seeds[attributes] if magic == v2 else 0
+                seed = 0
             if crc_of(view[pos + 10 : entry_end], seed) != crc:
                 error, stop = f"CRC mismatch at byte {pos}", ScanStop.INVALID
                 break
@@ -297,7 +228,10 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches, records)
 
 
-def _header_error(pos: int, magic: int, attributes: int, key_length: int) -> str:
+def _header_error(pos: int, magic: int, attributes: int, key_length: int, max_magic: int = MAGIC_KAFKA) -> str:
+    if magic == MAGIC_KAFKA and max_magic < MAGIC_KAFKA:
+        return (f"magic 4 at byte {pos}: a Kafka record batch is written only by the broker, from a batch "
+                f"produced through its Kafka listener; a native PRODUCE sends magic 1-3")
     if magic not in MAGICS:
         return f"unknown magic {magic} at byte {pos}"
     if not 0 <= attributes <= Codec.ZSTD:
@@ -314,7 +248,7 @@ def validate_message_set(
     Uncompressed sets, the common case, cost nothing more than the walk."""
     if len(buf) == 0:
         raise InvalidMessage("empty message set")
-    result = scan(buf, max_entry_bytes=1 << 31, max_message_bytes=max_message_bytes)
+    result = scan(buf, max_entry_bytes=1 << 31, max_message_bytes=max_message_bytes, max_magic=MAGIC_BATCH)
     if result.too_large:
         raise MessageTooLarge(result.error)
     if result.stop is not ScanStop.END:
@@ -400,6 +334,8 @@ class Message:
     and increasing in a partition. `next_offset` is where to resume once this message
     is processed: the next message's offset inside a wrapper, past the entry after its
     last message — so a fetch resumes in the middle of a batch or at the next entry.
+    `headers`: a Kafka record's (key, value) pairs, empty for a native message; a
+    Kafka record's null value reads as b"" (docs/kafka.md, "Native readers").
     """
 
     offset: int
@@ -407,6 +343,7 @@ class Message:
     timestamp: int
     key: bytes | None
     value: bytes
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 def first_entry_size(buf: bytes | memoryview) -> int | None:
@@ -472,7 +409,13 @@ def iter_messages(
         if attributes & ~CODEC_MASK or attributes > Codec.ZSTD or not -1 <= key_length <= size - MIN_ENTRY_SIZE:
             raise CorruptEntry(offset, size, f"impossible attributes {attributes:#x} or key length {key_length}")
         next_offset = base_offset + entry_end
-        if attributes == 0 and magic != MAGIC_BATCH:
+        if magic == MAGIC_KAFKA:
+            # imported here: aiokafka's C reader costs 170 ms to import, paid only by a
+            # reader of Kafka-written data; and kafka.fetch imports this module
+            from broker.common.kafka.fetch import kafka_messages
+
+            yield from kafka_messages(view, pos, entry_end, offset, max_decompressed_bytes)
+        elif attributes == 0 and magic != MAGIC_BATCH:
             body = pos + HEADER_SIZE
             if key_length >= 0:
                 key: bytes | None = bytes(view[body : body + key_length])

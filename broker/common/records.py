@@ -13,17 +13,18 @@ from typing import Callable
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, decompress
 from broker.common.errors import InvalidMessage
 from broker.common.message import (
-    BATCH_FIELDS, CODEC_MASK, HEADER, HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_V1, MIN_ENTRY_SIZE, SIZE_FIELD,
-    batch_identity, inner_set, iter_messages, scan,
+    BATCH_FIELDS, CODEC_MASK, HEADER, HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGIC_V1, MIN_ENTRY_SIZE,
+    SIZE_FIELD, batch_identity, inner_set, iter_messages, scan,
 )
 
 
 def entry_records(buf: bytes | memoryview, pos: int = 0, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> int:
     """The messages the valid entry at `pos` holds, so the offsets it takes: 1 for a
-    plain entry, a producer batch's count field, a compressed set's inner entries
+    plain entry, a producer or Kafka batch's count field (recordsCount: a Kafka batch
+    is never opened here), a compressed set's inner entries
     (decompressed: only the writer's validation and an index build pay for it)."""
     size, magic, attributes = HEADER.unpack_from(buf, pos)[:3]
-    if magic == MAGIC_BATCH:
+    if magic == MAGIC_BATCH or magic == MAGIC_KAFKA:
         return batch_identity(buf, pos).count
     if not attributes:
         return 1

@@ -169,7 +169,8 @@ class BrokerConfig:
     ssl_reload_interval_ms: int = _setting("ssl.reload.interval.ms", 60_000, int, *_positive)
     sasl_enabled_mechanisms: tuple[str, ...] = _setting(
         "sasl.enabled.mechanisms", ("SCRAM-SHA-256", "SCRAM-SHA-512"), _names,
-        lambda v: bool(v) and set(v) <= {"SCRAM-SHA-256", "SCRAM-SHA-512"}, "must name SCRAM-SHA-256 and/or SCRAM-SHA-512")
+        lambda v: bool(set(v) & {"SCRAM-SHA-256", "SCRAM-SHA-512"}) and set(v) <= {"SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"},
+        "must name SCRAM-SHA-256 and/or SCRAM-SHA-512, and may add PLAIN (Kafka listeners with TLS only)")
     inter_broker_sasl_mechanism: str = _setting("inter.broker.sasl.mechanism", "SCRAM-SHA-256", str,
                                                 lambda v: v in ("SCRAM-SHA-256", "SCRAM-SHA-512"),
                                                 "must be SCRAM-SHA-256 or SCRAM-SHA-512")

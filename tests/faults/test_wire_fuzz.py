@@ -16,6 +16,7 @@ from broker.common.protocol import (
     ApiKey, MetadataRequest, MetadataResponse, MultiProduceRequest, ProducePart, ProduceRequest,
     decode_response_header, encode_request,
 )
+from harness.frames import read_frame
 from harness.process import wait_until
 
 FUZZ_SEED = 20261122
@@ -28,19 +29,6 @@ def broker(cluster):
     with BrokerConnection(*broker.address).connect() as admin:
         admin.create_topic(FUZZ_TOPIC, 1)
     return broker
-
-
-def read_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("closed by the broker")
-            data += chunk
-        return data
-
-    return exactly(struct.unpack(">i", exactly(4))[0])
 
 
 def produce_frame(correlation_id: int, acks: int, topic: str = FUZZ_TOPIC, partition: int = 0,

@@ -80,6 +80,19 @@ def test_one_bad_message_rejects_the_whole_set(conn, broker):
     assert_log_intact(broker)
 
 
+def test_a_kafka_batch_entry_is_refused_to_a_native_produce(conn, broker):
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    from broker.common.kafka.records import kafka_entry
+
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    builder.append(0, 1, None, b"smuggled", [])
+    entry = kafka_entry(bytes(builder.build()), 0, 0, 1)  # well-formed, CRC right: only its magic is refused
+    with pytest.raises(InvalidMessage, match="magic 4 at byte 0: a Kafka record batch is written only by the broker"):
+        conn.produce("events", 0, entry, acks=1)
+    assert_log_intact(broker)
+
+
 def test_message_over_message_max_bytes_is_refused(conn, broker):
     with pytest.raises(MessageTooLarge, match="message.max.bytes=1000"):
         produce(conn, "events", 0, [b"x" * 2000])

@@ -193,3 +193,29 @@ def test_the_timestamp_walk_gives_what_the_reference_decoder_gives():
     assert stop == len(data)
     assert list(timestamps) == [m.timestamp for m in iter_messages(data, 0)]
     assert record_timestamps(data + data[:10])[1] == len(data)  # a partial tail is not read
+
+
+@pytest.mark.parametrize("codec", [0, 1])  # none, gzip
+def test_stored_kafka_batches_count_each_record_in_the_window_of_its_own_timestamp(zk, log, codec):
+    """A Kafka client's batch (magic 4, as kafka-python builds it) whose records span
+    three windows and an old hour, beside native entries: every record in its window."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from broker.common.kafka.records import check_batch
+
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=0, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 30)
+    stamps = [NOW + i * WINDOW_MS // 4 for i in range(10)] + [OLD] * 3
+    for i, ts in enumerate(stamps):
+        builder.append(i, timestamp=ts, key=None, value=b"k%d" % i, headers=[])
+    batch = bytes(builder.build())
+    append(log, encode_message_set([(None, b"native", NOW)]))
+    log.append_kafka(batch, check_batch(batch), 0)
+    log.flush()
+    counter(zk).advance(log)
+    expected: dict[int, int] = {}
+    for ts in [NOW, *stamps]:
+        expected[ts - ts % WINDOW_MS] = expected.get(ts - ts % WINDOW_MS, 0) + 1
+    counts = node(zk)
+    assert counts.windows == expected and len(expected) == 4
+    assert (counts.upto, counts.unreadable) == (log.end_offset, 0)

@@ -51,6 +51,7 @@ def test_advertised_listeners_and_the_inter_broker_one():
     ({"zookeeper.set.acl": "true"}, "zookeeper.set.acl needs zookeeper.auth"),
     ({"super.users": "alice"}, "must be User:<name> entries"),
     ({"sasl.enabled.mechanisms": "PLAIN"}, "must name SCRAM-SHA-256"),
+    ({"sasl.enabled.mechanisms": "SCRAM-SHA-256,GSSAPI"}, "may add PLAIN"),
     ({"listener.security.protocol.map": "PLAINTEXT:TLS"}, "unknown security protocol"),
 ])
 def test_inconsistent_security_settings_are_refused_at_start(settings, says):

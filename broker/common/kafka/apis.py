@@ -57,7 +57,7 @@ SERVED: dict[int, tuple[int, int]] = {
     ApiKey.SYNC_GROUP: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 5),
     ApiKey.LIST_GROUPS: (0, 4),
-    ApiKey.SASL_HANDSHAKE: (0, 1),
+    ApiKey.SASL_HANDSHAKE: (1, 1),  # v0: unframed SASL tokens after it, not read here
     ApiKey.API_VERSIONS: (0, 3),
     ApiKey.CREATE_TOPICS: (2, 7),
     ApiKey.DELETE_TOPICS: (1, 5),

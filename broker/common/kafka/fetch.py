@@ -23,7 +23,8 @@ from broker.common.kafka.records import (
     uncompressed_batch,
 )
 from broker.common.message import (
-    BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD,
+    BATCH_FIELDS, HEADER, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, CorruptEntry,
+    Message, kafka_entry_error,
 )
 
 Header = tuple[str, bytes | None]
@@ -47,6 +48,32 @@ def read_records(batch: bytes | memoryview,
         buf = uncompressed_batch(buf, decompress(Codec(codec), memoryview(buf)[BATCH_HEADER_SIZE:],
                                                  max_decompressed_bytes))
     return [KafkaRecord(r.offset, r.timestamp, r.key, r.value, r.headers) for r in DefaultRecordBatch(buf)]
+
+
+def kafka_records(view: memoryview, pos: int, entry_end: int, offset: int,
+                  max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> list[KafkaRecord]:
+    """The records of the magic-4 entry at `pos` of a fetched set, which is at `offset`
+    (record i's offset is offset + i: `check_batch` made offsetDelta i), or
+    `CorruptEntry` with the reason. Its CRC is the caller's to check."""
+    size, _, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
+    problem = kafka_entry_error(view, pos, size, attributes, key_length)
+    if problem:
+        raise CorruptEntry(offset, size, problem)
+    try:
+        return read_records(view[pos + HEADER_SIZE : entry_end], max_decompressed_bytes)
+    except Exception as exc:  # InvalidMessage from the codecs, the C reader's CorruptRecordException
+        raise CorruptEntry(offset, size, f"Kafka batch: {exc}") from None
+
+
+def kafka_messages(view: memoryview, pos: int, entry_end: int, offset: int,
+                   max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> list[Message]:
+    """`kafka_records` as `iter_messages` yields them, all or none: each next_offset the
+    next record's, the last one's past the entry; a null value as b"" (Message.value is
+    bytes), headers kept."""
+    records = kafka_records(view, pos, entry_end, offset, max_decompressed_bytes)
+    last = len(records) - 1
+    return [Message(offset + i, offset + i + 1 if i < last else entry_end - pos + offset, r.timestamp, r.key,
+                    b"" if r.value is None else r.value, tuple(r.headers)) for i, r in enumerate(records)]
 
 
 def native_batch(records: list[tuple[int, int, bytes | None, bytes]]) -> bytes:

@@ -27,21 +27,21 @@ from typing import NamedTuple
 from aiokafka.record._crecords.default_records import DefaultRecordBatch  # type: ignore[import-not-found]
 
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, decompress
-from broker.common.message import HEADER, HEADER_SIZE, BatchIdentity, checksum
+from broker.common.entry import HEADER, HEADER_SIZE, MAGIC_KAFKA, V4_SEEDS, BatchIdentity, checksum
 
 BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 BATCH_HEADER_SIZE = BATCH_HEADER.size  # 61
 LENGTH_END = 12  # baseOffset and batchLength: the bytes before what batchLength counts
 EPOCH_AT, MAGIC_AT, CRC_AT, ATTRIBUTES_AT = 12, 16, 17, 21
 KAFKA_MAGIC = 2
-MAGIC_KAFKA_BATCH = 4  # the logbus entry that holds one Kafka batch
+MAGIC_KAFKA_BATCH = MAGIC_KAFKA  # the logbus entry that holds one Kafka batch
 CODEC_BITS, TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, CONTROL_BIT = 0x07, 0x08, 0x10, 0x20
 NO_PRODUCER = -1
 _BASE_OFFSET = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
 _ENTRY_HEAD = struct.Struct(">ibbI")
 _ENTRY_TAIL = struct.Struct(">qi")
-V4_SEEDS = tuple(checksum(bytes([MAGIC_KAFKA_BATCH, a])) for a in range(256))
+_CRC = struct.Struct(">I")
 
 
 class BatchRefused(ValueError):
@@ -133,6 +133,18 @@ def uncompressed_batch(batch: bytes | memoryview, records: bytes) -> bytes:
     struct.pack_into(">i", head, 8, BATCH_HEADER_SIZE - LENGTH_END + len(records))
     struct.pack_into(">h", head, ATTRIBUTES_AT, struct.unpack_from(">h", head, ATTRIBUTES_AT)[0] & ~CODEC_BITS)
     return bytes(head) + records
+
+
+def decompressed_batch(batch: bytes | memoryview, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> bytes:
+    """`batch` (checked) with its records stored uncompressed: codec bits cleared,
+    batchLength fixed and the CRC recomputed, a valid batch a Kafka client reads. What
+    the broker stores when `ProducedBatch.store_decompressed` says the compressed batch
+    spans fewer bytes than it holds records."""
+    codec = Codec(BATCH_HEADER.unpack_from(batch, 0)[5] & CODEC_BITS)
+    out = bytearray(uncompressed_batch(batch, decompress(codec, memoryview(batch)[BATCH_HEADER_SIZE:],
+                                                         max_decompressed_bytes)))
+    _CRC.pack_into(out, CRC_AT, checksum(memoryview(out)[ATTRIBUTES_AT:]))
+    return bytes(out)
 
 
 def patch(batch: bytearray | memoryview, base_offset: int, leader_epoch: int) -> None:

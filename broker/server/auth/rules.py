@@ -35,6 +35,13 @@ class RequestRules:
                                                              log=False):
             authorizer.check(session, Operation.CREATE, ResourceType.TOPIC, topic)
 
+    def describe_configs(self, session: Session, resource_type: ResourceType, name: str) -> None:
+        """DescribeConfigs on the topic, or on the cluster for the broker's settings
+        (`name` is ignored for the cluster: there is one)."""
+        if self.authorizer is not None:
+            self.authorizer.check(session, Operation.DESCRIBE_CONFIGS, resource_type,
+                                  CLUSTER if resource_type == ResourceType.CLUSTER else name)
+
     def producer_id(self, session: Session) -> None:
         if self.authorizer is not None and not self.authorizer.may_write_somewhere(session):
             raise ClusterAuthorizationFailed(f"{session.principal} may write to no topic: no producer id for it")

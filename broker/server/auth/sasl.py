@@ -101,7 +101,7 @@ class Authentication:
     changed password holds for the next connection."""
 
     def __init__(self, config: BrokerConfig, zk: KazooClient) -> None:
-        self.mechanisms = config.sasl_enabled_mechanisms
+        self.mechanisms = tuple(m for m in config.sasl_enabled_mechanisms if m != "PLAIN")  # PLAIN: Kafka's only
         self.zk = zk
         self._acl = ZooKeeperAuth(config.zookeeper_auth, config.zookeeper_set_acl).private_acl
         self._settings: ScramSettings | None = None
@@ -115,7 +115,9 @@ class Authentication:
                 self._settings = cluster_settings(self.zk, self._acl)
             return self._settings
 
-    def _lookup(self, user: str, mechanism: str) -> ScramCredential:
+    def lookup(self, user: str, mechanism: str) -> ScramCredential:
+        """The user's credential for `mechanism`, or a decoy (the Kafka listener's
+        exchanges share it)."""
         settings = self.settings()
         credential = read_credential(self.zk, user, mechanism)
         if credential is None:
@@ -135,7 +137,7 @@ class Authentication:
         if session.authenticated:
             raise IllegalSaslState("this connection is already authenticated")
         if session.sasl is None:
-            session.sasl = SaslExchange(self.mechanisms, self._lookup)
+            session.sasl = SaslExchange(self.mechanisms, self.lookup)
         session.sasl.start(req.mechanism)
         return answered([SaslHandshakeResponse(list(self.mechanisms)).encode()])
 
@@ -143,11 +145,18 @@ class Authentication:
         req = SaslAuthenticateRequest.decode(reader)
         if session.authenticated or session.sasl is None:
             raise IllegalSaslState("SASL_AUTHENTICATE outside a handshake")
-        return later(self._step(session, req.auth_bytes, asyncio.get_running_loop()))
+        return later(self._step(session, req.auth_bytes))
 
-    async def _step(self, session: "Session", message: bytes, loop: asyncio.AbstractEventLoop) -> Body:
-        answer, principal = await loop.run_in_executor(None, session.sasl.step, message)
+    async def _step(self, session: "Session", message: bytes) -> Body:
+        return [SaslAuthenticateResponse(await self.step(session, message)).encode()]
+
+    @staticmethod
+    async def step(session: "Session", message: bytes) -> bytes:
+        """One round of the session's exchange, off the event loop (it reads
+        ZooKeeper); the session takes the principal once it is proven. Shared with
+        the Kafka listener (`broker.server.kafka.sasl`)."""
+        answer, principal = await asyncio.get_running_loop().run_in_executor(None, session.sasl.step, message)
         if principal is not None:
             session.principal, session.authenticated, session.sasl = principal, True, None
             logger.info("%s authenticated as %s on listener %s", session.host, principal, session.listener.name)
-        return [SaslAuthenticateResponse(answer).encode()]
+        return answer

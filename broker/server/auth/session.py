@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker.server.auth.listeners import Listener
+from broker.server.auth.plain import PlainExchange
 from broker.server.auth.sasl import SaslExchange
 from broker.server.auth.tls import ANONYMOUS
 
@@ -17,7 +18,7 @@ class Session:
     host: str
     principal: str = ANONYMOUS
     authenticated: bool = True  # False on a SASL listener until the handshake succeeds
-    sasl: SaslExchange | None = field(default=None, repr=False)
+    sasl: SaslExchange | PlainExchange | None = field(default=None, repr=False)
 
     @property
     def peer(self) -> str:

@@ -17,7 +17,7 @@ import logging
 
 from kio.schema.errors import ErrorCode as KafkaError
 
-from broker.common.errors import LogbusError
+from broker.common.errors import AuthenticationError, LogbusError
 from broker.common.kafka.apis import API_VERSIONS, ApiKey, served
 from broker.common.kafka.errors import kafka_error
 from broker.common.kafka.frames import (
@@ -92,6 +92,8 @@ class KafkaConnection(Connection):
             self.refusals.warning(f"{header.api_key} {type(exc).__name__}", "%s request %d refused: %s",
                                   api_name(header.api_key), header.correlation_id, exc)
             code, text = kafka_error(exc.code), str(exc)
+            if isinstance(exc, AuthenticationError):
+                self.answers.close_after = True  # a failed handshake ends the connection, once answered
         else:
             logger.error("%s: %s request %d failed", self.peer, api_name(header.api_key), header.correlation_id,
                          exc_info=exc)

@@ -25,20 +25,20 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def build(cls: type, **fields: Any) -> Any:
+def build(cls: type, /, **fields: Any) -> Any:
     """`cls(**fields)` without the fields its version lacks."""
     names = _field_names(cls)
     return cls(**{k: v for k, v in fields.items() if k in names})
 
 
-def response(api_key: int, version: int, **fields: Any) -> Any:
+def response(api_key: int, version: int, /, **fields: Any) -> Any:
     """The top-level response message of `api_key` at `version`."""
     return build(load_response_schema(api_key, version), **fields)
 
 
-def entity(api_key: int, version: int, name: str, **fields: Any) -> Any:
+def entity(api_key: int, version: int, entity_name: str, /, **fields: Any) -> Any:
     """A nested entity of a response (e.g. "MetadataResponseTopic") at `version`."""
-    return build(getattr(response_module(api_key, version), name), **fields)
+    return build(getattr(response_module(api_key, version), entity_name), **fields)
 
 
 def field(request: Any, name: str, default: Any = None) -> Any:

@@ -28,10 +28,12 @@ from broker.common.kafka.frames import RequestHeader, api_versions_response
 from broker.common.partitionstates import live_leader
 from broker.server.auth.session import Session
 from broker.server.handlers import RequestHandler
+from broker.server.kafka.admin import AdminRequests
 from broker.server.kafka.fetching import FetchRequests
 from broker.server.kafka.producing import ProduceRequests
 from broker.server.kafka.messages import entity, field, response
 from broker.server.kafka.positions import kafka_end, offset_for_time
+from broker.server.kafka.sasl import KafkaSasl
 from broker.server.replies import Reply, answered, later
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,8 @@ class KafkaRequests:
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
         }
+        self.add({**AdminRequests(native).handlers(),
+                  **KafkaSasl(native.authentication, self.config.sasl_enabled_mechanisms).handlers()})
 
     def add(self, handlers: dict[int, KafkaHandler]) -> None:
         """Handlers of other modules (groups, admin, SASL)."""

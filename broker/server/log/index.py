@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Protocol
 
 from broker.common.message import (
-    BATCH_FIELDS, HEADER_SIZE, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, first_entry_size, whole_entries,
+    BATCH_FIELDS, HEADER_SIZE, KAFKA_FIELDS_AT, MAGIC_BATCH, MIN_ENTRY_SIZE, SIZE_FIELD, first_entry_size,
+    whole_entries,
 )
 from broker.common.errors import InvalidMessage
 from broker.common.records import count_records, entry_records
@@ -39,6 +40,7 @@ REBUILD_CHUNK = 1 << 20
 _HEAD = struct.Struct(">ibb")  # size, magic, attributes
 _COUNT = struct.Struct(">i")
 _COUNT_AT = HEADER_SIZE + BATCH_FIELDS.size - 4  # a producer batch's count field (it has no key)
+_COUNT_ATS = (0, 0, 0, _COUNT_AT, KAFKA_FIELDS_AT + BATCH_FIELDS.size - 4)  # by magic: 3's, 4's (recordsCount)
 
 
 class EntryIndex:
@@ -85,14 +87,15 @@ class EntryIndex:
         positions, before, records = self.positions, self.before, self.records
         due = positions[-1] - position + INTERVAL if positions else 0  # where the next point is due, in `data`
         unpack, count_of, batch, pos, end = _HEAD.unpack_from, _COUNT.unpack_from, MAGIC_BATCH, 0, len(data)
+        count_ats = _COUNT_ATS
         while pos < end:
             size, magic, attributes = unpack(data, pos)
             if pos >= due:
                 before.append(records)
                 positions.append(position + pos)
                 due = pos + INTERVAL
-            if magic == batch:
-                records += count_of(data, pos + _COUNT_AT)[0]
+            if magic >= batch:
+                records += count_of(data, pos + count_ats[magic])[0]
             elif not attributes:
                 records += 1
             elif opened:
@@ -141,7 +144,7 @@ def walk_to(fd: int, start: int, stop: int, position: int, before: int,
     (or to `stop`): (its start, its end, `before` plus the records of the entries
     walked over when `counting`, and the chunk and offset where its header was read)."""
     chunk_at, chunk, pos = start, b"", start
-    unpack, header_size, wanted = _HEAD.unpack_from, HEADER_SIZE, _COUNT_AT + 4
+    unpack, header_size, wanted = _HEAD.unpack_from, HEADER_SIZE, _COUNT_ATS[-1] + 4
     while pos < stop:
         rel = pos - chunk_at
         if len(chunk) - rel < wanted:
@@ -155,7 +158,7 @@ def walk_to(fd: int, start: int, stop: int, position: int, before: int,
         if end > position:
             return pos, end, before, chunk, rel
         if counting:
-            before += 1 if not attributes and magic != MAGIC_BATCH else entry_count(fd, chunk, rel, pos, end)
+            before += 1 if not attributes and magic < MAGIC_BATCH else entry_count(fd, chunk, rel, pos, end)
         pos = end
     return pos, pos, before, chunk, 0
 
@@ -164,10 +167,11 @@ def entry_count(fd: int, chunk: bytes, rel: int, start: int, end: int) -> int:
     """The records of the entry `[start, end)` whose header is at `chunk[rel:]`: read
     whole only when it is a compressed plain set (its count is inside)."""
     _, magic, attributes = _HEAD.unpack_from(chunk, rel)
-    if magic == MAGIC_BATCH:
-        if len(chunk) - rel < _COUNT_AT + 4:
-            chunk, rel = os.pread(fd, _COUNT_AT + 4, start), 0
-        return _COUNT.unpack_from(chunk, rel + _COUNT_AT)[0]
+    if magic >= MAGIC_BATCH:
+        count_at = _COUNT_ATS[magic]
+        if len(chunk) - rel < count_at + 4:
+            chunk, rel = os.pread(fd, count_at + 4, start), 0
+        return _COUNT.unpack_from(chunk, rel + count_at)[0]
     if not attributes:
         return 1
     if rel + end - start > len(chunk):

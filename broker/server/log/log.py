@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Callable
 
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
-from broker.common.message import BatchIdentity, ScanStop, now_ms, scan
+from broker.common.kafka.records import ProducedBatch, decompressed_batch, kafka_entry
+from broker.common.message import HEADER_SIZE, BatchIdentity, ScanStop, now_ms, scan
 from broker.server.log.index import set_records
 from broker.server.log.lookups import chunks, is_entry_start, offsets_before, record_count, set_start
 from broker.server.log.epochs import LeaderEpochCache
 from broker.server.log.files import SHARED, FileCache
 from broker.server.log.logdir import LogDir
+from broker.server.log.recovery import recover_segments
 from broker.server.log.producers import (
     ProducerState, delete_snapshots_below, read_snapshot, snapshot_offsets, write_snapshot,
 )
@@ -150,11 +152,27 @@ class Log:
 
         A set that is one producer `batch` is checked against the producer state first:
         a repeat of a batch the log holds is answered with that batch's offsets and
-        not appended; an out-of-order or fenced one raises (producers.py).
+        not appended; an out-of-order or fenced one raises (producers.py). Raises
+        StorageError, with nothing appended, when the write (or the roll before it)
+        fails or the log directory is offline. `records`: the set's (counted here when
+        not given), for the segment's entry index."""
+        return self._append(len(message_set), message_set, None, count, min_timestamp, max_timestamp, buffered, batch,
+                            set_records(message_set) if records < 0 else records)
 
-        Raises StorageError, with nothing appended, when the write (or the roll before
-        it) fails or the log directory is offline. `records`: the set's (counted here
-        when not given), for the segment's entry index."""
+    def append_kafka(self, batch: bytes | memoryview, produced: ProducedBatch, leader_epoch: int,
+                     buffered: bool = False) -> AppendResult:
+        """A batch `check_batch` passed (`produced`) as one magic-4 entry at the position P it
+        lands at: baseOffset P (record i has offset P + i), epoch `leader_epoch`, uncompressed
+        if `store_decompressed` (docs/kafka.md, "Record batches"). Otherwise as `append`."""
+        records, max_ts = produced.records, produced.max_timestamp
+        batch = decompressed_batch(batch) if produced.store_decompressed else batch
+        return self._append(HEADER_SIZE + len(batch), None, lambda base: kafka_entry(batch, base, leader_epoch, max_ts),
+                            records, max_ts, max_ts, buffered, produced.identity, records)
+
+    def _append(self, size: int, data: bytes | memoryview | None, entry_at: Callable[[int], bytes] | None, count: int,
+                min_timestamp: int, max_timestamp: int, buffered: bool, batch: BatchIdentity | None,
+                records: int) -> AppendResult:
+        """`append`'s body for `size` bytes: `data`, or what `entry_at(position)` builds where they land."""
         if not self.log_dir.online:
             self.log_dir.check_writable(self.name)
         with self._lock:
@@ -164,17 +182,16 @@ class Log:
                     return AppendResult(held.base_offset, held.next_offset, duplicate=True)
             try:
                 active = self.segments[-1]
-                if active.size and (
-                    active.size + len(message_set) > self.config.segment_bytes
-                    or (time.monotonic() - self._rolled_at) * 1000 >= self.config.roll_ms
-                ):
+                if active.size and (active.size + size > self.config.segment_bytes
+                                    or (time.monotonic() - self._rolled_at) * 1000 >= self.config.roll_ms):
                     active = self._roll()
                 base = active.end_offset
                 index = active.index  # loaded before the append: it must not count this set yet
-                active.append(message_set, buffered)
+                data = data if entry_at is None else entry_at(base)
+                active.append(data, buffered)
             except OSError as exc:
-                raise self.log_dir.failed(exc, self.name, f"append of {len(message_set)} bytes") from None
-            index.add_set(base - active.base_offset, message_set, set_records(message_set) if records < 0 else records)
+                raise self.log_dir.failed(exc, self.name, f"append of {size} bytes") from None
+            index.add_set(base - active.base_offset, data, records)
             active.note_timestamps(min_timestamp, max_timestamp)
             if batch is not None:
                 self.producers.record(batch, base, active.end_offset)
@@ -394,28 +411,11 @@ class Log:
     # ------------------------------------------------------------------ recovery, retention
 
     def recover(self) -> int:
-        """After an unclean shutdown: scan the newest segment and any whose end does not
-        meet the next one's start, truncate at the first bad or partial entry, and drop
-        segments that would follow a hole. Returns the bytes removed."""
-        segments = list(self.segments)
-        removed = 0
-        for i, segment in enumerate(segments):
-            is_last = i == len(segments) - 1
-            if not is_last and segment.end_offset == segments[i + 1].base_offset and segment.has_meta:
-                continue
-            removed += segment.recover(self.config.max_entry_bytes)
-            segment.write_meta()
-            if not is_last and segment.end_offset != segments[i + 1].base_offset:
-                for later in segments[i + 1 :]:
-                    removed += later.size
-                    later.delete()
-                    later.close()
-                logger.warning("%s: dropped %d segment(s) after a torn segment", self.name, len(segments) - i - 1)
-                segments = segments[: i + 1]
-                break
+        """After an unclean shutdown: `recovery.recover_segments` (the newest segment and
+        any torn one scanned and cut, segments after a hole dropped). Returns the bytes
+        removed."""
+        segments, removed = recover_segments(list(self.segments), self.config.max_entry_bytes, self.name)
         self._set_segments(segments)
-        if removed:
-            logger.warning("%s: recovery removed %d bytes; log now ends at %d", self.name, removed, self.end_offset)
         return removed
 
     def delete_old_segments(self, now_ms: int) -> list[Segment]:

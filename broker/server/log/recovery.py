@@ -1,5 +1,6 @@
-"""Recovery's scan of one segment file (after an unclean stop, or a segment without
-its sidecars): every entry from the start, checked, up to the first partial or invalid
+"""Recovery after an unclean stop: which segments of a partition are scanned and cut
+(`recover_segments`), and the scan of one segment file (also of a segment without its
+sidecars): every entry from the start, checked, up to the first partial or invalid
 one — which is where the file is cut — and on the way what the segment keeps beside
 its bytes: the timestamps and the entry index (index.py), so a kill -9 costs one read
 of the newest segment, not one per sidecar."""
@@ -8,10 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from broker.common.message import ScanStop, scan
 from broker.server.log.index import EntryIndex
+
+if TYPE_CHECKING:
+    from broker.server.log.segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +53,28 @@ def scan_file(path: os.PathLike, fd: int, size: int, max_entry_bytes: int) -> Sc
         log.warning("%s: %s; truncating at byte %d of %d", path, result.error, position, size)
         break
     return Scanned(position, smallest, largest, index)
+
+
+def recover_segments(segments: list["Segment"], max_entry_bytes: int, name: str) -> tuple[list["Segment"], int]:
+    """A partition's segments after an unclean shutdown, and the bytes removed: the
+    newest segment and any whose end does not meet the next one's start (or that has
+    no sidecar) scanned and cut at the first bad or partial entry; the segments that
+    would follow a hole deleted."""
+    removed = 0
+    for i, segment in enumerate(segments):
+        is_last = i == len(segments) - 1
+        if not is_last and segment.end_offset == segments[i + 1].base_offset and segment.has_meta:
+            continue
+        removed += segment.recover(max_entry_bytes)
+        segment.write_meta()
+        if not is_last and segment.end_offset != segments[i + 1].base_offset:
+            for later in segments[i + 1 :]:
+                removed += later.size
+                later.delete()
+                later.close()
+            log.warning("%s: dropped %d segment(s) after a torn segment", name, len(segments) - i - 1)
+            segments = segments[: i + 1]
+            break
+    if removed:
+        log.warning("%s: recovery removed %d bytes; log now ends at %d", name, removed, segments[-1].end_offset)
+    return segments, removed

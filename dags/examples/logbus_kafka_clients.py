@@ -1,0 +1,1 @@
+../../airflow_provider_logbus/examples/logbus_kafka_clients.py
