@@ -14,6 +14,7 @@
     /logbus_mirror/<name>/<source>/<topic>/<p>       persistent a mirror's checkpoint (broker.client.mirror)
     /logbus_acls/<pattern>/<resource type>/<name>    persistent [ACL entries] (broker.common.acls)
     /logbus_users/<user>                             persistent salted SCRAM credentials (broker.common.credentials)
+    /logbus_audit/<topic>/<p>                        persistent the brokers' record counts (broker.common.auditcounts)
 
 The one module that knows these paths and how their nodes are encoded: brokers
 (`broker.server.registration`), clients (`broker.client`), the `logbus` command and the
@@ -47,6 +48,7 @@ PRODUCER_ID_BLOCK_SIZE = 1000  # ids per block; one for the whole cluster (claim
 MIRRORS = "/logbus_mirror"
 ACLS = "/logbus_acls"
 USERS = "/logbus_users"
+AUDIT = "/logbus_audit"
 
 
 # --------------------------------------------------------------------------- paths
