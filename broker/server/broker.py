@@ -135,6 +135,7 @@ class Broker:
             ))
         await loop.run_in_executor(None, self.registry.register)
         await loop.run_in_executor(None, self.controller.start)
+        await self.kafka.groups.start()
         self._tasks = [
             asyncio.ensure_future(self._every(self.config.log_retention_check_interval_ms, self._retention)),
             asyncio.ensure_future(self._every(1000, self._close_stale_connections)),
@@ -220,6 +221,7 @@ class Broker:
         self.handler.shutting_down = True
         for task in self._tasks:
             task.cancel()
+        await self.kafka.groups.stop()
         await loop.run_in_executor(None, self.controller.stop)
         self.replicas.stop()
         await loop.run_in_executor(None, self.registry.stop)

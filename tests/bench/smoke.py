@@ -108,6 +108,11 @@ SMOKES: dict[str, Smoke] = {
     "idempotence": Smoke(["--count", "500", "--rounds", "1"], [
         r"^batch  1, acks  1 +\d+ +\d+ +[\d.]+$",
         r"^batch 50, acks -1 +\d+ +\d+ +[\d.]+$"]),
+    "kafka_groups": Smoke(["--requests", "20", "--rounds", "1", "--members", "3"], [
+        r"^heartbeat +[\d.]+ us/request$",
+        r"^commit 50 partitions +[\d.]+ ms/request$",
+        r"^fetch 50 partitions +[\d.]+ ms/request$",
+        r"^rebalance of 3 members +[\d.]+ ms$"]),
     "kafka_codec": Smoke(["--rounds", "1", "--repeat", "2", "--region-mib", "0.05", "--span-max", "4096"], [
         r"^store verbatim lz4 +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^convert to magic 3 zstd +[\d.]+ +[\d.]+ +[\d,]+$",
