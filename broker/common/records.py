@@ -14,7 +14,7 @@ from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, decompres
 from broker.common.errors import InvalidMessage
 from broker.common.message import (
     BATCH_FIELDS, CODEC_MASK, HEADER, HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGIC_V1, MIN_ENTRY_SIZE,
-    SIZE_FIELD, batch_identity, inner_set, iter_messages, scan,
+    SIZE_FIELD, batch_identity, inner_set, iter_messages,
 )
 
 
@@ -29,7 +29,7 @@ def entry_records(buf: bytes | memoryview, pos: int = 0, max_decompressed_bytes:
     if not attributes:
         return 1
     with memoryview(buf) as view:
-        return scan(inner_set(view, pos, pos + SIZE_FIELD + size, max_decompressed_bytes)[0]).count
+        return inner_set(view, pos, pos + SIZE_FIELD + size, max_decompressed_bytes).count
 
 
 def count_records(buf: bytes | memoryview, per_entry: Callable[[bytes | memoryview, int], int] = entry_records) -> int:
