@@ -1,6 +1,7 @@
-"""kafka-python and aiokafka in a consumer group through the Kafka listener: consume
-part of a topic, commit, leave; a second consumer of the group resumes exactly where
-the first committed (docs/kafka.md, "Consumer groups"). Each client negotiates its own
+"""kafka-python and aiokafka through the Kafka listener: each produces a topic with its
+own producer (idempotent, acks=all; lz4 and gzip), then consumes part of it in a consumer group,
+commits, leaves; a second consumer of the group resumes exactly where the first
+committed (docs/kafka.md, "Consumer groups"). Each client negotiates its own
 versions: kafka-python 3.0 the highest of Kafka 4.x's schemas, aiokafka 0.14 its fixed
 ones (JoinGroup v5, SyncGroup v3, OffsetCommit v3, OffsetFetch v3, ...)."""
 
@@ -10,8 +11,8 @@ import asyncio
 import time
 
 import pytest
-from aiokafka import AIOKafkaConsumer
-from kafka import KafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 
 from broker.client.offsets import group_offsets
 from tests.integration.brokerutil import connect, produce, read_partition
@@ -64,9 +65,42 @@ async def aiokafka_reads(bootstrap: str, group: str, count: int) -> list[bytes]:
     return got
 
 
+def kafka_python_produces(bootstrap: str, values: dict[int, list[bytes]]) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                             compression_type="lz4", linger_ms=20)
+    try:
+        futures = [producer.send("t", v, partition=p) for p, vs in values.items() for v in vs]
+        producer.flush(60)
+        assert all(f.get(30).offset >= 0 for f in futures)
+    finally:
+        producer.close(30)
+
+
+async def aiokafka_produces(bootstrap: str, values: dict[int, list[bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                compression_type="gzip", linger_ms=20)  # its lz4 needs cramjam, not installed
+    await producer.start()
+    try:
+        sent = [await producer.send("t", v, partition=p) for p, vs in values.items() for v in vs]
+        delivered = [await f for f in sent]
+        assert all(r.offset >= 0 for r in delivered)
+    finally:
+        await producer.stop()
+
+
 @pytest.mark.parametrize("client", ["kafka-python", "aiokafka"])
-def test_a_group_commits_and_a_later_member_resumes_exactly(records, zk, zk_connect, client):
-    broker, offsets = records
+def test_a_client_produces_and_its_group_commits_and_a_later_member_resumes_exactly(cluster, zk, zk_connect,
+                                                                                    client):
+    broker = cluster.start_broker(0, settings=FAST_GROUPS, kafka=True)
+    conn = connect(broker)
+    conn.create_topic("t", PARTITIONS)
+    values = {p: [f"{p}-{i}".encode() for i in range(RECORDS)] for p in range(PARTITIONS)}
+    if client == "kafka-python":
+        kafka_python_produces(broker.kafka_bootstrap, values)
+    else:
+        asyncio.run(aiokafka_produces(broker.kafka_bootstrap, values))
+    offsets = {p: [m.offset for m in read_partition(conn, "t", p)] for p in range(PARTITIONS)}
+    assert {p: len(o) for p, o in offsets.items()} == {p: RECORDS for p in range(PARTITIONS)}  # each once
 
     def read(count: int) -> list[bytes]:
         if client == "kafka-python":
