@@ -287,14 +287,18 @@ class Connection(asyncio.BufferedProtocol):
         if size > limit and available >= 4 + _CORRELATION.size:
             correlation_id = _CORRELATION.unpack_from(self._buf, self._start + 4)[2]
             logger.warning("%s: request of %d bytes exceeds %s; closing", self.peer, size, over)
-            self.answers.send([error_response(correlation_id, ErrorCode.REQUEST_TOO_LARGE,
-                                              str(RequestTooLarge(f"request of {size} bytes exceeds {over}")))])
+            self.answers.send(self._too_large_answer(correlation_id, f"request of {size} bytes exceeds {over}"))
         elif size > limit:
             logger.warning("%s: frame announces %d bytes, over %s, without its header; closing", self.peer, size, over)
         else:
             logger.warning("%s: impossible frame size %d; closing", self.peer, size)
         self._start = self._end = 0
         self.close()
+
+    @staticmethod
+    def _too_large_answer(correlation_id: int, text: str) -> list[bytes]:
+        """What a client is told before its too-large request closes the connection."""
+        return [error_response(correlation_id, ErrorCode.REQUEST_TOO_LARGE, str(RequestTooLarge(text)))]
 
     # ------------------------------------------------------------------- requests
 

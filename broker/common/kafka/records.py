@@ -46,13 +46,15 @@ _CRC = struct.Struct(">I")
 
 class BatchRefused(ValueError):
     """A produced batch the broker does not append, and why. `corrupt`: the bytes are
-    damaged or not a batch (Kafka's CORRUPT_MESSAGE, 2); otherwise a well-formed batch
-    the broker refuses (INVALID_RECORD, 87)."""
+    damaged or not a batch (Kafka's CORRUPT_MESSAGE, 2); `too_large`: over
+    `message.max.bytes` (MESSAGE_TOO_LARGE, 10); otherwise a well-formed batch the
+    broker refuses (INVALID_RECORD, 87)."""
 
-    def __init__(self, reason: str, corrupt: bool = True) -> None:
+    def __init__(self, reason: str, corrupt: bool = True, too_large: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.corrupt = corrupt
+        self.corrupt = corrupt and not too_large
+        self.too_large = too_large
 
 
 class ProducedBatch(NamedTuple):
@@ -80,7 +82,7 @@ def check_batch(batch: bytes | memoryview, max_bytes: int = 1 << 20,
     if length + LENGTH_END != size:
         raise BatchRefused(f"batchLength {length} says {length + LENGTH_END} bytes, the request holds {size}")
     if size > max_bytes:
-        raise BatchRefused(f"a record batch of {size} bytes exceeds message.max.bytes={max_bytes}", corrupt=False)
+        raise BatchRefused(f"a record batch of {size} bytes exceeds message.max.bytes={max_bytes}", too_large=True)
     if checksum(memoryview(batch)[ATTRIBUTES_AT:]) != crc:
         raise BatchRefused("record batch CRC mismatch")
     codec_bits = attributes & CODEC_BITS

@@ -41,6 +41,13 @@ def api_name(api_key: int) -> str:
 class KafkaConnection(Connection):
     """One client connection on a Kafka listener."""
 
+    @staticmethod
+    def _too_large_answer(correlation_id: int, text: str) -> list[bytes]:
+        """Nothing: Kafka's broker closes a connection whose request is over
+        `socket.request.max.bytes` without an answer (no response of the request's
+        API can be built from its first bytes), and so does this one."""
+        return []
+
     def _dispatch(self, frame: bytes | memoryview) -> None:
         try:
             api_key, api_version, correlation_id = peek(frame)

@@ -92,7 +92,7 @@ class ProduceRequests:
                 fields = dict(error_code=KafkaError.none, base_offset=outcome.base_offset,
                               log_start_offset=outcome.log.start_offset)
             elif isinstance(outcome, BatchRefused):
-                fields = dict(error_code=KafkaError.corrupt_message if outcome.corrupt else KafkaError.invalid_record,
+                fields = dict(error_code=refusal_code(outcome),
                               error_message=outcome.reason, base_offset=-1, log_start_offset=-1)
             else:
                 fields = dict(error_code=kafka_error(outcome.code), error_message=str(outcome), base_offset=-1,
@@ -103,3 +103,9 @@ class ProduceRequests:
         topics = tuple(entity(ApiKey.PRODUCE, version, "TopicProduceResponse", name=t, partition_responses=tuple(p))
                        for t, p in by_topic.items())
         return response(ApiKey.PRODUCE, version, responses=topics, throttle_time=NO_THROTTLE)
+
+
+def refusal_code(refused: BatchRefused) -> KafkaError:
+    if refused.too_large:
+        return KafkaError.message_too_large
+    return KafkaError.corrupt_message if refused.corrupt else KafkaError.invalid_record
