@@ -1,7 +1,8 @@
 """The cost of the brokers' record counts (the audit's `broker` tier, broker/server/audit.py).
 
 1. Counting alone, in this process: records/s `PartitionCounts.count_entries` counts of
-   200-byte records in plain entries, producer batches of 50 and gzip sets of 50.
+   200-byte records in plain entries, producer batches of 50 and gzip sets of 50; and
+   what a log's tally costs an append (`Tally.note`, ns, sets in one window).
 2. The produce path with counting on and off: `bench.raw`'s acks=0 produce (batch 50,
    two connections, one partition each) into a fresh broker with
    `audit.count.interval.ms` = 0 (off) and 1000, alternating, `--rounds` times each; and
@@ -23,6 +24,7 @@ from broker.client.brokercounts import read_broker_counts
 from broker.client.connection import BrokerConnection
 from broker.common.auditcounts import PartitionCounts
 from broker.common.message import BatchIdentity, encode_batch, encode_message_set
+from broker.server.log.tally import Tally
 from bench.raw import MESSAGE_BYTES, run_produce, wait_flushed
 from harness.cluster import LocalCluster
 from harness.process import wait_until
@@ -44,6 +46,16 @@ def counting_alone(entries: int = 2000) -> list[tuple[str, float]]:
         counts.count_entries(data, 0, 0)
         rows.append((name, sum(counts.windows.values()) / (time.perf_counter() - start)))
     return rows
+
+
+def tally_ns(appends: int = 200_000) -> float:
+    """ns per `Tally.note` of a 50-record set in the current window: what the produce path pays."""
+    tally, now = Tally(), int(time.time() * 1000)
+    times, note, size = (now, now), tally.note, 50 * (MESSAGE_BYTES + 22)
+    start = time.perf_counter()
+    for i in range(appends):
+        note(i * size, (i + 1) * size, 50, times)
+    return (time.perf_counter() - start) / appends * 1e9
 
 
 def produce_round(workdir: Path, interval_ms: int, messages: int) -> tuple[float, float | None]:
@@ -73,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| counting alone | records/s |\n|---|---:|")
     for name, rate in counting_alone():
         print(f"| {name} | {rate:,.0f} |")
+    print(f"\nthe tally on the produce path: {tally_ns():.0f} ns an append (Tally.note)\n")
     rates: dict[int, list[float]] = {0: [], 1000: []}
     caught_up = []
     for _ in range(args.rounds):

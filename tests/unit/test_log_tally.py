@@ -187,4 +187,4 @@ def test_a_log_nobody_counts_keeps_a_bounded_tally():
     for i in range(5 * MAX_RUNS):
         tally.note(i, i + 1, 1, (NOW + (i % 2) * WINDOW_MS,) * 2)  # alternating windows: a run per append
     assert MAX_RUNS // 2 <= len(tally.runs) <= MAX_RUNS
-    assert tally.runs[-1].end == 5 * MAX_RUNS
+    assert tally.runs[-1][1] == 5 * MAX_RUNS

@@ -31,11 +31,7 @@ from broker.server.log.segment import Segment
 MAX_RUNS = 1024  # past it the oldest half is forgotten (read if still uncounted): a bound for logs nobody counts
 
 
-class Run(NamedTuple):
-    start: int
-    end: int
-    window: int
-    records: int
+Run = tuple[int, int, int, int]  # start, end, window, records: a plain tuple, built on the produce path
 
 
 class Piece(NamedTuple):
@@ -61,31 +57,31 @@ class Tally:
     def note(self, start: int, end: int, records: int, times: tuple[int, int] | None) -> None:
         """A set of `records` appended at [start, end) whose records' timestamps span
         `times` (None: not known). On the produce path: a few hundred nanoseconds."""
-        runs = self.runs
         if times is None:
             return
         low, high = times
         window = low - low % self.window_ms
         if high >= window + self.window_ms:
             return  # spans windows: a gap
+        runs = self.runs
         if runs:
-            last = runs[-1]
-            if last.end == start and last.window == window:
-                runs[-1] = Run(last.start, end, window, last.records + records)
+            first, last_end, last_window, last_records = runs[-1]
+            if last_end == start and last_window == window:
+                runs[-1] = (first, end, window, last_records + records)
                 return
-            if len(runs) >= MAX_RUNS or runs[0].end <= self.counted:
+            if len(runs) >= MAX_RUNS or runs[0][1] <= self.counted:
                 self._forget()
-        runs.append(Run(start, end, window, records))
+        runs.append((start, end, window, records))
 
     def _forget(self) -> None:
         runs = self.runs
-        counted = bisect.bisect_right(runs, self.counted, key=lambda run: run.end)
+        counted = bisect.bisect_right(runs, self.counted, key=_end)
         del runs[:max(counted, len(runs) // 2 if len(runs) >= MAX_RUNS else 0)]
 
     def truncate(self, offset: int) -> None:
         """The log was cut at `offset`: runs reaching past it go (caller holds the log's lock)."""
         runs = self.runs
-        while runs and runs[-1].end > offset:
+        while runs and runs[-1][1] > offset:
             runs.pop()
 
     def pieces(self, segments: tuple[Segment, ...], start: int, end: int, window_ms: int) -> list[Piece]:
@@ -94,17 +90,18 @@ class Tally:
         runs' (cut to the range) and the gaps between them. All one gap when the
         counter's windows are not the tally's."""
         runs = list(self.runs) if window_ms == self.window_ms else []
-        first = bisect.bisect_right(runs, start, key=lambda run: run.end)
+        first = bisect.bisect_right(runs, start, key=_end)
         out: list[Piece] = []
         for run in runs[first:]:
-            if run.start >= end:
+            run_start, run_end, window, _ = run
+            if run_start >= end:
                 break
-            if run.start > start:
-                out.append(Piece(start, run.start, None, -1))
-                start = run.start
-            stop = min(run.end, end)
+            if run_start > start:
+                out.append(Piece(start, run_start, None, -1))
+                start = run_start
+            stop = min(run_end, end)
             records = _records(segments, run, start, stop)
-            out.append(Piece(start, stop, run.window if records >= 0 else None, records))
+            out.append(Piece(start, stop, window if records >= 0 else None, records))
             start = stop
         if start < end:
             out.append(Piece(start, end, None, -1))
@@ -116,10 +113,15 @@ def _records(segments: tuple[Segment, ...], run: Run, start: int, end: int) -> i
     known without reading. A whole run's are its own; a cut one's the entry index's, asked
     only strictly below the run's end, where the index is complete (its `records` may run
     ahead of its `size` while an append lands)."""
-    if start == run.start and end == run.end:
-        return run.records
-    if end < run.end:
+    run_start, run_end, _, records = run
+    if start == run_start and end == run_end:
+        return records
+    if end < run_end:
         return records_below(segments, end) - records_below(segments, start)
-    if run.start < segments[0].base_offset:  # retention took its head
+    if run_start < segments[0].base_offset:  # retention took its head
         return -1
-    return run.records - records_below(segments, start) + records_below(segments, run.start)
+    return records - records_below(segments, start) + records_below(segments, run_start)
+
+
+def _end(run: Run) -> int:
+    return run[1]
