@@ -116,6 +116,15 @@ class PartitionCounts:
             size = first_entry_size(rest[stop:])
             self.upto = self.upto + stop + size if size and size >= HEADER_SIZE and stop + size <= len(rest) else end
 
+    def count_known(self, start: int, end: int, window: int, records: int, oldest_ms: int) -> None:
+        """Add the `records` of the offsets `[start, end)` (`start` == `upto`), known to
+        lie in `window` (a log's tally, `broker.server.log.tally`: learnt at append, so
+        not read again), and move `upto` past them."""
+        assert start == self.upto, (start, self.upto)
+        if records:
+            self._add(window, records, oldest_ms)
+        self.upto = end
+
     def prune(self, oldest_ms: int) -> None:
         """Drop the windows that start before `oldest_ms`, adding them to `pruned`."""
         self.kept_from = max(self.kept_from, oldest_ms)

@@ -352,7 +352,7 @@ class _Columns:
             self.truncate(mark)
             return 0
         try:
-            inner, problem, _ = inner_set(view, pos, entry_end, max_decompressed_bytes)
+            inner, problem = inner_set(view, pos, entry_end, max_decompressed_bytes)[:2]
         except InvalidMessage:
             return 0
         if problem is not None:

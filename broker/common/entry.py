@@ -23,6 +23,7 @@ SIZE_FIELD = 4
 CRC_END = 10  # bytes before the first CRC-covered byte after the crc field
 MIN_ENTRY_SIZE = HEADER_SIZE - SIZE_FIELD  # value of `size` for an empty key and value
 CODEC_MASK = 0x07
+CODEC_MAX = 4  # zstd: the highest codec (broker.common.compression.Codec)
 
 crc32c: Callable[[bytes | memoryview], int] = crcmod.predefined.mkCrcFun("crc-32c")  # the reference
 
@@ -120,3 +121,15 @@ def kafka_entry_error(view: memoryview, pos: int, size: int, attributes: int, ke
     if length + 12 != size - MIN_ENTRY_SIZE or magic != 2:
         return f"a Kafka batch entry at byte {pos} holds a batch of magic {magic}, batchLength {length}"
     return None
+
+
+def header_error(pos: int, magic: int, attributes: int, key_length: int, max_magic: int = MAGIC_KAFKA) -> str:
+    """Why the header of the entry at `pos` is not one `scan` accepts, for a person."""
+    if magic == MAGIC_KAFKA and max_magic < MAGIC_KAFKA:
+        return (f"magic 4 at byte {pos}: a Kafka record batch is written only by the broker, from a batch "
+                f"produced through its Kafka listener; a native PRODUCE sends magic 1-3")
+    if magic not in MAGICS:
+        return f"unknown magic {magic} at byte {pos}"
+    if not 0 <= attributes <= CODEC_MAX:
+        return f"unknown attributes {attributes:#x} at byte {pos}"
+    return f"impossible key length {key_length} at byte {pos}"

@@ -40,7 +40,7 @@ from broker.common.entry import (  # the entry header's names, imported from her
     BATCH_FIELDS, BATCH_HEADER_SIZE, CODEC_MASK, CRC_END, FIELDS_AT, HEADER, HEADER_SIZE, KAFKA_FIELDS_AT,
     KAFKA_HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGIC_V1, MAGICS, MIN_ENTRY_SIZE, SEEDS, SEQUENCE_LIMIT,
     SIZE_FIELD, V2_SEEDS, V3_SEEDS, V4_SEEDS, BatchIdentity, batch_identity, checksum, crc32c, entry_crc,
-    iter_batches, kafka_entry_error, now_ms,
+    header_error, iter_batches, kafka_entry_error, now_ms,
 )
 from broker.common.errors import InvalidMessage, MessageTooLarge
 
@@ -143,6 +143,7 @@ class ScanResult:
     compressed: int = 0  # entries in the valid prefix whose value is a compressed set
     batches: int = 0  # magic-3 and -4 entries (producer and Kafka batches) in the valid prefix
     records: int = -1  # messages (records) in the valid prefix; -1 where `scan` alone cannot tell (see `count_records`)
+    record_times: tuple[int, int] | None = None  # min, max of the records' timestamps; None where `records` is -1
 
     @property
     def partial_tail(self) -> bool:
@@ -188,7 +189,7 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
                 error, stop = f"partial entry at byte {pos}: needs {size + 4} bytes, {end - pos} left", ScanStop.PARTIAL
                 break
             if not 1 <= magic <= top or not 0 <= attributes <= max_codec or not -1 <= key_length <= size - min_size:
-                error, stop = _header_error(pos, magic, attributes, key_length, max_magic), ScanStop.INVALID
+                error, stop = header_error(pos, magic, attributes, key_length, max_magic), ScanStop.INVALID
                 break
             if magic == v2:
                 seed = seeds[attributes]
@@ -225,18 +226,8 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     finally:
         view.release()
     records = count if not (compressed or batches) else -1
-    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches, records)
-
-
-def _header_error(pos: int, magic: int, attributes: int, key_length: int, max_magic: int = MAGIC_KAFKA) -> str:
-    if magic == MAGIC_KAFKA and max_magic < MAGIC_KAFKA:
-        return (f"magic 4 at byte {pos}: a Kafka record batch is written only by the broker, from a batch "
-                f"produced through its Kafka listener; a native PRODUCE sends magic 1-3")
-    if magic not in MAGICS:
-        return f"unknown magic {magic} at byte {pos}"
-    if not 0 <= attributes <= Codec.ZSTD:
-        return f"unknown attributes {attributes:#x} at byte {pos}"
-    return f"impossible key length {key_length} at byte {pos}"
+    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches, records,
+                      (min_ts, max_ts) if count and records >= 0 else None)
 
 
 def validate_message_set(
@@ -254,24 +245,27 @@ def validate_message_set(
     if result.stop is not ScanStop.END:
         raise InvalidMessage(f"invalid message set: {result.error}")
     if result.compressed or result.batches:
-        return replace(result, records=_validate_wrappers(buf, max_decompressed_bytes))
+        records, times = _validate_wrappers(buf, max_decompressed_bytes)
+        return replace(result, records=records, record_times=times)
     return result
 
 
-def _validate_wrappers(buf: bytes | memoryview, max_decompressed_bytes: int) -> int:
+def _validate_wrappers(buf: bytes | memoryview, max_decompressed_bytes: int) -> tuple[int, tuple[int, int]]:
     """Open every wrapper (compressed entry or producer batch) of a scanned set, check
-    its inner set and that it spans an offset per message; returns the set's records."""
-    records = 0
+    its inner set and that it spans an offset per message; returns the set's records
+    and the min and max of their own timestamps (a wrapper's header has one of its own)."""
+    records, low, high = 0, 1 << 62, -(1 << 62)
     with memoryview(buf) as view:
         pos, end = 0, len(view)
         while pos < end:
-            size, magic, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
+            size, magic, attributes, _, timestamp, key_length = HEADER.unpack_from(view, pos)
             entry_end = pos + SIZE_FIELD + size
             if attributes or magic == MAGIC_BATCH:
-                _, problem, count = inner_set(view, pos, entry_end, max_decompressed_bytes)
+                _, problem, count, first, last = inner_set(view, pos, entry_end, max_decompressed_bytes)
                 what = "producer batch" if magic == MAGIC_BATCH else f"{Codec(attributes).name.lower()} entry"
                 if problem:
                     raise InvalidMessage(f"invalid message set: {what} at byte {pos}: {problem}")
+                low, high = min(low, first), max(high, last)
                 if count > entry_end - pos:
                     raise InvalidMessage(
                         f"invalid message set: {what} at byte {pos} holds {count} messages in {entry_end - pos} bytes; "
@@ -280,9 +274,9 @@ def _validate_wrappers(buf: bytes | memoryview, max_decompressed_bytes: int) -> 
                     )
                 records += count
             else:
-                records += 1
+                records, low, high = records + 1, min(low, timestamp), max(high, timestamp)
             pos = entry_end
-    return records
+    return records, (low, high)
 
 
 def record_offset(entry_offset: int, index: int, entry_span: int) -> int:
@@ -294,10 +288,13 @@ def record_offset(entry_offset: int, index: int, entry_span: int) -> int:
 
 
 class InnerSet(NamedTuple):
-    """A wrapper's inner set, why it is invalid (None: valid), its messages (one walk)."""
+    """A wrapper's inner set, why it is invalid (None: valid), and from the same walk its
+    messages and their smallest and largest timestamps."""
     messages: bytes | memoryview
     problem: str | None
     count: int
+    min_timestamp: int
+    max_timestamp: int
 
 
 def inner_set(view: memoryview, pos: int, entry_end: int,
@@ -315,19 +312,21 @@ def inner_set(view: memoryview, pos: int, entry_end: int,
     return InnerSet(inner, *_check_inner_set(inner, count))
 
 
-def _check_inner_set(inner: bytes | memoryview, count: int = -1) -> tuple[str | None, int]:
-    """Why a wrapper's inner set is invalid, and its messages: whole, valid, unwrapped
-    entries (a reader decompresses once), in a producer batch exactly `count`."""
+def _check_inner_set(inner: bytes | memoryview, count: int = -1) -> tuple[str | None, int, int, int]:
+    """Why a wrapper's inner set is invalid, its messages and their timestamps' bounds:
+    whole, valid, unwrapped entries (a reader decompresses once), in a producer batch
+    exactly `count`."""
     if not len(inner):
-        return "it holds an empty message set", 0
+        return "it holds an empty message set", 0, -1, -1
     result = scan(inner)
+    problem = None
     if result.stop is not ScanStop.END:
-        return f"its inner set is invalid: {result.error}", result.count
-    if result.compressed or result.batches:
-        return "its inner set holds a wrapper (nesting is not allowed)", result.count
-    if count >= 0 and result.count != count:
-        return f"its count field says {count} messages, its inner set holds {result.count}", result.count
-    return None, result.count
+        problem = f"its inner set is invalid: {result.error}"
+    elif result.compressed or result.batches:
+        problem = "its inner set holds a wrapper (nesting is not allowed)"
+    elif count >= 0 and result.count != count:
+        problem = f"its count field says {count} messages, its inner set holds {result.count}"
+    return problem, result.count, result.min_timestamp, result.max_timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +432,7 @@ def iter_messages(
             try:
                 if magic == MAGIC_BATCH and size < MIN_ENTRY_SIZE + BATCH_FIELDS.size:
                     raise InvalidMessage("no room for its fields")
-                inner_bytes, problem, _ = inner_set(view, pos, entry_end, max_decompressed_bytes)
+                inner_bytes, problem = inner_set(view, pos, entry_end, max_decompressed_bytes)[:2]
                 if problem is not None:
                     raise InvalidMessage(problem)
                 inner = list(iter_messages(inner_bytes, 0, verify_crc=False))  # `_check_inner_set` checked every CRC

@@ -32,6 +32,7 @@ from broker.common.message import first_entry_size, whole_entries
 from broker.server.config import BrokerConfig
 from broker.server.log.log import Log
 from broker.server.log.lookups import chunks
+from broker.server.log.segment import Segment
 
 if TYPE_CHECKING:
     from broker.server.handlers import RequestHandler
@@ -135,12 +136,13 @@ class RecordCounter:
         return PartitionCounts.decode(data), stat.version
 
     def _counted(self, log: Log, counts: PartitionCounts, visible: int) -> PartitionCounts:
-        """A copy of `counts` advanced over `[upto, visible)`, at most `max_bytes` of it
-        (whole entries: `chunks` cuts at entry boundaries, and so does the visible
-        offset). Offsets retention deleted before they were counted are named in
-        `skipped`."""
+        """A copy of `counts` advanced over `[upto, visible)`: what the log's tally knows
+        taken from it, the rest read — at most `max_bytes` of it (whole entries: `chunks`
+        cuts at entry boundaries, and so does the visible offset). Offsets retention
+        deleted before they were counted are named in `skipped`."""
         counts = dataclasses.replace(counts, windows=dict(counts.windows), skipped=list(counts.skipped))
-        start = log.start_offset
+        segments = log.segments
+        start = segments[0].base_offset
         if counts.upto < start:
             logger.warning("%s: retention deleted offsets [%d, %d) before they were counted for the audit",
                            log.name, counts.upto, start)
@@ -150,14 +152,29 @@ class RecordCounter:
         oldest -= oldest % self.window_ms
         room = self.max_bytes
         try:
-            for offset, data in chunks(log.segments, counts.upto, visible):
-                if len(data) > room:  # the round's last entries: at least one, whole
-                    data = data[:whole_entries(data[:room]) or first_entry_size(data)]
-                counts.count_entries(data, offset, oldest, self.window_ms)
-                room -= len(data)
-                if room <= 0:
+            for piece in log.tally.pieces(segments, counts.upto, visible, self.window_ms):
+                if piece.window is not None:
+                    counts.count_known(piece.start, piece.end, piece.window, piece.records, oldest)
+                    continue
+                room = self._read_gap(segments, counts, piece.end, oldest, room)
+                if room <= 0 or counts.upto < piece.end:
                     break
         except FileNotFoundError:  # retention took a segment while it was read: what was counted stands
             pass
+        log.tally.counted = counts.upto
         counts.prune(oldest)
         return counts
+
+    def _read_gap(self, segments: tuple[Segment, ...], counts: PartitionCounts, end: int, oldest: int, room: int) -> int:
+        """Count the entries of `[upto, end)` from the log's bytes, at most `room` of them
+        (the last entries whole: at least one); returns the room left."""
+        for offset, data in chunks(segments, counts.upto, end):
+            if len(data) > room:  # the round's last entries: at least one, whole; the chunk's rest is not counted
+                counts.count_entries(data[:whole_entries(data[:room]) or first_entry_size(data)], offset, oldest,
+                                     self.window_ms)
+                return 0
+            counts.count_entries(data, offset, oldest, self.window_ms)
+            room -= len(data)
+            if room <= 0:
+                break
+        return room

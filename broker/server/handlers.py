@@ -165,7 +165,7 @@ class RequestHandler:
             batch = batch_identity(messages)
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch,
-                            scanned.records)
+                            scanned.records, scanned.record_times)
         return self.appended(log, led, result, buffered, batch)
 
     def appended(self, log: Log, led: Partition | None, result: AppendResult, buffered: bool,

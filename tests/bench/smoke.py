@@ -153,6 +153,12 @@ SMOKES: dict[str, Smoke] = {
         r"^directory +hours, last 48 h +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^iceberg +hours, all 4 h +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^iceberg +lag +[\d.]+ +[\d.]+ +[\d,]+$"]),
+    "broker_counts": Smoke(["--messages", "20000", "--rounds", "1"], [
+        r"^\| plain entries \| [\d,]+ \|$",
+        r"^the tally on the produce path: \d+ ns an append \(Tally.note\)$",
+        r"^\| ratio on / off \| [\d.]+ \|$",
+        r"^\| produced and flushed \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$",
+        r"^counts cover every record [\d.]+ s after the last append \(median\)$"]),
     "fuzz": Smoke(["--cases", "40", "--seed", "25", "--check-every", "10"], [
         r"^40 cases in [\d.]+s: \d+ answered, \d+ closed without an answer; crashes 0; "
         r"control worst wait \d+ ms; fuzz topic holds \d+ readable messages$"]),

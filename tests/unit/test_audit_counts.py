@@ -219,3 +219,22 @@ def test_stored_kafka_batches_count_each_record_in_the_window_of_its_own_timesta
     counts = node(zk)
     assert counts.windows == expected and len(expected) == 4
     assert (counts.upto, counts.unreadable) == (log.end_offset, 0)
+
+
+def test_a_bounded_round_over_a_backlog_of_many_segments_catches_up_exactly(zk, tmp_path):
+    """A round whose budget ends inside a chunk stops there: the rest of that chunk and
+    the next segments' are the next round's (a round that read on counted nothing)."""
+    log = Log(tmp_path / "events-0", "events", 0, LogConfig(segment_bytes=2048))
+    try:
+        for i in range(300):
+            append(log, encode_message_set([(None, b"x" * 200, NOW + i)]))
+        log.flush()
+        assert len(log.segments) > 5
+        c = counter(zk, max_bytes=1000)
+        rounds = 0
+        while c.advance(log):
+            rounds += 1
+        assert rounds > 5
+        assert node(zk).windows == {NOW: 300} and node(zk).upto == log.visible_offset
+    finally:
+        log.close()

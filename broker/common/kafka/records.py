@@ -65,6 +65,7 @@ class ProducedBatch(NamedTuple):
     max_timestamp: int
     identity: BatchIdentity | None  # None: not an idempotent producer's (producerId -1)
     store_decompressed: bool  # compressed into fewer bytes than records: breaks "span >= records"
+    record_times: tuple[int, int]  # min, max of the records' timestamps as a reader decodes them (the log's tally)
 
 
 def check_batch(batch: bytes | memoryview, max_bytes: int = 1 << 20,
@@ -95,16 +96,18 @@ def check_batch(batch: bytes | memoryview, max_bytes: int = 1 << 20,
         raise BatchRefused(f"record batch of recordsCount {count} has lastOffsetDelta {last_delta}; "
                            f"a produced batch's offset deltas run 0..recordsCount-1")
     codec = Codec(codec_bits)
-    _walk(batch, codec, count, max_decompressed_bytes)
+    record_times = _walk(batch, codec, count, max_decompressed_bytes)
     identity = None if producer_id == NO_PRODUCER else BatchIdentity(producer_id, epoch, base_sequence, count)
     if identity is None and (epoch != -1 or base_sequence != -1):
         raise BatchRefused(f"a batch without producerId has producerEpoch {epoch}, baseSequence {base_sequence}")
-    return ProducedBatch(count, codec, max_ts, identity, HEADER_SIZE + size < count)
+    return ProducedBatch(count, codec, max_ts, identity, HEADER_SIZE + size < count, record_times)
 
 
-def _walk(batch: bytes | memoryview, codec: Codec, count: int, max_decompressed_bytes: int) -> None:
+def _walk(batch: bytes | memoryview, codec: Codec, count: int, max_decompressed_bytes: int) -> tuple[int, int]:
     """Every record decodes, offsetDelta i for record i, nothing after the last one
-    (the C reader raises on bytes left after recordsCount records)."""
+    (the C reader raises on bytes left after recordsCount records); returns the min and
+    max of their timestamps (the header's maxTimestamp is the producer's word, and a
+    minimum it does not carry)."""
     buf = bytes(batch)
     if codec is not Codec.NONE:  # bounded here, so the C reader never inflates a bomb
         try:
@@ -113,18 +116,21 @@ def _walk(batch: bytes | memoryview, codec: Codec, count: int, max_decompressed_
             raise BatchRefused(f"record batch does not decompress: {exc}") from None
         buf = uncompressed_batch(buf, records)
     reader = DefaultRecordBatch(buf)
-    base, expected = reader.base_offset, 0
+    base, expected, low, high = reader.base_offset, 0, 1 << 62, -(1 << 62)
     try:
         for record in reader:
             if record.offset - base != expected:
                 raise BatchRefused(f"record {expected} has offsetDelta {record.offset - base}, not {expected}")
             expected += 1
+            timestamp = record.timestamp
+            low, high = min(low, timestamp), max(high, timestamp)
     except BatchRefused:
         raise
     except Exception as exc:  # the C reader's CorruptRecordException, IndexError on truncation...
         raise BatchRefused(f"the batch does not decode after {expected} records: {exc}") from None
     if expected != count:
         raise BatchRefused(f"recordsCount says {count} records, the batch holds {expected}")
+    return low, high
 
 
 def uncompressed_batch(batch: bytes | memoryview, records: bytes) -> bytes:

@@ -1,5 +1,5 @@
 """One partition: its segments, and the paper's verbs — append, flush, read, roll,
-recover, delete old segments, offsets before a time.
+recover, delete old segments, offsets before a time; and the tally of what it appended.
 
 Concurrency: appends and flushes may come from different threads (fsync runs in a
 worker so it never blocks the event loop). `_lock` guards the active segment's writes,
@@ -37,6 +37,7 @@ from broker.server.log.producers import (
     ProducerState, delete_snapshots_below, read_snapshot, snapshot_offsets, write_snapshot,
 )
 from broker.server.log.segment import EMPTY, SUFFIX, FileRegion, Segment
+from broker.server.log.tally import Tally
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +82,10 @@ class Log:
         segments = [Segment.open(p, files) for p in sorted(directory.glob("*" + SUFFIX))]
         if not segments:
             segments = [Segment.create(directory, 0, files)]
+        if recover:  # after an unclean stop: the newest and any torn segment scanned and cut (recovery.py)
+            segments = recover_segments(segments, config.max_entry_bytes, f"{topic}-{partition}")[0]
         self._set_segments(segments)
-        if recover:
-            self.recover()
+        self.tally = Tally()  # what this process appended, per window: the audit's counts read the rest (tally.py)
         for segment in self.segments:
             if segment.min_timestamp < 0 and segment.size and not segment.has_meta:
                 segment.recover(config.max_entry_bytes)  # no sidecar: learn its timestamps
@@ -145,6 +147,7 @@ class Log:
     def append(
         self, message_set: bytes | memoryview, count: int, min_timestamp: int, max_timestamp: int,
         buffered: bool = False, batch: BatchIdentity | None = None, records: int = -1,
+        times: tuple[int, int] | None = None,
     ) -> AppendResult:
         """Append an already validated set with one write; returns its offsets. With
         `buffered`, the write may wait for `write_unwritten` (or the next flush or roll),
@@ -155,9 +158,10 @@ class Log:
         not appended; an out-of-order or fenced one raises (producers.py). Raises
         StorageError, with nothing appended, when the write (or the roll before it)
         fails or the log directory is offline. `records`: the set's (counted here when
-        not given), for the segment's entry index."""
+        not given), for the segment's entry index; `times`: the min and max of their
+        timestamps, for the tally (None: unknown, so the audit's counts read the set)."""
         return self._append(len(message_set), message_set, None, count, min_timestamp, max_timestamp, buffered, batch,
-                            set_records(message_set) if records < 0 else records)
+                            set_records(message_set) if records < 0 else records, times)
 
     def append_kafka(self, batch: bytes | memoryview, produced: ProducedBatch, leader_epoch: int,
                      buffered: bool = False) -> AppendResult:
@@ -167,11 +171,11 @@ class Log:
         records, max_ts = produced.records, produced.max_timestamp
         batch = decompressed_batch(batch) if produced.store_decompressed else batch
         return self._append(HEADER_SIZE + len(batch), None, lambda base: kafka_entry(batch, base, leader_epoch, max_ts),
-                            records, max_ts, max_ts, buffered, produced.identity, records)
+                            records, max_ts, max_ts, buffered, produced.identity, records, produced.record_times)
 
     def _append(self, size: int, data: bytes | memoryview | None, entry_at: Callable[[int], bytes] | None, count: int,
                 min_timestamp: int, max_timestamp: int, buffered: bool, batch: BatchIdentity | None,
-                records: int) -> AppendResult:
+                records: int, times: tuple[int, int] | None) -> AppendResult:
         """`append`'s body for `size` bytes: `data`, or what `entry_at(position)` builds where they land."""
         if not self.log_dir.online:
             self.log_dir.check_writable(self.name)
@@ -193,6 +197,7 @@ class Log:
                 raise self.log_dir.failed(exc, self.name, f"append of {size} bytes") from None
             index.add_set(base - active.base_offset, data, records)
             active.note_timestamps(min_timestamp, max_timestamp)
+            self.tally.note(base, active.end_offset, records, times)
             if batch is not None:
                 self.producers.record(batch, base, active.end_offset)
             if not self._unflushed_messages:
@@ -212,7 +217,7 @@ class Log:
         with memoryview(message_set) as view:
             whole = view[: result.valid_bytes]
             appended = self.append(whole, result.count, result.min_timestamp, result.max_timestamp,
-                                   records=result.records)  # -1 when it has wrappers: counted by `append`
+                                   records=result.records, times=result.record_times)  # wrappers: -1, None
             if result.batches:  # the leader's producer state, learnt from its bytes
                 with self._lock:
                     self.producers.learn(view[: result.valid_bytes], appended.base_offset)
@@ -250,6 +255,7 @@ class Log:
             if self.high_watermark is not None:
                 self.high_watermark = min(self.high_watermark, offset)
             self._load_producers(offset)
+            self.tally.truncate(offset)
         self.epochs.truncate_from(offset)
         logger.info("%s: truncated to offset %d (%d bytes removed)", self.name, offset, end - offset)
         return end - offset
@@ -409,14 +415,6 @@ class Log:
         return offsets_before(self.segments, self.visible_offset, timestamp, max_offsets)
 
     # ------------------------------------------------------------------ recovery, retention
-
-    def recover(self) -> int:
-        """After an unclean shutdown: `recovery.recover_segments` (the newest segment and
-        any torn one scanned and cut, segments after a hole dropped). Returns the bytes
-        removed."""
-        segments, removed = recover_segments(list(self.segments), self.config.max_entry_bytes, self.name)
-        self._set_segments(segments)
-        return removed
 
     def delete_old_segments(self, now_ms: int) -> list[Segment]:
         """Retention: drop the oldest segments while they are older than `retention_ms`
