@@ -8,8 +8,8 @@
 
 Columns: topic string, partition int, offset long, timestamp timestamp (UTC, from the
 producer's milliseconds), key binary, headers array<struct<key: string, value: binary>>
-(a Kafka record's headers, as Spark's Kafka source has them; null for a message without:
-`broker/common/columns_arrow.py`), value binary.
+(a Kafka record's headers, typed as Spark's Kafka source types them; an empty list for a
+message without: `broker/common/columns_arrow.py`), value binary.
 
 A partition without a reachable leader (its broker restarting, a leadership moving) is
 waited for up to `leader_wait` seconds (default `LOAD_LEADER_WAIT_S`, 60) before the read

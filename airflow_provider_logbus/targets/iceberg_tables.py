@@ -50,8 +50,8 @@ def embedded_catalog(warehouse: str) -> dict[str, str]:
     return {"type": "sql", "uri": f"sqlite:///{root / '_iceberg_catalog.db'}", "warehouse": f"file://{root}"}
 
 
-HEADERS_DOC = ("the Kafka record's headers (key, value), as Spark's Kafka source has them; null for a message "
-               "without headers, and for rows loaded before the column existed")
+HEADERS_DOC = ("the Kafka record's headers (key, value) in order; empty for a message without headers, null for "
+               "rows loaded before the column existed")
 
 
 def logbus_columns():

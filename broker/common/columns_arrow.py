@@ -6,8 +6,11 @@ The columns, `COLUMNS`: topic string, partition int32, offset int64, timestamp U
 microseconds as Spark's, key binary or null, `headers`, value binary. `headers` is a
 Kafka record's headers (docs/kafka.md) with Spark's Kafka source's type and rule —
 `array<struct<key: string, value: binary>>`, a header's value null where the client
-sent null, and the column **null for a message without headers** (every native
-message, and a Kafka record with none): `HEADERS_TYPE`. Only the messages that have
+sent null (`headers_type`) — but **an empty list for a message without headers**
+(every native message, and a Kafka record with none) where Spark's source has null:
+pyiceberg reads a null `list<struct>` back as an empty list (apache/iceberg-python
+#3833), and the table's compaction rewrites what it reads, so a null would not stay
+null; an empty list reads the same through every reader. Only the messages that have
 headers cost Python work (one tuple each, already decoded). `value` stays last: the data
 source puts its JSON parse after it (`airflow_provider_logbus/spark/datasource.py`).
 
@@ -69,8 +72,6 @@ def _headers_array(pa, np, n: int, headers: dict[int, tuple]):
     """The `headers` column of `n` messages, of which those in `headers` (by index) have
     any: list offsets from their counts, one struct array of all their headers."""
     kind = headers_type()
-    if not headers:
-        return pa.nulls(n, kind)
     which = sorted(headers)
     counts = np.zeros(n, dtype=np.int32)
     counts[which] = [len(headers[i]) for i in which]
@@ -79,9 +80,7 @@ def _headers_array(pa, np, n: int, headers: dict[int, tuple]):
     pairs = [pair for i in which for pair in headers[i]]
     entries = pa.StructArray.from_arrays([pa.array([k for k, _ in pairs], pa.string()),
                                           pa.array([v for _, v in pairs], pa.binary())], fields=list(kind.value_type))
-    absent = np.ones(n, dtype=bool)
-    absent[which] = False
-    return pa.ListArray.from_arrays(pa.array(offsets), entries, type=kind, mask=pa.array(absent))
+    return pa.ListArray.from_arrays(pa.array(offsets), entries, type=kind)
 
 
 def _binary_array(pa, np, data, starts, lengths, valid=None):
