@@ -11,11 +11,14 @@ for lag monitoring.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from broker.client.brokercounts import BrokerCounts
 from broker.client.monitoring import MIRROR_TIER, MONITORING_TOPIC, PRODUCER_TIER, sum_by_source, sum_counts
 
+from airflow_provider_logbus.brokertier import broker_gaps
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.plan import BatchPlan, Range, batch_id_for
 from airflow_provider_logbus.targets import BatchRecord, CommitResult, CommitTarget, TableFile
@@ -114,13 +117,14 @@ class AuditInputs:
     mirrored: dict[str | None, dict[tuple[str, int], int]]
     batches: list[BatchRecord]
     files: list[TableFile]
+    broker: BrokerCounts = field(default_factory=BrokerCounts)  # the brokers' record counts
 
     def report(self, table: str, topic: str, start_ms: int, end_ms: int, threshold: float) -> dict:
         """`completeness.build_report` over every tier, for [start_ms, end_ms)."""
         from airflow_provider_logbus.completeness import build_report
 
         return build_report(table, topic, start_ms, end_ms, self.produced, self.batches, threshold,
-                            mirrored=self.mirrored, files=self.files)
+                            mirrored=self.mirrored, files=self.files, broker=self.broker)
 
 
 def audit_inputs(cluster: LogbusCluster, target: CommitTarget, monitoring_topic: str | None = None,
@@ -133,5 +137,20 @@ def audit_inputs(cluster: LogbusCluster, target: CommitTarget, monitoring_topic:
     counts = {source: {key: w.count for key, w in windows.items()}
               for source, windows in sum_by_source(events, MIRROR_TIER).items()}
     contents = target.contents(since_ms)
+    # after the table: counts read later cover at least what it held when read
     return AuditInputs({key: w.count for key, w in sum_counts(events, PRODUCER_TIER).items()}, counts,
-                       contents.batches, contents.files)
+                       contents.batches, contents.files, cluster.broker_counts())
+
+
+def await_broker_counts(cluster: LogbusCluster, inputs: AuditInputs, topic: str, timeout_s: float,
+                        poll_s: float = 1.0) -> AuditInputs:
+    """`inputs` with the brokers' counts read again until they cover every record the
+    table's batches loaded of `topic` (`brokertier.broker_gaps`: the leaders count every
+    few seconds, so an audit right after a load would find them behind), for at most
+    `timeout_s`; hours still behind then are judged pending."""
+    deadline = time.monotonic() + timeout_s
+    while (topic in inputs.broker.topics() and broker_gaps(inputs.broker, inputs.batches, topic).behind
+           and time.monotonic() < deadline):
+        time.sleep(poll_s)
+        inputs = replace(inputs, broker=cluster.broker_counts())
+    return inputs

@@ -3,7 +3,8 @@
 `LogbusCluster` is a thin facade over the client library: one watched metadata view
 (`broker.client.metadata`) and one connection pool (`broker.client.cluster`), offsets (`broker.client.offsets`),
 exact byte-range reads (`broker.client.ranges`), group offsets in ZooKeeper
-(`broker.common.zklayout`) and monitoring events (`broker.client.monitoring`). The hook wraps it for Airflow; the Spark data source uses it on
+(`broker.common.zklayout`), monitoring events (`broker.client.monitoring`) and the brokers' record
+counts (`broker.client.brokercounts`). The hook wraps it for Airflow; the Spark data source uses it on
 executors, where Airflow is not importable.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from broker.client import monitoring, offsets, ranges
+from broker.client.brokercounts import BrokerCounts, read_broker_counts
 from broker.client.cluster import ConnectionPool
 from broker.client.metadata import ClusterMetadata, ZooKeeperMetadata, open_metadata, parse_broker_list
 from broker.client.errors import ZooKeeperUnavailable
@@ -121,6 +123,12 @@ class LogbusCluster:
         """Every monitoring event in the cluster, of every tier, read on this handle's
         metadata (with `since_ms`: from the segment holding that time on)."""
         return monitoring.read_events(monitoring_topic=monitoring_topic, metadata=self.metadata, since_ms=since_ms)
+
+    def broker_counts(self) -> BrokerCounts:
+        """The brokers' record counts of every topic (`broker.client.brokercounts`; none
+        without ZooKeeper: a cluster given as a list of brokers)."""
+        metadata = self.metadata
+        return read_broker_counts(metadata.zk) if isinstance(metadata, ZooKeeperMetadata) else BrokerCounts()
 
     # ------------------------------------------------------------------ metadata
 

@@ -2,10 +2,13 @@
 tier a message passes counted, per topic and hour, and the tier where messages went
 missing or were duplicated.
 
-The tiers, in order: `producer` (the producers' monitoring events), `mirror` (a mirror's
-events, per source cluster; only for a topic some mirror reported on), `table` (the rows
-the table holds, from its metadata, plus the rejected values its batch records count).
-Each tier is compared with the one before it. The table tier is also compared with its
+The tiers, in order: `producer` (the producers' monitoring events; for a topic the brokers
+count, only when some producer reported on it), `mirror` (a mirror's events, per source
+cluster; only for a topic some mirror reported on), `broker` (the records the brokers
+committed, counted by each partition's leader: `brokertier.py`; for a topic they count),
+`table` (the rows the table holds, from its metadata, plus the rejected values its batch
+records count). Each tier is compared with the one before it; the first one's count is
+what was produced. The table tier is also compared with its
 own batch records: rows the table holds that no batch record claims (a file added by
 hand), or rows a record claims that the table lacks, fail the hour at once, naming the
 files that are not a logbus batch's.
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from broker.client.brokercounts import BrokerCounts
+
+from airflow_provider_logbus.brokertier import behind_reason, broker_gaps
 from airflow_provider_logbus.targets.base import BatchRecord, TableFile
 
 HOUR_MS = 3_600_000
-PRODUCER, MIRROR, TABLE = "producer", "mirror", "table"
+PRODUCER, MIRROR, BROKER, TABLE = "producer", "mirror", "broker", "table"
 TOTALS = ("produced", "loaded", "recorded", "rejected", "missing", "duplicated")
 
 
@@ -57,11 +63,11 @@ def _held(files: list[TableFile], batches: list[BatchRecord], topic: str) -> dic
 def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: dict[tuple[str, int], int],
                  batches: list[BatchRecord], threshold: float, *,
                  mirrored: dict[str | None, dict[tuple[str, int], int]] | None = None,
-                 files: list[TableFile] | None = None) -> dict:
+                 files: list[TableFile] | None = None, broker: BrokerCounts | None = None) -> dict:
     """The report of `topic` loaded into `table` for [start_ms, end_ms): per hour, each
     tier's count, and missing / duplicated rows per tier. `mirrored` holds a mirror's
     counts per source; `files` the table's data files (`CommitTarget.contents`) — without
-    them the table tier is what the batch records claim."""
+    them the table tier is what the batch records claim; `broker` the brokers' counts."""
 
     def hourly(counts: dict[tuple[str, int], int]) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -75,6 +81,10 @@ def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: d
                      key=str)
     mirrored_h = {s: hourly(mirrored[s]) for s in sources}
     produced_h, rejected_h = hourly(produced), hourly(_by_window(batches, "rejected"))
+    counted = broker is not None and topic in broker.topics()
+    uncounted = broker_gaps(broker, batches, topic) if counted else None
+    counted_h = hourly(broker.counts) if counted else {}
+    producers = not counted or any(t == topic for t, _ in produced)
     recorded_per_batch = {(r.batch_id, hour): n for r in batches
                           for hour, n in hourly(_by_window([r], "counts")).items()}
     held_per_batch = _held(files, batches, topic) if files is not None else recorded_per_batch
@@ -90,24 +100,32 @@ def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: d
                        | set(range(start_ms - start_ms % HOUR_MS, end_ms, HOUR_MS))):
         if hour + HOUR_MS <= start_ms or hour >= end_ms:
             continue
-        p, rj = produced_h.get(hour, 0), rejected_h.get(hour, 0)
-        held, recorded = held_h.get(hour, 0), recorded_h.get(hour, 0)
-        tiers = [{"tier": PRODUCER, "count": p}]
+        rj, held, recorded = rejected_h.get(hour, 0), held_h.get(hour, 0), recorded_h.get(hour, 0)
+        partial = counted and uncounted.partial(hour)  # audited as before the broker tier
+        tiers = [{"tier": PRODUCER, "count": produced_h.get(hour, 0)}] if producers or partial else []
         if sources:
             by_source = {str(s): mirrored_h[s].get(hour, 0) for s in sources}
             tiers.append({"tier": MIRROR, "count": sum(by_source.values()), "sources": by_source})
+        if counted:
+            tiers.append({"tier": BROKER, "count": counted_h.get(hour, 0), **({"partial": True} if partial else {})})
         tiers.append({"tier": TABLE, "count": held + rj, "loaded": held, "recorded": recorded, "rejected": rj})
-        for before, tier in zip(tiers, tiers[1:]):
-            tier["missing"], tier["duplicated"] = max(before["count"] - tier["count"], 0), max(
-                tier["count"] - before["count"], 0)
+        compared = [t for t in tiers if not t.get("partial")]
+        for before, tier in zip(compared, compared[1:]):
+            # more committed than reported: records of producers that publish no events
+            tier["missing"], tier["unreported" if tier["tier"] == BROKER else "duplicated"] = max(
+                before["count"] - tier["count"], 0), max(tier["count"] - before["count"], 0)
+        p = max([compared[0]["count"], *(t["count"] for t in compared if t["tier"] == BROKER)])
         missing, duplicated = sum(t.get("missing", 0) for t in tiers), sum(t.get("duplicated", 0) for t in tiers)
         hours.append({
             "hour": utc_minute(hour), "hour_ms": hour, "produced": p,
-            "mirrored": tiers[1]["count"] if sources else None, "loaded": held, "recorded": recorded, "rejected": rj,
+            "mirrored": next(t["count"] for t in tiers if t["tier"] == MIRROR) if sources else None,
+            "counted": counted_h.get(hour, 0) if counted else None, "loaded": held,
+            "unreported": sum(t.get("unreported", 0) for t in tiers), "recorded": recorded, "rejected": rj,
             "missing": missing, "duplicated": duplicated, "unrecorded": held - recorded,
             "missing_at": [t["tier"] for t in tiers if t.get("missing")],
             "duplicated_at": [t["tier"] for t in tiers if t.get("duplicated")],
             "completeness": max(p - missing, 0) / p if p else 1.0, "tiers": tiers,
+            **({"broker_behind": True} if counted and hour in uncounted.behind_hours else {}),
             **(_unrecorded(hour, files, held_per_batch, recorded_per_batch) if held != recorded else {}),
         })
     total = {k: sum(h[k] for h in hours) for k in TOTALS}
@@ -116,8 +134,13 @@ def build_report(table: str, topic: str, start_ms: int, end_ms: int, produced: d
         "table": table, "topic": topic, "start": utc_minute(start_ms), "end": utc_minute(end_ms),
         "start_ms": start_ms, "end_ms": end_ms, "threshold": threshold, **total,
         "unrecorded": sum(abs(h["unrecorded"]) for h in hours),  # rows where table and records differ
-        "tiers": [PRODUCER, *([MIRROR] if sources else []), TABLE], "sources": [str(s) for s in sources],
+        "tiers": [*([PRODUCER] if producers else []), *([MIRROR] if sources else []), *([BROKER] if counted else []),
+                  TABLE], "sources": [str(s) for s in sources],
+        "broker_behind": uncounted.behind if counted else [],
+        "broker_reason": behind_reason(uncounted) if counted and uncounted.behind else None,
         "mirrored": sum(h["mirrored"] for h in hours) if sources else None,
+        "counted": sum(h["counted"] for h in hours) if counted else None,
+        "unreported": sum(h["unreported"] for h in hours),
         "completeness": (total["produced"] - total["missing"]) / total["produced"] if total["produced"] else 1.0,
         "hours": hours, "data_loss": data_losses(batches, topic), "offset_gaps": gaps,
         "overlaps": [g for g in gaps if g["kind"] == "overlap"],
@@ -143,10 +166,15 @@ def judge(report: dict, now_ms: int, grace_ms: int) -> dict:
     from its batch records — neither heals, so no grace applies — or under the threshold
     once `grace_ms` has passed since the end; "pending" under the threshold before that
     (late data may still come); else "ok". An hour is "complete" when it is at or above
-    the threshold, has neither, and its grace has passed."""
+    the threshold, has neither, and its grace has passed. An hour whose batches loaded
+    records the brokers have not counted yet (`broker_behind`) is "pending" whatever its
+    numbers: they compare the table with counts still to grow."""
     threshold = float(report["threshold"])
     for h in report["hours"]:
         past_grace = now_ms >= h["hour_ms"] + HOUR_MS + grace_ms
+        if h.get("broker_behind") and not h["unrecorded"]:
+            h["status"], h["reasons"] = "pending", [report["broker_reason"]]
+            continue
         if h["duplicated"]:
             h["status"] = "duplicated"
         elif h["unrecorded"]:
@@ -157,16 +185,18 @@ def judge(report: dict, now_ms: int, grace_ms: int) -> dict:
             h["status"] = "incomplete" if past_grace else "pending"
         h["reasons"] = _hour_reasons(h, threshold)
     reasons = []
-    if report["duplicated"] or report["overlaps"]:
-        reasons.append(f"{report['duplicated']} duplicated row(s)" + _where(report["hours"], "duplicated") + "".join(
+    judged = [h for h in report["hours"] if not h.get("broker_behind")]
+    if any(h["duplicated"] for h in judged) or report["overlaps"]:
+        reasons.append(f"{sum(h['duplicated'] for h in judged)} duplicated row(s)" + _where(judged, "duplicated") + "".join(
             f"; partition {o['partition']} bytes [{o['start']}, {o['end']}) loaded by both batch {o['after']} "
             f"and batch {o['before']}" for o in report["overlaps"]))
     reasons.extend(_table_reason(h) for h in report["hours"] if h["unrecorded"])
     below = report["completeness"] < threshold
     past_grace = now_ms >= report["end_ms"] + grace_ms
-    if below and past_grace:
+    behind = len(judged) < len(report["hours"])
+    if below and past_grace and not behind:
         reasons.append(_below(report, report["hours"], threshold))
-    report["status"] = "failed" if reasons else ("pending" if below else "ok")
+    report["status"] = "failed" if reasons else ("pending" if below or behind else "ok")
     report["reasons"] = reasons
     return report
 
@@ -286,7 +316,7 @@ def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], 
                             batches: list[BatchRecord], threshold: float, now_ms: int, grace_ms: int,
                             until_ms: int, run_id: str, attempts: int = 20, *,
                             mirrored: dict[str | None, dict[tuple[str, int], int]] | None = None,
-                            files: list[TableFile] | None = None) -> list[dict]:
+                            files: list[TableFile] | None = None, broker: BrokerCounts | None = None) -> list[dict]:
     """Claim the hours that became complete, up to `until_ms`, from the table's watermark
     (or from the first hour the table holds). The audit of any interval looks at every
     hour since the watermark, so runs that finish out of order (a backfill) still
@@ -300,7 +330,7 @@ def announce_complete_hours(target, topic: str, produced: dict[tuple[str, int], 
             return []
         start -= start % HOUR_MS
         report = judge(build_report(target.table, topic, start, until_ms, produced, batches, threshold,
-                                    mirrored=mirrored, files=files), now_ms, grace_ms)
+                                    mirrored=mirrored, files=files, broker=broker), now_ms, grace_ms)
         hours = newly_complete_hours(report, start)
         if not hours:
             return []
@@ -363,38 +393,3 @@ def offset_gaps(batches: list[BatchRecord], topic: str) -> list[dict]:
             if end > reach:
                 reach, reached_by = end, batch_id
     return gaps
-
-
-def format_report(report: dict) -> str:
-    """A readable table for the task log and the demo: every tier's count, and the tiers
-    where rows went missing or were duplicated."""
-    mirror = report.get("mirrored") is not None
-    lines = [
-        f"logbus audit: topic {report['topic']} -> table {report['table']}, {report['start']} .. {report['end']}"
-        f" (tiers: {' -> '.join(report.get('tiers', [PRODUCER, TABLE]))})",
-        f"{'hour (UTC)':<18} {'produced':>10}" + (f" {'mirrored':>10}" if mirror else "")
-        + f" {'loaded':>10} {'rejected':>9} {'missing':>9} {'duplicated':>10} {'complete':>9}  status",
-    ]
-
-    def row(label: str, r: dict, where: str) -> str:
-        return (f"{label:<18} {r['produced']:>10}" + (f" {r['mirrored']:>10}" if mirror else "")
-                + f" {r['loaded']:>10} {r.get('rejected', 0):>9} {r['missing']:>9} {r['duplicated']:>10} "
-                f"{r['completeness'] * 100:>8.2f}%  {r.get('status', '')}{where}")
-
-    for h in report["hours"]:
-        at = [f"missing at {t}" for t in h.get("missing_at", ())] + [f"duplicated at {t}"
-                                                                     for t in h.get("duplicated_at", ())]
-        lines.append(row(h["hour"], h, f" ({', '.join(at)})" if at and h.get("status") != "complete" else ""))
-    lines.append(row("total", report, ""))
-    if report.get("sources"):
-        lines.append("mirrored per source: " + ", ".join(
-            f"{s} {sum(t['sources'][s] for h in report['hours'] for t in h['tiers'] if t['tier'] == MIRROR)}"
-            for s in report["sources"]))
-    for loss in report["data_loss"]:
-        lines.append(f"data loss: partition {loss['partition']} bytes [{loss['lost_start']}, {loss['lost_end']}) "
-                     f"deleted by retention before batch {loss['batch_id']}")
-    for gap in report["offset_gaps"]:
-        lines.append(f"offset {gap['kind']}: partition {gap['partition']} [{gap['start']}, {gap['end']}) "
-                     f"between batches {gap['after']} and {gap['before']}")
-    lines.extend(f"FAILED: {reason}" for reason in report.get("reasons", []))
-    return "\n".join(lines)

@@ -255,16 +255,17 @@ def main() -> int:
                   f"{end.isoformat()} ...")
             airflow(env, "dags", "test", "logbus_hourly_load", end.isoformat(), log=log)
 
-        from airflow_provider_logbus.batch import audit_inputs
+        from airflow_provider_logbus.batch import audit_inputs, await_broker_counts
         from airflow_provider_logbus.cluster import LogbusCluster
-        from airflow_provider_logbus.completeness import format_report, judge
+        from airflow_provider_logbus.completeness import judge
+        from airflow_provider_logbus.reporttext import format_report
         from airflow_provider_logbus.examples.config import ExampleConfig
         from airflow_provider_logbus.targets import open_target
 
         config = ExampleConfig.from_environment(env)  # the table the example DAGs wrote
         target = open_target(config.target, config.table, warehouse=config.warehouse)
         with LogbusCluster(connect) as logbus:
-            inputs = audit_inputs(logbus, target)
+            inputs = await_broker_counts(logbus, audit_inputs(logbus, target), config.topic, 60)
             topic_line = describe_topic(logbus, config.topic)
         report = judge(inputs.report(config.table, config.topic, first, now + 60_000, config.audit_threshold),
                        now_ms=int(time.time() * 1000), grace_ms=0)

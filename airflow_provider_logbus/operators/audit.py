@@ -10,12 +10,13 @@ from airflow.providers.common.compat.sdk import AirflowException, Asset, BaseOpe
 
 from broker.client.monitoring import MONITORING_TOPIC
 
-from airflow_provider_logbus.batch import audit_inputs
-from airflow_provider_logbus.completeness import (announce_complete_hours, format_report, judge, note_withdrawn,
+from airflow_provider_logbus.batch import audit_inputs, await_broker_counts
+from airflow_provider_logbus.completeness import (announce_complete_hours, judge, note_withdrawn,
                                                   utc_minute, withdraw_hours)
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.plan import batch_id_for
+from airflow_provider_logbus.reporttext import format_report
 
 
 class LogbusCompletenessError(AirflowException):
@@ -30,8 +31,9 @@ def complete_hours_asset(table: str) -> Asset:
 
 class LogbusAuditOperator(BaseOperator):
     """Reports per hour of the run's data interval what each tier counted — produced,
-    mirrored (per source, when a mirror reports on the topic), loaded (the rows the table
-    holds, from its metadata) and rejected — with missing / duplicated rows and the tier
+    mirrored (per source, when a mirror reports on the topic), committed (the brokers'
+    counts; waiting up to `broker_wait` for them to cover what the table loaded), loaded
+    (the rows the table holds, from its metadata) and rejected — with missing / duplicated rows and the tier
     where they went, completeness, data losses and offset holes or overlaps; keeps the
     report in XCom and beside the table (`<warehouse>/_audit/<table>/<interval>.json` for
     the directory target) and prints it as a table.
@@ -66,13 +68,13 @@ class LogbusAuditOperator(BaseOperator):
                  monitoring_topic: str = MONITORING_TOPIC, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID,
                  logbus_conn_id: str = LogbusHook.default_conn_name, recheck: timedelta = timedelta(days=1),
-                 **kwargs: Any) -> None:
+                 broker_wait: timedelta = timedelta(minutes=1), **kwargs: Any) -> None:
         kwargs.setdefault("outlets", [complete_hours_asset(table)])
         super().__init__(**kwargs)
         self.warehouse, self.table, self.topic, self.threshold = warehouse, table, topic, threshold
         self.grace, self.fail_under_threshold, self.recheck = grace, fail_under_threshold, recheck
         self.monitoring_topic, self.logbus_conn_id = monitoring_topic, logbus_conn_id
-        self.target, self.catalog_conn_id = target, catalog_conn_id
+        self.target, self.catalog_conn_id, self.broker_wait = target, catalog_conn_id, broker_wait
 
     def execute(self, context) -> dict:
         start, end = context["data_interval_start"], context["data_interval_end"]
@@ -92,6 +94,7 @@ class LogbusAuditOperator(BaseOperator):
             recheck_from = None if watermark is None else min(start_ms, watermark - int(
                 self.recheck.total_seconds() * 1000))
             inputs = audit_inputs(hook.get_conn(), target, self.monitoring_topic, since_ms=recheck_from)
+            inputs = await_broker_counts(hook.get_conn(), inputs, self.topic, self.broker_wait.total_seconds())
             now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
             report = judge(inputs.report(self.table, self.topic, start_ms, end_ms, threshold), now_ms, grace_ms)
             report["run_id"] = context["run_id"]
@@ -114,7 +117,7 @@ class LogbusAuditOperator(BaseOperator):
             # the last step: an announcement is claimed only by an audit that succeeds
             hours = announce_complete_hours(target, self.topic, inputs.produced, inputs.batches, threshold, now_ms,
                                             grace_ms, end_ms, context["run_id"], mirrored=inputs.mirrored,
-                                            files=inputs.files)
+                                            files=inputs.files, broker=inputs.broker)
             report["announced_hours"] = [h["hour"] for h in hours]
             target.write_audit(batch_id_for(start, end), report)
         finally:

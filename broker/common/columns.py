@@ -292,7 +292,7 @@ class _Columns:
             self.truncate(mark)
             return 0
         try:
-            inner, problem = inner_set(view, pos, entry_end, max_decompressed_bytes)
+            inner, problem, _ = inner_set(view, pos, entry_end, max_decompressed_bytes)
         except InvalidMessage:
             return 0
         if problem is not None:

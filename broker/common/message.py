@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compress, decompress
 from broker.common.entry import (  # the entry header's names, imported from here by every reader and writer
@@ -268,11 +268,10 @@ def _validate_wrappers(buf: bytes | memoryview, max_decompressed_bytes: int) -> 
             size, magic, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
             entry_end = pos + SIZE_FIELD + size
             if attributes or magic == MAGIC_BATCH:
-                inner, problem = inner_set(view, pos, entry_end, max_decompressed_bytes)
+                _, problem, count = inner_set(view, pos, entry_end, max_decompressed_bytes)
                 what = "producer batch" if magic == MAGIC_BATCH else f"{Codec(attributes).name.lower()} entry"
                 if problem:
                     raise InvalidMessage(f"invalid message set: {what} at byte {pos}: {problem}")
-                count = scan(inner).count
                 if count > entry_end - pos:
                     raise InvalidMessage(
                         f"invalid message set: {what} at byte {pos} holds {count} messages in {entry_end - pos} bytes; "
@@ -294,10 +293,17 @@ def record_offset(entry_offset: int, index: int, entry_span: int) -> int:
     return entry_offset + min(index, entry_span - 1)
 
 
+class InnerSet(NamedTuple):
+    """A wrapper's inner set, why it is invalid (None: valid), its messages (one walk)."""
+    messages: bytes | memoryview
+    problem: str | None
+    count: int
+
+
 def inner_set(view: memoryview, pos: int, entry_end: int,
-              max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> tuple[bytes | memoryview, str | None]:
-    """The inner set of the wrapper entry at `pos` (decompressed), and why it is not a
-    valid one (None if it is). Raises InvalidMessage when it cannot be decompressed."""
+              max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED) -> InnerSet:
+    """The inner set of the wrapper entry at `pos`. Raises InvalidMessage when it
+    cannot be decompressed."""
     _, magic, attributes, _, _, key_length = HEADER.unpack_from(view, pos)
     codec = Codec(attributes & CODEC_MASK)
     start = pos + HEADER_SIZE + max(key_length, 0)
@@ -306,23 +312,22 @@ def inner_set(view: memoryview, pos: int, entry_end: int,
         count = BATCH_FIELDS.unpack_from(view, start)[3]
         start += BATCH_FIELDS.size
     inner = decompress(codec, view[start:entry_end], max_decompressed_bytes) if codec else view[start:entry_end]
-    return inner, _inner_set_error(inner, count)
+    return InnerSet(inner, *_check_inner_set(inner, count))
 
 
-def _inner_set_error(inner: bytes | memoryview, count: int = -1) -> str | None:
-    """Why a wrapper's inner set is not valid (None if it is): it must be whole,
-    valid, uncompressed, unwrapped entries — no nesting, so a reader decompresses
-    once — and, in a producer batch, exactly `count` of them."""
+def _check_inner_set(inner: bytes | memoryview, count: int = -1) -> tuple[str | None, int]:
+    """Why a wrapper's inner set is invalid, and its messages: whole, valid, unwrapped
+    entries (a reader decompresses once), in a producer batch exactly `count`."""
     if not len(inner):
-        return "it holds an empty message set"
+        return "it holds an empty message set", 0
     result = scan(inner)
     if result.stop is not ScanStop.END:
-        return f"its inner set is invalid: {result.error}"
+        return f"its inner set is invalid: {result.error}", result.count
     if result.compressed or result.batches:
-        return "its inner set holds a wrapper (nesting is not allowed)"
+        return "its inner set holds a wrapper (nesting is not allowed)", result.count
     if count >= 0 and result.count != count:
-        return f"its count field says {count} messages, its inner set holds {result.count}"
-    return None
+        return f"its count field says {count} messages, its inner set holds {result.count}", result.count
+    return None, result.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,10 +433,10 @@ def iter_messages(
             try:
                 if magic == MAGIC_BATCH and size < MIN_ENTRY_SIZE + BATCH_FIELDS.size:
                     raise InvalidMessage("no room for its fields")
-                inner_bytes, problem = inner_set(view, pos, entry_end, max_decompressed_bytes)
+                inner_bytes, problem, _ = inner_set(view, pos, entry_end, max_decompressed_bytes)
                 if problem is not None:
                     raise InvalidMessage(problem)
-                inner = list(iter_messages(inner_bytes, 0, verify_crc=False))  # `_inner_set_error` checked every CRC
+                inner = list(iter_messages(inner_bytes, 0, verify_crc=False))  # `_check_inner_set` checked every CRC
             except InvalidMessage as exc:
                 raise CorruptEntry(offset, size, f"{what}: {exc}") from None
             last = len(inner) - 1

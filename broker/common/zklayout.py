@@ -9,10 +9,12 @@
     /consumers/<group>/ids/<consumer_id>             ephemeral  {"<topic>": <streams>}
     /consumers/<group>/owners/<topic>/<partition>    ephemeral  owning stream id
     /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
+    /consumers/<group>/kafka                         persistent a Kafka group's {"generation","protocol_type","protocol"}
     /latest_producer_id_block                        persistent {"broker","block_start","block_end"}
     /logbus_mirror/<name>/<source>/<topic>/<p>       persistent a mirror's checkpoint (broker.client.mirror)
     /logbus_acls/<pattern>/<resource type>/<name>    persistent [ACL entries] (broker.common.acls)
     /logbus_users/<user>                             persistent salted SCRAM credentials (broker.common.credentials)
+    /logbus_audit/<topic>/<p>                        persistent the brokers' record counts (broker.common.auditcounts)
 
 The one module that knows these paths and how their nodes are encoded: brokers
 (`broker.server.registration`), clients (`broker.client`), the `logbus` command and the
@@ -46,6 +48,7 @@ PRODUCER_ID_BLOCK_SIZE = 1000  # ids per block; one for the whole cluster (claim
 MIRRORS = "/logbus_mirror"
 ACLS = "/logbus_acls"
 USERS = "/logbus_users"
+AUDIT = "/logbus_audit"
 
 
 # --------------------------------------------------------------------------- paths
@@ -97,6 +100,11 @@ def owner_path(group: str, topic: str, partition: int) -> str:
 
 def offsets_path(group: str) -> str:
     return f"{CONSUMERS}/{group}/offsets"
+
+
+def kafka_group_path(group: str) -> str:
+    """A Kafka-protocol group's generation, kept by its coordinator (docs/kafka.md)."""
+    return f"{CONSUMERS}/{group}/kafka"
 
 
 def mirror_checkpoint_path(mirror: str, source: str, topic: str, partition: int) -> str:

@@ -18,6 +18,7 @@ from kazoo.retry import KazooRetry
 from broker.common.protocol import BrokerInfo
 from broker.common.zkauth import NO_CHROOT, ZooKeeperAuth, protect_root
 from broker.common.zklayout import CONSUMERS, MIRRORS
+from broker.server.audit import RecordCounter, led_logs
 from broker.server.auth.authorizer import Authorizer
 from broker.server.auth.interbroker import InterBrokerSecurity
 from broker.server.auth.listeners import broker_principal, inter_broker_listener, listeners
@@ -134,11 +135,15 @@ class Broker:
             ))
         await loop.run_in_executor(None, self.registry.register)
         await loop.run_in_executor(None, self.controller.start)
+        await self.kafka.groups.start()
         self._tasks = [
             asyncio.ensure_future(self._every(self.config.log_retention_check_interval_ms, self._retention)),
             asyncio.ensure_future(self._every(1000, self._close_stale_connections)),
             asyncio.ensure_future(self._every(100, self._recheck_stalled)),
         ]
+        if self.config.audit_count_interval_ms:  # the audit's broker tier (broker.server.audit)
+            counter = RecordCounter.of(self.config, self.zk, functools.partial(led_logs, self.handler))
+            self._tasks.append(asyncio.ensure_future(self._every(self.config.audit_count_interval_ms, counter.round)))
         if self.tls is not None:
             self._tasks.append(asyncio.ensure_future(self._every(self.config.ssl_reload_interval_ms, self._reload_tls)))
         logger.info("broker %d serving on %s", self.config.broker_id,
@@ -216,6 +221,7 @@ class Broker:
         self.handler.shutting_down = True
         for task in self._tasks:
             task.cancel()
+        await self.kafka.groups.stop()
         await loop.run_in_executor(None, self.controller.stop)
         self.replicas.stop()
         await loop.run_in_executor(None, self.registry.stop)

@@ -147,6 +147,18 @@ class BrokerConfig:
     replica_visibility: str = _setting("replica.visibility", "followers-flushed", str,
                                        lambda v: v in ("followers-flushed", "all-flushed"),
                                        "must be followers-flushed or all-flushed")
+    # the Kafka listener's group coordinator (docs/kafka.md, "Consumer groups"): Kafka's settings
+    group_min_session_timeout_ms: int = _setting("group.min.session.timeout.ms", 6000, int, *_positive)
+    group_max_session_timeout_ms: int = _setting("group.max.session.timeout.ms", 1_800_000, int, *_positive)
+    group_initial_rebalance_delay_ms: int = _setting("group.initial.rebalance.delay.ms", 3000, int, *_non_negative)
+    # the brokers' record counts, the audit's `broker` tier (broker.server.audit;
+    # docs/operations.md, "The brokers' record counts"); interval 0: not counted
+    audit_count_interval_ms: int = _setting("audit.count.interval.ms", 5000, int, *_non_negative)
+    audit_count_max_bytes: int = _setting("audit.count.max.bytes", 64 * MiB, int, lambda v: v >= 1024, "must be >= 1024")
+    audit_window_retention_ms: int = _setting("audit.window.retention.ms", 7 * DAY_MS, int, *_positive)
+    audit_excluded_topics: tuple[str, ...] = _setting(
+        "audit.excluded.topics", ("_logbus_monitoring", "_logbus_audit"),
+        lambda t: tuple(n.strip() for n in t.split(",") if n.strip()))
     # security (docs/operations.md, "Securing a cluster"); empty listeners: PLAINTEXT://host:port
     listeners: str = _setting("listeners", "", str)
     advertised_listeners: str = _setting("advertised.listeners", "", str)

@@ -108,6 +108,11 @@ SMOKES: dict[str, Smoke] = {
     "idempotence": Smoke(["--count", "500", "--rounds", "1"], [
         r"^batch  1, acks  1 +\d+ +\d+ +[\d.]+$",
         r"^batch 50, acks -1 +\d+ +\d+ +[\d.]+$"]),
+    "kafka_groups": Smoke(["--requests", "20", "--rounds", "1", "--members", "3"], [
+        r"^heartbeat +[\d.]+ us/request$",
+        r"^commit 50 partitions +[\d.]+ ms/request$",
+        r"^fetch 50 partitions +[\d.]+ ms/request$",
+        r"^rebalance of 3 members +[\d.]+ ms$"]),
     "kafka_codec": Smoke(["--rounds", "1", "--repeat", "2", "--region-mib", "0.05", "--span-max", "4096"], [
         r"^store verbatim lz4 +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^convert to magic 3 zstd +[\d.]+ +[\d.]+ +[\d,]+$",
@@ -120,9 +125,11 @@ SMOKES: dict[str, Smoke] = {
     "index_costs": Smoke(["--sets", "50", "--rounds", "1"], [
         r"^append plain batch 50 +median +[\d.]+ us/set",
         r"^FETCH v1 read at a record inside +median +[\d.]+ us"]),
-    "recovery": Smoke(["--size", "0.002", "--fetch-mib", "1", "--fetches", "5"], [
-        r"\| recovery after kill -9 \(start to logs loaded\) \| [\d.]+ s \|",
-        r"\| bytes on disk per message: sidecars \(index, timestamps\) \| [\d.]+ \|",
+    "recovery": Smoke(["--size", "0.003", "--segment-mib", "1", "--fetch-mib", "1", "--fetches", "5"], [
+        r"\| recovery after kill -9, sidecars kept: start to logs loaded \| [\d.]+ s \|",
+        r"\| recovery after kill -9, sidecars deleted: then RECORD_COUNT of the partition \| [\d.]+ s \|",
+        r"\| recovery after kill -9, sidecars deleted: .index sidecars at the end \| [1-9]\d* \|",
+        r"\| bytes on disk per message: index sidecars \| [\d.]+ \|",
         r"\| FETCH v1 at a record inside a batch \(median ms\) \| [\d.]+ \|"]),
     "mirror": Smoke(["--messages", "2000", "--rounds", "1"], [
         r"partition\(s\): mirror +\d+ msg/s +consumer->producer loop +\d+ msg/s",

@@ -10,6 +10,7 @@ from broker.client.consumer import SimpleConsumer
 from broker.client.errors import ConsumerTimeout
 from broker.client.group import ConsumerGroup
 from broker.client.producer import Producer
+from broker.common.auditcounts import WINDOW_MS
 from broker.common.message import Message
 from harness.process import wait_until
 
@@ -82,3 +83,13 @@ class Collector:
         self.group.close()
         for t in self._threads:
             t.join(10)
+
+
+def per_window(topic: str, messages: list[Message]) -> dict[tuple[str, int], int]:
+    """Records per (topic, window of their timestamp): what the brokers' record counts
+    (the audit's broker tier) must hold for `messages`."""
+    out: dict[tuple[str, int], int] = {}
+    for m in messages:
+        key = (topic, m.timestamp - m.timestamp % WINDOW_MS)
+        out[key] = out.get(key, 0) + 1
+    return out

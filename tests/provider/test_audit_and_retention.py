@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 
-from airflow_provider_logbus.batch import DataLossError, audit_inputs, commit_batch, plan_batch
+from airflow_provider_logbus.batch import DataLossError, audit_inputs, await_broker_counts, commit_batch, plan_batch
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.spark.load_job import run_load
@@ -40,7 +40,8 @@ def load_batch(hook: LogbusHook, spark, warehouse, table: str, topic: str, start
 
 def audit(hook: LogbusHook, warehouse, table: str, start: datetime, end: datetime) -> dict:
     """The audit report of `table` (topic of the same name) over [start, end)."""
-    inputs = audit_inputs(hook.get_conn(), DirectoryTarget(warehouse, table))
+    inputs = await_broker_counts(hook.get_conn(), audit_inputs(hook.get_conn(), DirectoryTarget(warehouse, table)),
+                                 table, 60)  # as the audit task does: the leaders count every few seconds
     return inputs.report(table, table, int(start.timestamp() * 1000), int(end.timestamp() * 1000), 0.999)
 
 

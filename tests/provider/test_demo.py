@@ -96,8 +96,8 @@ def test_the_demo_audits_every_tier_through_a_stalled_broker_and_a_killed_mirror
     run, _ = demo
     out = run.stdout
     assert "east broker paused" in out and "the mirror was killed with SIGKILL and restarted" in out, out
-    assert "(tiers: producer -> mirror -> table)" in out, out
+    assert "(tiers: producer -> mirror -> broker -> table)" in out, out
     total = next(line for line in out.splitlines() if line.startswith("total"))
-    produced, mirrored, loaded, rejected, missing, duplicated = map(int, total.split()[1:7])
-    assert produced == mirrored == loaded + rejected > 0 and missing == duplicated == 0, total
+    produced, mirrored, committed, loaded, rejected, missing, duplicated = map(int, total.split()[1:8])
+    assert produced == mirrored == committed == loaded + rejected > 0 and missing == duplicated == 0, total
     assert re.search(r"mirrored per source: east \d+, west \d+", out), out

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from airflow_provider_logbus.batch import audit_inputs
+from airflow_provider_logbus.batch import audit_inputs, await_broker_counts
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.completeness import judge
 from airflow_provider_logbus.plan import batch_id_for
@@ -47,7 +47,7 @@ def audit_of_hour(zk: str, warehouse, hour: datetime) -> dict:
     target = IcebergTarget(TABLE, warehouse=str(warehouse))
     try:
         with LogbusCluster(zk) as cluster:
-            inputs = audit_inputs(cluster, target)
+            inputs = await_broker_counts(cluster, audit_inputs(cluster, target), TOPIC, 60)
         report = inputs.report(TABLE, TOPIC, ms(hour), ms(hour + HOUR), 0.999)
     finally:
         target.close()

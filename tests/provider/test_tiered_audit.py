@@ -17,7 +17,7 @@ from broker.client.monitoring import MONITORING_TOPIC, MonitoringCounter, sum_co
 from broker.client.producer import Producer
 from broker.common.message import iter_messages
 
-from airflow_provider_logbus.batch import audit_inputs
+from airflow_provider_logbus.batch import audit_inputs, await_broker_counts
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.completeness import build_report, judge
 from airflow_provider_logbus.hooks.logbus import LogbusHook
@@ -190,8 +190,8 @@ def test_messages_lost_between_the_source_and_the_mirror_are_missing_at_the_mirr
             record = load_batch(hook, spark, tmp_path / "wh", "clicks", "clicks", day, day + timedelta(days=1))
             assert record["row_count"] == copied == 145
             target = open_target("directory", "clicks", warehouse=str(tmp_path / "wh"))
-            producer_only = judge(audit_inputs(hook.get_conn(), target).report("clicks", "clicks", t0, end, 0.999),
-                                  now_ms=end + HOUR, grace_ms=0)
+            inputs = await_broker_counts(hook.get_conn(), audit_inputs(hook.get_conn(), target), "clicks", 60)
+            producer_only = judge(inputs.report("clicks", "clicks", t0, end, 0.999), now_ms=end + HOUR, grace_ms=0)
             publish_mirror_events(source, "dc-east", offline.zookeeper, "clicks", drop=5)
             tiered = wait_until(lambda: (r := audit_inputs(hook.get_conn(), target).report(
                 "clicks", "clicks", t0, end, 0.999))["mirrored"] and r, 30, "the mirror's events")
@@ -199,15 +199,17 @@ def test_messages_lost_between_the_source_and_the_mirror_are_missing_at_the_mirr
             target.close()
     finally:
         offline.stop()
-    assert producer_only["tiers"] == ["producer", "table"] and producer_only["mirrored"] is None
-    assert (producer_only["produced"], producer_only["loaded"], producer_only["missing"]) == (150, 145, 5)
+    # the offline cluster's brokers committed 145: the loss is before them, not at the table
+    assert producer_only["tiers"] == ["producer", "broker", "table"] and producer_only["mirrored"] is None
+    assert (producer_only["produced"], producer_only["counted"], producer_only["loaded"],
+            producer_only["missing"]) == (150, 145, 145, 5)
     assert {h["hour"][-6:]: h["missing_at"] for h in producer_only["hours"] if h["produced"]} == {
-        "10:00Z": ["table"], "11:00Z": []}
+        "10:00Z": ["broker"], "11:00Z": []}
 
     judge(tiered, now_ms=end + HOUR, grace_ms=0)
-    assert tiered["tiers"] == ["producer", "mirror", "table"] and tiered["sources"] == ["dc-east"]
+    assert tiered["tiers"] == ["producer", "mirror", "broker", "table"] and tiered["sources"] == ["dc-east"]
     ten = next(h for h in tiered["hours"] if h["hour"].endswith("10:00Z"))
     assert [(t["tier"], t["count"], t.get("missing", 0)) for t in ten["tiers"]] == [
-        ("producer", 90, 0), ("mirror", 85, 5), ("table", 85, 0)]
+        ("producer", 90, 0), ("mirror", 85, 5), ("broker", 85, 0), ("table", 85, 0)]
     assert ten["tiers"][1]["sources"] == {"dc-east": 85} and ten["missing_at"] == ["mirror"]
     assert tiered["status"] == "failed" and "5 missing at the mirror tier (5)" in tiered["reasons"][-1]

@@ -223,3 +223,87 @@ def test_a_re_announcement_cut_short_still_spares_the_hours_that_held(tmp_path):
     assert target.complete_through() == T0 + 3 * H
     assert announce(batches) == ["2024-01-01T03:00Z"]
     assert target.complete_through() == T0 + 4 * H
+
+
+# ------------------------------------------------------------------ the broker tier
+
+def counted(windows: dict[int, int], upto: dict[int, int], began: int = 0, kept_from: int = 0):
+    from broker.client.brokercounts import BrokerCounts
+
+    return BrokerCounts({("t", w): n for w, n in windows.items()}, {("t", p): began for p in upto},
+                        {("t", p): u for p, u in upto.items()}, {("t", p): kept_from for p in upto})
+
+
+def broker_report(batches, produced, broker, start=T0, hours=1):
+    return build_report("tbl", "t", start, start + hours * H, {("t", w): n for w, n in produced.items()}, batches,
+                        0.999, broker=broker)
+
+
+def test_a_topic_without_producer_events_is_audited_from_the_brokers_counts():
+    r = judge(broker_report([record("b1", [(0, 0, 100)], {T0: 8, T0 + 600_000: 2})], {},
+                            counted({T0: 8, T0 + 600_000: 2}, {0: 100})), now_ms=T0 + 5 * H, grace_ms=0)
+    assert r["tiers"] == ["broker", "table"]
+    assert [t["tier"] for t in r["hours"][0]["tiers"]] == ["broker", "table"]
+    assert (r["produced"], r["counted"], r["loaded"], r["status"]) == (10, 10, 10, "ok")
+    assert r["hours"][0]["status"] == "complete"
+
+
+def test_records_the_brokers_committed_but_the_table_lacks_are_missing_at_the_table():
+    r = judge(broker_report([record("b1", [(0, 0, 100)], {T0: 7})], {}, counted({T0: 10}, {0: 100})),
+              now_ms=T0 + 5 * H, grace_ms=0)
+    assert r["hours"][0]["missing_at"] == ["table"] and r["missing"] == 3 and r["status"] == "failed"
+
+
+def test_beside_producer_events_the_broker_tier_names_what_producers_sent_and_no_broker_committed():
+    r = judge(broker_report([record("b1", [(0, 0, 100)], {T0: 9})], {T0: 10}, counted({T0: 9}, {0: 100})),
+              now_ms=T0 + 5 * H, grace_ms=0)
+    assert r["tiers"] == ["producer", "broker", "table"]
+    assert r["hours"][0]["missing_at"] == ["broker"] and (r["produced"], r["counted"]) == (10, 9)
+
+
+def test_a_table_ahead_of_the_brokers_counting_is_pending_not_duplicated():
+    """The leaders count every few seconds: an audit right after a load finds the table
+    holding records not counted yet. No verdict until the counts cover what it loaded."""
+    batches = [record("b1", [(0, 0, 100)], {T0: 10})]
+    r = judge(broker_report(batches, {}, counted({T0: 6}, {0: 60})), now_ms=T0 + 5 * H, grace_ms=0)
+    assert (r["status"], r["hours"][0]["status"]) == ("pending", "pending")
+    assert r["broker_behind"] == [{"partition": 0, "counted_to": 60, "loaded_to": 100}]
+    assert "partition 0 counted to 60, loaded to 100" in r["hours"][0]["reasons"][0]
+    caught_up = judge(broker_report(batches, {}, counted({T0: 10}, {0: 100})), now_ms=T0 + 5 * H, grace_ms=0)
+    assert caught_up["status"] == "ok"
+
+
+def test_a_topic_written_by_producers_with_and_without_events_is_complete_and_says_how_many_were_unreported():
+    r = judge(broker_report([record("b1", [(0, 0, 100)], {T0: 8})], {T0: 5}, counted({T0: 8}, {0: 100})),
+              now_ms=T0 + 5 * H, grace_ms=0)
+    assert (r["status"], r["unreported"], r["produced"], r["duplicated"]) == ("ok", 3, 8, 0)
+    short = judge(broker_report([record("b1", [(0, 0, 100)], {T0: 7})], {T0: 5}, counted({T0: 8}, {0: 100})),
+                  now_ms=T0 + 5 * H, grace_ms=0)
+    assert short["hours"][0]["missing_at"] == ["table"] and short["completeness"] == 7 / 8
+
+
+def test_a_real_duplicate_fails_at_once_once_the_brokers_have_counted():
+    batches = [record("b1", [(0, 0, 100)], {T0: 10}), record("b2", [(0, 100, 200)], {T0: 3})]
+    r = judge(broker_report(batches, {}, counted({T0: 10}, {0: 200})), now_ms=T0, grace_ms=10 * H)
+    assert r["status"] == "failed" and r["hours"][0]["duplicated_at"] == ["table"]
+
+
+def test_hours_the_brokers_counted_only_in_part_are_audited_as_before_the_broker_tier():
+    """Counting began after retention deleted offsets a batch loaded (an upgraded
+    cluster), or the hour's windows were pruned: the broker tier is shown, not compared."""
+    old = record("old", [(0, 0, 100)], {T0: 10})
+    new = record("new", [(0, 100, 200)], {T0 + H: 5})
+    r = judge(broker_report([old, new], {T0: 10}, counted({T0: 4, T0 + H: 5}, {0: 200}, began=50), hours=2),
+              now_ms=T0 + 5 * H, grace_ms=0)
+    first, second = r["hours"]
+    assert [t["tier"] for t in first["tiers"]] == ["producer", "broker", "table"]
+    assert first["tiers"][1] == {"tier": "broker", "count": 4, "partial": True}
+    assert first["status"] == "complete" and second["status"] == "complete"
+    assert (second["unreported"], second["produced"]) == (5, 5)  # committed by producers without events
+    from dataclasses import replace
+
+    skipped = replace(counted({T0: 4}, {0: 100}), skipped={("t", 0): [(30, 60)]})  # deleted before counted
+    assert broker_report([old], {T0: 10}, skipped)["hours"][0]["tiers"][1]["partial"]
+    pruned = judge(broker_report([old], {}, counted({}, {0: 100}, kept_from=T0 + H)), now_ms=T0 + 5 * H,
+                   grace_ms=0)
+    assert pruned["hours"][0]["tiers"][1]["partial"] and pruned["hours"][0]["duplicated_at"] == ["table"]

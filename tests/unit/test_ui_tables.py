@@ -218,3 +218,29 @@ def test_an_announced_hour_no_longer_complete_lowers_complete_through():
                                                                                  T0 + 2 * HOUR_MS: 10}),
                         T0, T0 + 3 * HOUR_MS, now_ms=T0 + 9 * HOUR_MS, announcement=announcement)
     assert after["complete_through_ms"] == T0 + 3 * HOUR_MS and after["withdrawn"] == []
+
+
+def test_a_topic_only_the_brokers_count_shows_their_tier_and_waits_for_them():
+    """Kafka clients publish no monitoring events: the page's hours compare the brokers'
+    counts with the table, and an hour whose records the brokers have not counted yet is
+    pending with the reason, never duplicated."""
+    from dataclasses import replace as with_
+
+    from broker.client.brokercounts import BrokerCounts
+    from airflow_provider_logbus.ui.status import PageTable, page_report
+
+    loaded = inputs([record("b", [window(0, 10)])], {})
+    table = PageTable((audited("audit", 0),))
+    counts = BrokerCounts({("web", T0): 10}, {("web", 0): 0}, {("web", 0): 100}, {("web", 0): 0})
+    report = page_report(table, with_(loaded, broker=counts), T0, T0 + HOUR_MS, now_ms=T0 + 2 * HOUR_MS,
+                         announcement=None)
+    (hour,) = report["hours"]
+    assert report["tiers"] == ["broker", "table"]
+    assert [(t["tier"], t["count"]) for t in hour["tiers"]] == [("broker", 10), ("table", 10)]
+    assert hour["display_status"] == "complete"
+    behind = with_(counts, counts={("web", T0): 4}, upto={("web", 0): 40})
+    (hour,) = page_report(table, with_(loaded, broker=behind), T0, T0 + HOUR_MS, now_ms=T0 + 2 * HOUR_MS,
+                          announcement=None)["hours"]
+    assert hour["display_status"] == "pending"
+    assert hour["reasons"] == ["the brokers have not counted every record the table loaded yet: partition 0 "
+                               "counted to 40, loaded to 100"]

@@ -137,7 +137,7 @@ function drawGrid() {
   });
   $("grid").replaceChildren(...cells);
   if (!report.hours.some((h) => h.display_status !== "no data")) {
-    showMessage($("message"), "No data in this range: no producer, mirror or table counted a message in these hours.", false);
+    showMessage($("message"), "No data in this range: no producer, mirror, broker or table counted a message in these hours.", false);
   } else {
     $("message").hidden = true;
   }

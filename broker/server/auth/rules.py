@@ -23,6 +23,22 @@ class RequestRules:
         if self.authorizer is not None:
             self.authorizer.check(session, operation, ResourceType.TOPIC, topic)
 
+    def reads(self, session: Session, topic: str) -> bool:
+        """Whether the principal may read the topic (a Kafka group's commits and fetches,
+        refused per partition)."""
+        return self.authorizer is None or self.authorizer.allowed(session, Operation.READ, ResourceType.TOPIC, topic)
+
+    def group(self, session: Session, operation: Operation, group: str) -> None:
+        """Read (join, sync, heartbeat, leave, commit, fetch offsets) or Describe
+        (FindCoordinator, DescribeGroups) on a Kafka group, or GroupAuthorizationFailed."""
+        if self.authorizer is not None:
+            self.authorizer.check(session, operation, ResourceType.GROUP, group)
+
+    def may_group(self, session: Session, operation: Operation, group: str) -> bool:
+        """The same decision as a bool, unlogged (ListGroups' filter, authorized operations)."""
+        return self.authorizer is None or self.authorizer.allowed(session, operation, ResourceType.GROUP, group,
+                                                                  log=False)
+
     def describes(self, session: Session, topic: str) -> bool:
         """Whether METADATA shows the topic to this principal."""
         return self.authorizer is None or self.authorizer.allowed(session, Operation.DESCRIBE, ResourceType.TOPIC,

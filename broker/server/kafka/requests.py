@@ -29,7 +29,9 @@ from broker.common.partitionstates import live_leader
 from broker.server.auth.session import Session
 from broker.server.handlers import RequestHandler
 from broker.server.kafka.admin import AdminRequests
+from broker.server.kafka.coordinator import GroupSettings
 from broker.server.kafka.fetching import FetchRequests
+from broker.server.kafka.groups import GroupRequests
 from broker.server.kafka.producing import ProduceRequests
 from broker.server.kafka.messages import entity, field, response
 from broker.server.kafka.positions import kafka_end, offset_for_time
@@ -64,6 +66,10 @@ class KafkaRequests:
         }
         self.add({**AdminRequests(native).handlers(),
                   **KafkaSasl(native.authentication, self.config.sasl_enabled_mechanisms).handlers()})
+        # the group coordinator (groups.py): started and stopped with the broker
+        self.groups = GroupRequests(self.registry.zk, self.config.broker_id, self.registry, self.rules,
+                                    GroupSettings.from_config(self.config))
+        self.add(self.groups.handlers())
 
     def add(self, handlers: dict[int, KafkaHandler]) -> None:
         """Handlers of other modules (groups, admin, SASL)."""
