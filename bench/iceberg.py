@@ -127,6 +127,7 @@ def rows_table(first: int, n: int, hour_ms: int):
         "offset": pa.array([(j // 2) * ENTRY for j in js], pa.int64()),
         "timestamp": pa.array(stamps, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
         "key": pa.array([None] * n, pa.binary()),
+        "headers": pa.array([[]] * n, table_schema().field("headers").type),  # native messages: none
         "server": pa.array([f"web-{j % 3}" for j in js], pa.string()),
         "n": pa.array(list(js), pa.int64()),
         "ts_ms": pa.array(stamps, pa.int64()),

@@ -7,7 +7,9 @@
           .load())
 
 Columns: topic string, partition int, offset long, timestamp timestamp (UTC, from the
-producer's milliseconds), key binary, value binary.
+producer's milliseconds), key binary, headers array<struct<key: string, value: binary>>
+(a Kafka record's headers, typed as Spark's Kafka source types them; an empty list for a
+message without: `broker/common/columns_arrow.py`), value binary.
 
 A partition without a reachable leader (its broker restarting, a leadership moving) is
 waited for up to `leader_wait` seconds (default `LOAD_LEADER_WAIT_S`, 60) before the read
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from broker.common.columns import decode_arrow
+from broker.common.columns_arrow import decode_arrow
 from broker.common.errors import InvalidMessage
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, leader_wait_seconds
@@ -106,12 +108,14 @@ class LogbusDataSource(DataSource):
         return "logbus"
 
     def schema(self):
-        from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
-                                       TimestampType)
+        from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField,
+                                       StructType, TimestampType)
 
+        header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
         columns = [StructField("topic", StringType()), StructField("partition", IntegerType()),
                    StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-                   StructField("key", BinaryType()), StructField("value", BinaryType())]
+                   StructField("key", BinaryType()), StructField("headers", ArrayType(header)),
+                   StructField("value", BinaryType())]
         value = self.options.get("json_value")
         if value and arrow_value_type(value) is not None:  # else Spark's from_json parses every value
             columns.append(StructField(PARSED_IN_READER, spark_parsed_type(value), True))

@@ -19,7 +19,7 @@ from airflow_provider_logbus.spark.reader_json import CORRUPT, PARSED_IN_READER
 
 logger = logging.getLogger("logbus.load_job")
 
-META_COLUMNS = ("topic", "partition", "offset", "timestamp", "key")
+META_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "headers")  # a row's, and its reject's
 ERROR = "_logbus_error"
 UNEXPLAINED = "\x00unexplained"  # a value from_json could not parse, until `explain_rejects` says why
 RAW = "_logbus_raw_value"

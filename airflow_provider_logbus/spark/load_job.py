@@ -20,8 +20,9 @@ Staging layouts::
 
 The iceberg layout writes TIMESTAMP_MICROS (Iceberg cannot read INT96), no
 event_date/event_hour columns, and the value fields with the declared schema's types
-(required fields as REQUIRED columns). `_rejects/` holds topic, partition, offset,
-timestamp, key, value (the raw bytes) and error (what was wrong) for every value that
+(required fields as REQUIRED columns). Both have the Kafka record `headers` column
+(docs/provider.md, "Record headers"). `_rejects/` holds topic, partition, offset,
+timestamp, key, headers, value (the raw bytes) and error (what was wrong) for every value that
 was empty, not JSON, not a JSON object, did not fit the schema, or lacked a required
 field. The counts file::
 

@@ -306,7 +306,8 @@ class CommitTarget(ABC):
     @abstractmethod
     def reject_files(self, batch_id: str) -> list[str]:
         """The Parquet files holding the values committed batch `batch_id` rejected
-        (topic, partition, offset, timestamp, key, value, error); [] when it rejected none."""
+        (topic, partition, offset, timestamp, key, headers, value, error); [] when it rejected
+        none."""
 
     def snapshot(self, snapshot_id: int) -> dict | None:
         """A table version's id, parent, time, operation and summary, for people tracing

@@ -1,7 +1,7 @@
 """The Apache Iceberg target: a batch is one snapshot, and its offsets travel inside it.
 
 A table `<namespace>.<table>` (namespace `logbus` unless the name has one) holds the
-logbus columns (topic, partition, offset, timestamp, key) and the declared value fields,
+logbus columns (topic, partition, offset, timestamp, key, headers) and the declared value fields,
 partitioned by `hour(timestamp)` (hidden partitioning: a query for one hour plans that
 hour's files only). The Spark job writes one Parquet file per hour per task under the
 table's location (`data/_logbus_staging/<batch_id>.<attempt>/`); the commit adds them in
@@ -25,8 +25,8 @@ value, minus position deletes — and ties each file to the batch of the snapsho
 added it: a file added by a snapshot without `logbus.batch-id` came in outside the
 commit protocol.
 
-Rejected values go to `<table>_rejects` (topic, partition, offset, timestamp, value,
-error), one snapshot per batch with the same `logbus.batch-id`, after the main commit
+Rejected values go to `<table>_rejects` (topic, partition, offset, timestamp, key,
+headers, value, error), one snapshot per batch with the same `logbus.batch-id`, after the main commit
 and idempotently (a retry that finds the batch committed finishes its rejects). Then the
 batch record goes into the ledger `<table>_batches` (`iceberg_ledger`), which keeps it
 once the snapshot is expired; every reader of batch records takes summaries ∪ ledger.

@@ -50,12 +50,27 @@ def embedded_catalog(warehouse: str) -> dict[str, str]:
     return {"type": "sql", "uri": f"sqlite:///{root / '_iceberg_catalog.db'}", "warehouse": f"file://{root}"}
 
 
+HEADERS_DOC = ("the Kafka record's headers (key, value) in order; empty for a message without headers, null for "
+               "rows loaded before the column existed")
+
+
 def logbus_columns():
+    """The columns every row has, before its value's: the message's place, timestamp, key
+    and Kafka record headers (`broker/common/columns_arrow.py`)."""
     import pyarrow as pa
 
     return [pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
             pa.field("offset", pa.int64(), metadata={"doc": OFFSET_DOC}),
-            pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("key", pa.binary())]
+            pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("key", pa.binary()),
+            pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
+                     metadata={"doc": HEADERS_DOC})]
+
+
+def table_value_fields(value_schema):
+    """The value fields as the load job writes them: a field named like a logbus column
+    (or `logbus_hour`) is `value_<name>` (`spark/decode.py`, `decode_json`)."""
+    taken = {f.name for f in logbus_columns()} | {"logbus_hour"}
+    return [f.with_name(f"value_{f.name}") if f.name in taken else f for f in value_schema]
 
 
 def rejects_schema():
@@ -201,36 +216,59 @@ class IcebergTables:
     def ensure_schema(self, value_schema) -> None:
         import pyarrow as pa
 
-        from airflow_provider_logbus.schema import check_evolution
 
         if value_schema is None:
             raise TargetError(f"the Iceberg table {self.identifier} needs a declared value schema (Spark DDL or a "
                               "JSON schema file): a table's schema is not inferred from a sample")
-        declared = nested_optional(pa.schema([*logbus_columns(), *value_schema]))
-        table = self.load()
-        if table is None:
+        declared = nested_optional(pa.schema([*logbus_columns(), *table_value_fields(value_schema)]))
+        if self.load() is None:
             self.create(self.identifier, declared, partitioned=True, properties={**TABLE_PROPERTIES, **ROW_KEY})
-            table = self.table_or_fail()
-        added = check_evolution(small_types(table.schema().as_arrow()), declared)
-        if added:
-            from pyiceberg.exceptions import CommitFailedException
-
-            for _ in range(10):
-                try:
-                    with table.update_schema() as update:
-                        update.union_by_name(pa.schema([declared.field(n) for n in added]))
-                    logger.info("Iceberg table %s gained optional field(s) %s", self.identifier, ", ".join(added))
-                    break
-                except CommitFailedException:
-                    table = self.table_or_fail()
-                    if not check_evolution(small_types(table.schema().as_arrow()), declared):
-                        break
+        self._check_headers_column()
+        self.evolve(self.identifier, declared)
         if self.load(self.rejects_identifier) is None:
             self.create(self.rejects_identifier, rejects_schema(), partitioned=False)
+        self.evolve(self.rejects_identifier, nested_optional(rejects_schema()))
         self.ensure_properties(self.identifier, {**TABLE_PROPERTIES, **ROW_KEY})
         self.ensure_properties(self.rejects_identifier)
         for identifier in (self.identifier, self.rejects_identifier):
             self.document_offset(identifier)
+
+    def evolve(self, identifier: str, declared) -> None:
+        """Add to the table the optional fields `declared` has and it lacks (tables written
+        before a column existed — `headers` — gain it this way; their rows read null)."""
+        import pyarrow as pa
+        from pyiceberg.exceptions import CommitFailedException
+
+        from airflow_provider_logbus.schema import check_evolution
+
+        for _ in range(10):
+            table = self.load(identifier)
+            added = check_evolution(small_types(table.schema().as_arrow()), declared)
+            if not added:
+                return
+            try:
+                with table.update_schema() as update:
+                    update.union_by_name(pa.schema([declared.field(n) for n in added]))
+                logger.info("Iceberg table %s gained optional field(s) %s", identifier, ", ".join(added))
+                return
+            except CommitFailedException:
+                continue  # a concurrent load evolved it: look again
+
+    def _check_headers_column(self) -> None:
+        """A table that already has a `headers` column holding a JSON field (written before
+        record headers were loaded) cannot take the record headers under that name."""
+        import pyarrow as pa
+
+        from airflow_provider_logbus.schema import SchemaError
+
+        current = small_types(self.table_or_fail().schema().as_arrow())
+        expected = small_types(pa.schema([logbus_columns()[-1]])).field("headers")
+        if "headers" in current.names and current.field("headers").type != expected.type:
+            raise SchemaError(
+                f"Iceberg table {self.identifier}: its column headers ({current.field('headers').type}) holds a JSON "
+                "field, and loads now write the Kafka record headers there and that field as value_headers "
+                f"(docs/provider.md, \"Record headers\"); rename it first, keeping its rows: ALTER TABLE "
+                f"{self.identifier} RENAME COLUMN headers TO value_headers")
 
     def ensure_properties(self, identifier: str, properties: dict[str, str] = TABLE_PROPERTIES) -> None:
         """Tables created by an earlier version get today's `properties`."""

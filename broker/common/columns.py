@@ -6,9 +6,8 @@ reads — need the same messages without a Python object each, and this is the o
 that walks the format for them: `decode_columns` returns a `MessageColumns` whose
 per-message fields are `array`s of machine integers and whose keys and values stay in
 one `bytes` buffer, addressed by entry position and in message order, so that
-`MessageColumns.to_arrow` (`decode_arrow`, the Spark data source's) gathers them into
-an Arrow record batch with numpy in bulk. pyarrow and numpy are imported only then, so
-the shared contracts need neither (tests/unit/test_layers.py, ARROW_DECODER).
+`MessageColumns.to_arrow` (`broker/common/columns_arrow.py`, whose `decode_arrow` the
+Spark data source reads with) gathers them into an Arrow record batch with numpy in bulk.
 
 The result is exactly what `iter_messages` yields up to its first `CorruptEntry`, and
 that entry (`tests/unit/test_columns.py` holds them to it): magic 1 and 2 entries,
@@ -16,7 +15,8 @@ compressed wrappers and magic-3 producer batches, compressed or not, are decoded
 walk that accepts only entries every check passes; an entry it does not accept is
 handed to `iter_messages` itself, so every error is the reference's by construction.
 A magic-4 entry (a Kafka batch) is read by `kafka_records`, as the reference reads it,
-into magic-2 entries in its place, headers in `MessageColumns.headers` (not in COLUMNS).
+into magic-2 entries in its place, headers in `MessageColumns.headers` (the Arrow
+`headers` column).
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from broker.common.message import (
     BATCH_FIELDS, BATCH_HEADER_SIZE, HEADER, HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGICS, MIN_ENTRY_SIZE,
     SEEDS, V2_SEEDS, CorruptEntry, Message, checksum, entry_crc, inner_set, iter_messages, record_offset,
 )
-
-COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
 
 _new = object.__new__
 _SET_FIELDS = tuple(getattr(Message, name).__set__ for name in ("offset", "next_offset", "timestamp", "key", "value"))
@@ -120,70 +118,12 @@ class MessageColumns:
                               self.corrupt, {i - first: h for i, h in self.headers.items() if i >= first})
 
     def to_arrow(self, topic: str, partition: int):
-        """An Arrow record batch (`COLUMNS`: topic string, partition int32, offset int64,
-        timestamp UTC in microseconds as Spark's, key binary or null, value binary),
-        gathered with numpy, never a Python object per message."""
-        import numpy as np
-        import pyarrow as pa
+        """An Arrow record batch of these messages (`broker.common.columns_arrow.COLUMNS`,
+        with their Kafka record headers), gathered with numpy, never a Python object per
+        message."""
+        from broker.common.columns_arrow import record_batch
 
-        n = len(self)
-        data = np.frombuffer(self.data, dtype=np.uint8)
-        starts = np.frombuffer(self.starts, dtype=np.int64)
-        key_lengths = np.frombuffer(self.key_lengths, dtype=np.int32).astype(np.int64)
-        has_key = key_lengths >= 0
-        key_lengths = np.maximum(key_lengths, 0)
-        key_starts = starts + HEADER_SIZE
-        value_starts = key_starts + key_lengths
-        value_lengths = np.frombuffer(self.ends, dtype=np.int64) - value_starts
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([topic]))
-                .cast(pa.string()),
-                pa.array(np.full(n, partition, dtype=np.int32)),
-                pa.array(np.frombuffer(self.offsets, dtype=np.int64)),
-                pa.array(np.frombuffer(self.timestamps, dtype=np.int64) * 1000, pa.int64())
-                .cast(pa.timestamp("us", tz="UTC")),
-                _binary_array(pa, np, data, key_starts, key_lengths, has_key),
-                _binary_array(pa, np, data, value_starts, value_lengths),
-            ],
-            names=COLUMNS,
-        )
-
-
-def _binary_array(pa, np, data, starts, lengths, valid=None):
-    """A BinaryArray of data[starts[i]:starts[i]+lengths[i]]: one mask over the buffer
-    (+1 where a value starts, -1 where it ends, summed) selects every value's bytes in
-    order, since values never overlap and lie in message order."""
-    n = len(starts)
-    lengths = np.where(valid, lengths, 0) if valid is not None else lengths
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1]:
-        delta = np.zeros(len(data) + 1, dtype=np.int8)
-        nonempty = lengths > 0
-        delta[starts[nonempty]] += 1
-        delta[(starts + lengths)[nonempty]] -= 1
-        values = data[np.cumsum(delta[:-1], dtype=np.int8).astype(bool)]
-    else:
-        values = np.zeros(0, dtype=np.uint8)
-    validity = None
-    if valid is not None and not valid.all():
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(values)])
-
-
-def decode_arrow(topic: str, partition: int, base: int, buf: bytes, verify_crc: bool = True):
-    """One record batch (`COLUMNS`) of a buffer of whole entries at offsets
-    base..base+len(buf): the Spark data source's read. Raises InvalidMessage naming
-    `topic-partition` and the offset of the first entry it cannot decode, or of a
-    partial entry at the end (a range read cuts between entries, so one is a bug)."""
-    columns = decode_columns(buf, base, verify_crc)
-    if columns.corrupt is not None:
-        raise InvalidMessage(f"{topic}-{partition}: {columns.corrupt}")
-    if columns.next_offset != base + len(buf):
-        raise InvalidMessage(f"{topic}-{partition}: the set read at offset {base} ends in a partial entry at "
-                             f"offset {columns.next_offset}")
-    return columns.to_arrow(topic, partition)
+        return record_batch(self, topic, partition)
 
 
 def decode_fetched(buf: bytes | bytearray | memoryview, set_offset: int, requested: int,

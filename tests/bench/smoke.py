@@ -113,6 +113,9 @@ SMOKES: dict[str, Smoke] = {
         r"^commit 50 partitions +[\d.]+ ms/request$",
         r"^fetch 50 partitions +[\d.]+ ms/request$",
         r"^rebalance of 3 members +[\d.]+ ms$"]),
+    "arrow_headers": Smoke(["--messages", "1000", "--repeat", "2"], [
+        r"^native, no headers +headers column alone +best +[\d.]+ ms",
+        r"^Kafka, one header each +to_arrow +best +[\d.]+ ms"]),
     "kafka_codec": Smoke(["--rounds", "1", "--repeat", "2", "--region-mib", "0.05", "--span-max", "4096"], [
         r"^store verbatim lz4 +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^convert to magic 3 zstd +[\d.]+ +[\d.]+ +[\d,]+$",

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from broker.client.producer import Producer
+from broker.common.columns_arrow import headers_type
 from broker.common.message import iter_messages
 
 from airflow_provider_logbus.cluster import LogbusCluster
@@ -207,7 +208,8 @@ def test_iceberg_layout_writes_one_directory_per_hour_with_iceberg_types(spark, 
         f"logbus_hour={h}" for h in hours} | {REJECTS_DIR}
     declared = load_schema(TYPED).to_arrow()
     expected = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                          ("timestamp", pa.timestamp("us", tz="UTC")), ("key", pa.binary()), *declared])
+                          ("timestamp", pa.timestamp("us", tz="UTC")), ("key", pa.binary()),
+                          ("headers", headers_type()), *declared])
     files = sorted((tmp_path / "s").glob("logbus_hour=*/*.parquet"))
     for path in files:
         schema = pq.read_schema(path)

@@ -14,6 +14,7 @@ import pytest
 from airflow_provider_logbus.batch import audit_inputs, await_broker_counts, commit_batch, plan_batch
 from airflow_provider_logbus.cluster import LogbusCluster
 from airflow_provider_logbus.completeness import judge
+from airflow_provider_logbus.schema import load_schema
 from airflow_provider_logbus.spark.load_job import run_load
 from airflow_provider_logbus.targets.iceberg import IcebergTarget
 from harness.cluster import LocalCluster
@@ -28,7 +29,9 @@ LATER = 40  # messages produced after the upgrade, in 12:00
 
 
 def load(client: LogbusCluster, target: IcebergTarget, spark, zookeeper: str, start: int, end: int) -> dict:
-    """The DAG's batch of hours [start, end) of `DAY`: snapshot, load job, commit."""
+    """The DAG's batch of hours [start, end) of `DAY`: snapshot, the table's schema (as
+    the load task ensures it before Spark starts), load job, commit."""
+    target.ensure_schema(load_schema(SCHEMA).to_arrow())
     plan = plan_batch(client, target, TOPIC, DAY + timedelta(hours=start), DAY + timedelta(hours=end))
     staging = target.prepare_staging(plan.batch_id, 1)
     run_load(spark, plan.ranges, staging, zookeeper=zookeeper, value_format="json", schema=SCHEMA, layout="iceberg")
@@ -49,7 +52,8 @@ def test_a_table_loaded_before_record_offsets_loads_on_and_audits_after_the_upgr
     the 40 new ones. Every
     message is in the table once; the old rows keep their offsets, the new ones have the
     offsets a consumer reads them at, unique; the audit finds nothing missing, nothing
-    duplicated and no hole or overlap between the old batch and the new ones."""
+    duplicated and no hole or overlap between the old batch and the new ones. The table
+    (and its rejects table), written without a `headers` column, gains it."""
     fixture = unpack(tmp_path)
     connect = new_chroot(zookeeper)
     restore_zookeeper(connect, fixture["zookeeper"])
@@ -77,7 +81,14 @@ def test_a_table_loaded_before_record_offsets_loads_on_and_audits_after_the_upgr
         cluster.stop()
         target.close()
     rows = table_rows(target)
+    headers = target.table_or_fail().scan(selected_fields=("n", "headers")).to_arrow()
+    by_n = dict(zip(headers["n"].to_pylist(), headers["headers"].to_pylist()))
+    rejects = target.tables.load(target.rejects_identifier).schema()
     assert record["row_count"] == UNLOADED + LATER
+    # the table gained the record headers column (issue 36): null in the old rows, empty in
+    # the new ones (native messages have none); the rejects table gained it too
+    assert [by_n[n] for n in range(total)] == [None] * LOADED + [[]] * (UNLOADED + LATER)
+    assert "headers" in {f.name for f in rejects.fields}
     assert sorted(n for _, _, n in rows) == list(range(total))  # every message once
     assert [r for r in rows if r[2] < LOADED] == old_rows  # loaded before: offsets kept, shared
     assert len({r[:2] for r in old_rows}) < LOADED

@@ -1,4 +1,4 @@
-"""The format's Arrow decoder (`broker.common.columns`, what the Spark data source reads
+"""The format's Arrow decoder (`broker.common.columns_arrow`, what the Spark data source reads
 with) gives one row per message — plain, compressed, or in a producer batch — and names
 the partition and offset of an entry it cannot decode instead of failing without saying
 where."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from broker.common.errors import InvalidMessage
-from broker.common.columns import decode_arrow as decode_record_batch
+from broker.common.columns_arrow import decode_arrow as decode_record_batch
 from broker.common.message import BatchIdentity, encode_batch, encode_message_set, iter_messages
 
 MESSAGES = [(None, b"value-%d" % i, 1_704_067_200_000 + i) for i in range(3)]

@@ -118,7 +118,7 @@ def test_a_batchs_rejects_are_read_from_its_reject_files(tmp_path):
         "offset": pa.array(range(0, 10 * len(values), 10), pa.int64()),
         "timestamp": pa.array([0] * len(values), pa.timestamp("us", tz="UTC")), "key": pa.array([None] * len(values),
                                                                                                  pa.binary()),
-        "value": values, "error": ["not valid JSON", "not a JSON object: an array", "not valid JSON"] + ["big"] * 200,
+        "headers": [None] * len(values), "value": values, "error": ["not valid JSON", "not a JSON object: an array", "not valid JSON"] + ["big"] * 200,
     }, schema=rejects_schema()), rejects / "part-0.parquet")
     answer = reject_rows(target, "b1")
     assert answer["files"] == [str(rejects / "part-0.parquet")]
