@@ -13,6 +13,7 @@
     /logbus_mirror/<name>/<source>/<topic>/<p>       persistent a mirror's checkpoint (broker.client.mirror)
     /logbus_acls/<pattern>/<resource type>/<name>    persistent [ACL entries] (broker.common.acls)
     /logbus_users/<user>                             persistent salted SCRAM credentials (broker.common.credentials)
+    /logbus_schemas/...                              persistent the schema registry's (broker.registry.store)
 
 The one module that knows these paths and how their nodes are encoded: brokers
 (`broker.server.registration`), clients (`broker.client`), the `logbus` command and the
@@ -46,6 +47,7 @@ PRODUCER_ID_BLOCK_SIZE = 1000  # ids per block; one for the whole cluster (claim
 MIRRORS = "/logbus_mirror"
 ACLS = "/logbus_acls"
 USERS = "/logbus_users"
+SCHEMAS = "/logbus_schemas"
 
 
 # --------------------------------------------------------------------------- paths
