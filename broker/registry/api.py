@@ -5,8 +5,11 @@ here (that is `broker.registry.server`), so every answer can be reasoned about a
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 from urllib.parse import parse_qs, unquote
+
+from kazoo.exceptions import KazooException
 
 from broker.common.acls import Operation, ResourceType
 from broker.registry import errors
@@ -14,6 +17,8 @@ from broker.registry.access import Access
 from broker.registry.compatibility import Level
 from broker.registry.schemas import TYPES, Schema, parse
 from broker.registry.subjects import Subjects
+
+logger = logging.getLogger(__name__)
 
 Answer = tuple[int, Any]
 
@@ -60,6 +65,12 @@ class Api:
             return 200, self._route(method, parts, parse_qs(query_text), raw, principal, path)
         except errors.RegistryError as exc:
             return exc.status, exc.body()
+        except KazooException as exc:  # ZooKeeper unreachable, session lost, a node refused...
+            logger.warning("%s %s: ZooKeeper failed: %r", method, path, exc)
+            return 500, errors.store_error(f"ZooKeeper: {type(exc).__name__} {exc}".strip()).body()
+        except Exception:  # a bug: answered, logged with its traceback, the process serves on
+            logger.exception("%s %s failed", method, path)
+            return 500, errors.RegistryError(500, 50000, "Internal error (logged by the registry)").body()
 
     def _route(self, method: str, parts: list[str], query: dict, raw: bytes, who: str, path: str) -> Any:
         head, n = (parts[0] if parts else ""), len(parts)

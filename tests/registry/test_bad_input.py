@@ -8,7 +8,12 @@ import json
 
 import httpx
 import pytest
+from kazoo.client import KazooClient
 
+from broker.registry.access import Access
+from broker.registry.api import Api
+from broker.registry.store import SchemaStore
+from broker.registry.subjects import Subjects
 from tests.registry import schemas as s
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -113,3 +118,18 @@ def test_the_schema_endpoint_serves_the_schema_itself_and_types_are_listed(http)
     assert http.get("/subjects/clicks/versions/1/schema").json() == json.loads(s.JSON_V1)
     assert http.get("/subjects/clicks/versions/latest").json()["schemaType"] == "JSON"
     assert http.get("/schemas/types").json() == ["AVRO", "JSON"]
+
+
+def test_a_zookeeper_failure_is_answered_50001_and_the_registry_serves_on(zk_connect):
+    """The API over a real ZooKeeper client whose connection is then closed: every
+    request answers 50001 naming ZooKeeper, none raises out of the server's thread."""
+    zk = KazooClient(zk_connect)
+    zk.start(30)
+    api = Api(Subjects(SchemaStore(zk)), Access(None))
+    assert api.handle("POST", "/subjects/clicks/versions", "", json.dumps({"schema": s.V1}).encode(), None) == \
+        (200, {"id": 1})
+    zk.stop()
+    zk.close()
+    for method, path in (("GET", "/subjects"), ("POST", "/subjects/clicks/versions"), ("GET", "/schemas/ids/1")):
+        status, body = api.handle(method, path, "", json.dumps({"schema": s.ADD_OPTIONAL}).encode(), None)
+        assert (status, body["error_code"]) == (500, 50001) and "ZooKeeper" in body["message"]
