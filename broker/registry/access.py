@@ -65,6 +65,13 @@ class Access:
         if not self.allowed(principal, operation, ResourceType.CLUSTER, CLUSTER):
             raise forbidden(principal, operation.value, "the cluster (the global compatibility level)")
 
+    def visible(self, principal: str, subjects: list[str]) -> list[str]:
+        """The subjects the principal may see (Describe: Read or Write imply it)."""
+        if not self.secured or principal in self.super_users:
+            return subjects
+        acls = read_acls(self.credentials.zk)
+        return [s for s in subjects if decide(acls, principal, Operation.DESCRIBE, ResourceType.SUBJECT, s)]
+
     def require_any(self, principal: str, subjects: list[str], what: str) -> None:
         """Read on at least one of `subjects` (those that use a schema id)."""
         if not self.secured or principal in self.super_users:

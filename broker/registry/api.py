@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, unquote
 
 from kazoo.exceptions import KazooException
 
-from broker.common.acls import Operation, ResourceType
+from broker.common.acls import Operation
 from broker.registry import errors
 from broker.registry.access import Access
 from broker.registry.compatibility import Level
@@ -21,6 +21,7 @@ from broker.registry.subjects import Subjects
 logger = logging.getLogger(__name__)
 
 Answer = tuple[int, Any]
+MAX_SUBJECT_LENGTH = 255
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:
@@ -44,6 +45,13 @@ def _schema(raw: bytes) -> Schema:
     if body.get("metadata") or body.get("ruleSet"):
         raise errors.invalid_schema("schema metadata and rule sets are not supported by this registry")
     return parse(body.get("schema"), body.get("schemaType"))
+
+
+def _subject(name: str) -> str:
+    """A subject named in a path: 1..255 printable characters (42208 otherwise)."""
+    if not name or len(name) > MAX_SUBJECT_LENGTH or not name.isprintable():
+        raise errors.invalid_subject(name)
+    return name
 
 
 def _id(text: str) -> int:
@@ -81,10 +89,10 @@ class Api:
         if head == "schemas":
             return self._schemas(method, parts[1:], query, who, path)
         if head == "config" and n <= 2:
-            return self._config(method, parts[1] if n == 2 else None, query, raw, who)
+            return self._config(method, _subject(parts[1]) if n == 2 else None, query, raw, who)
         if head == "compatibility" and n in (4, 5) and parts[1] == "subjects" and parts[3] == "versions" \
                 and method == "POST":
-            subject = parts[2]
+            subject = _subject(parts[2])
             self.access.require(who, Operation.READ, subject)
             problems = self.subjects.compatibility(subject, _schema(raw), parts[4] if n == 5 else None)
             answer: dict = {"is_compatible": not problems}
@@ -96,11 +104,10 @@ class Api:
     def _subjects(self, method: str, rest: list[str], query: dict, raw: bytes, who: str, path: str) -> Any:
         deleted, n = _flag(query, "deleted"), len(rest)
         if n == 0 and method == "GET":
-            return [s for s in self.subjects.subjects(deleted)
-                    if self.access.allowed(who, Operation.DESCRIBE, ResourceType.SUBJECT, s)]
+            return self.access.visible(who, self.subjects.subjects(deleted))
         if n == 0:
             raise errors.not_found(path)
-        subject = rest[0]
+        subject = _subject(rest[0])
         writes = method in ("DELETE",) or (method == "POST" and n == 2)
         self.access.require(who, Operation.WRITE if writes else Operation.READ, subject)
         if n == 1 and method == "POST":
@@ -126,14 +133,14 @@ class Api:
             raise errors.not_found(path)
         schema_id = _id(rest[1])
         schema = self.subjects.schema(schema_id)
-        uses = self.subjects.uses_of(schema_id)
-        self.access.require_any(who, [u["subject"] for u in uses], f"schema {schema_id} (Read on a subject using it)")
+        self.access.require_any(who, self.subjects.store.subjects_using(schema_id),
+                                f"schema {schema_id} (Read on a subject using it)")
         if len(rest) == 2:
             return {"schema": schema.text} | ({"schemaType": schema.type} if schema.type != "AVRO" else {})
         if rest[2] == "versions":
-            return uses
+            return self.subjects.uses_of(schema_id)
         if rest[2] == "subjects":
-            return sorted({u["subject"] for u in uses})
+            return sorted({u["subject"] for u in self.subjects.uses_of(schema_id)})
         raise errors.not_found(path)
 
     def _config(self, method: str, subject: str | None, query: dict, raw: bytes, who: str) -> Any:

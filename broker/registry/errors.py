@@ -88,5 +88,10 @@ def invalid_compatibility(level: object) -> RegistryError:
                                      "FORWARD, FORWARD_TRANSITIVE, FULL, FULL_TRANSITIVE, NONE")
 
 
+def invalid_subject(subject: str) -> RegistryError:
+    return RegistryError(422, 42208, f"The specified subject {subject[:300]!r} is not valid: 1 to 255 printable "
+                                     "characters")
+
+
 def store_error(why: str) -> RegistryError:
     return RegistryError(500, 50001, f"Error in the backend data store: {why}")

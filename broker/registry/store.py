@@ -5,6 +5,7 @@ registry process:
     /logbus_schemas/fingerprints/<sha256>   the id of the schema with that fingerprint (decimal)
     /logbus_schemas/id_sequence/id-<n>      sequential, deleted at once: its counter hands out ids
     /logbus_schemas/subjects/<subject>/<v>  {"id": <id>, "deleted": false}
+    /logbus_schemas/uses/<id>/<subject>     empty: the subject has (or had) a version with the id
     /logbus_schemas/config                  {"compatibilityLevel": ...}, the global level (absent: BACKWARD)
     /logbus_schemas/config/<subject>        {"compatibilityLevel": ...}, a subject's own level
 
@@ -34,6 +35,7 @@ IDS = f"{SCHEMAS}/ids"
 FINGERPRINTS = f"{SCHEMAS}/fingerprints"
 ID_SEQUENCE = f"{SCHEMAS}/id_sequence"
 SUBJECTS = f"{SCHEMAS}/subjects"
+USES = f"{SCHEMAS}/uses"
 CONFIG = f"{SCHEMAS}/config"
 
 
@@ -63,7 +65,7 @@ class SchemaStore:
 
     def __init__(self, zk: KazooClient, acl=None) -> None:
         self.zk, self.acl = zk, acl
-        for path in (IDS, FINGERPRINTS, ID_SEQUENCE, SUBJECTS, CONFIG):
+        for path in (IDS, FINGERPRINTS, ID_SEQUENCE, SUBJECTS, USES, CONFIG):
             zk.ensure_path(path, acl=acl)
 
     # ------------------------------------------------------------------ schemas, ids
@@ -122,13 +124,30 @@ class SchemaStore:
         return dict(sorted(versions.items()))
 
     def add_version(self, subject: str, version: int, schema_id: int) -> bool:
-        """Create the subject's `version`; False if another registration took it."""
-        try:
-            self.zk.create(f"{SUBJECTS}/{_name(subject)}/{version}", Version(schema_id).encode(), acl=self.acl,
-                           makepath=True)
-            return True
-        except NodeExistsError:
+        """Create the subject's `version`, and the id's use by the subject, in one
+        transaction; False if another registration took the version (or the subject
+        was removed meanwhile): the caller reads again."""
+        folder, use = f"{SUBJECTS}/{_name(subject)}", f"{USES}/{schema_id}/{_name(subject)}"
+        self.zk.ensure_path(folder, acl=self.acl)
+        transaction = self.zk.transaction()
+        transaction.create(f"{folder}/{version}", Version(schema_id).encode(), acl=self.acl)
+        if self.zk.exists(use) is None:
+            self.zk.ensure_path(f"{USES}/{schema_id}", acl=self.acl)
+            transaction.create(use, b"", acl=self.acl)
+        results = transaction.commit()
+        failed = [r for r in results if isinstance(r, (NodeExistsError, NoNodeError))]
+        if failed:
             return False
+        if any(isinstance(r, Exception) for r in results):
+            raise store_error(f"writing version {version} of subject '{subject}' failed: {results!r}")
+        return True
+
+    def subjects_using(self, schema_id: int) -> list[str]:
+        """The subjects that have, or had, a version with the id."""
+        try:
+            return sorted(unquote(name) for name in self.zk.get_children(f"{USES}/{int(schema_id)}"))
+        except NoNodeError:
+            return []
 
     def soft_delete(self, subject: str, version: int) -> None:
         path = f"{SUBJECTS}/{_name(subject)}/{version}"

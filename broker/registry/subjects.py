@@ -67,7 +67,7 @@ class Subjects:
 
     def uses_of(self, schema_id: int) -> list[dict]:
         """Every (subject, version) that has the id, soft-deleted ones included."""
-        return [{"subject": s, "version": v} for s in self.store.subjects()
+        return [{"subject": s, "version": v} for s in self.store.subjects_using(schema_id)
                 for v, node in self.store.versions(s).items() if node.id == schema_id]
 
     def lookup(self, subject: str, schema: Schema, deleted: bool = False) -> dict:

@@ -77,6 +77,9 @@ def test_unknown_subjects_versions_and_ids_have_their_own_codes(http):
     assert error(http.get("/schemas/ids/99")) == (404, 40403)
     assert error(http.get("/schemas/ids/x")) == (404, 40403)
     assert error(http.get("/nowhere")) == (404, 404)
+    assert error(http.post("/subjects//versions", json={"schema": s.V1})) == (422, 42208)
+    assert error(http.post(f"/subjects/{'x' * 256}/versions", json={"schema": s.V1})) == (422, 42208)
+    assert error(http.post("/subjects/a%0Ab/versions", json={"schema": s.V1})) == (422, 42208)
     assert error(http.put("/config", json={"compatibility": "SIDEWAYS"})) == (422, 42203)
     assert error(http.get("/config/clicks")) == (404, 40408)
     assert http.get("/config/clicks", params={"defaultToGlobal": "true"}).json() == {"compatibilityLevel": "BACKWARD"}
