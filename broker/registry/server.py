@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 MAX_BODY_BYTES = 900_000  # a schema's ZooKeeper node must stay under jute.maxbuffer (1 MiB)
 REALM = 'Basic realm="logbus-schema-registry"'
+DISCARD_BYTES, DISCARD_SECONDS = 4 << 20, 2.0  # what is read and dropped of a refused body, at most
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ class RequestHandler(BaseHTTPRequestHandler):
         try:
             raw = self._read_body()
         except errors.RegistryError as exc:
-            self.close_connection = True  # the rest of the body is unread
+            self.close_connection = True  # the rest of the body is unread: this connection is done
             self._answer(exc.status, exc.body())
+            self._discard_rest()
             return
         status, body = self.server.api.handle(self.command, path, query, raw, self.headers.get("Authorization"))
         self._answer(status, body)
@@ -85,11 +87,25 @@ class RequestHandler(BaseHTTPRequestHandler):
             raise errors.too_large(self.server.max_body_bytes)
         return self.rfile.read(length) if length > 0 else b""
 
+    def _discard_rest(self) -> None:
+        """Read on (and drop) a refused body's rest for a moment, bounded: a client writes
+        its whole body before it reads, and a socket closed under it would show it a
+        reset instead of the 413."""
+        self.connection.settimeout(DISCARD_SECONDS)
+        try:
+            for _ in range(DISCARD_BYTES // 65536):
+                if not self.rfile.read1(65536):
+                    break
+        except OSError:
+            pass
+
     def _answer(self, status: int, body: object) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         if status == 401:
             self.send_header("WWW-Authenticate", REALM)
         self.end_headers()

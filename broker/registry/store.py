@@ -108,6 +108,23 @@ class SchemaStore:
     def subjects(self) -> list[str]:
         return sorted(unquote(name) for name in self.zk.get_children(SUBJECTS))
 
+    def numbers(self, subject: str) -> list[int]:
+        """The subject's version numbers, soft-deleted ones included, ascending."""
+        try:
+            return sorted(int(child) for child in self.zk.get_children(f"{SUBJECTS}/{_name(subject)}"))
+        except NoNodeError:
+            return []
+
+    def version(self, subject: str, number: int) -> Version | None:
+        try:
+            return Version.decode(self.zk.get(f"{SUBJECTS}/{_name(subject)}/{number}")[0])
+        except NoNodeError:
+            return None
+
+    def used_by(self, schema_id: int, subject: str) -> bool:
+        """Whether the subject has, or had, a version with the id."""
+        return self.zk.exists(f"{USES}/{schema_id}/{_name(subject)}") is not None
+
     def versions(self, subject: str) -> dict[int, Version]:
         """Every version of the subject, soft-deleted ones included; {} if none."""
         path = f"{SUBJECTS}/{_name(subject)}"

@@ -52,12 +52,15 @@ class Subjects:
                 if any(deleted or not n.deleted for n in self.store.versions(s).values())]
 
     def version(self, subject: str, text: str, deleted: bool = False) -> dict:
-        versions = self.live(subject, deleted)
+        """One version (`latest`: the highest live one), reading only the nodes needed."""
         number = version_number(text)
-        number = max(versions) if number is None else number
-        if number not in versions:
-            raise errors.version_not_found(subject, text)
-        return described(subject, number, versions[number].id, self.schema(versions[number].id))
+        numbers = self.store.numbers(subject)
+        for candidate in (reversed(numbers) if number is None else [number] if number in numbers else []):
+            node = self.store.version(subject, candidate)
+            if node is not None and (deleted or not node.deleted):
+                return described(subject, candidate, node.id, self.schema(node.id))
+        self.live(subject, deleted)  # 40401 if the subject has no (live) version
+        raise errors.version_not_found(subject, text)
 
     def schema(self, schema_id: int) -> Schema:
         schema = self.store.schema(schema_id)
@@ -84,34 +87,44 @@ class Subjects:
         """The schema's id under `subject`: the existing one if a live version has it,
         else a new version if the subject's level allows it (409 with the reasons)."""
         schema_id = self.store.assign_id(schema)
+        level = self.level(subject)
         for _ in range(REGISTER_ATTEMPTS):
-            versions = self.store.versions(subject)
-            live = {v: n for v, n in versions.items() if not n.deleted}
-            if any(n.id == schema_id for n in live.values()):
+            numbers = self.store.numbers(subject)
+            if self.store.used_by(schema_id, subject) and any(
+                    (node := self.store.version(subject, v)) is not None and not node.deleted and node.id == schema_id
+                    for v in reversed(numbers)):
                 return schema_id
-            problems = check(self.level(subject), schema, [(v, self.schema(n.id)) for v, n in live.items()])
+            problems = check(level, schema, self._against(subject, numbers, level))
             if problems:
                 raise errors.incompatible(problems)
-            if self.store.add_version(subject, max(versions, default=0) + 1, schema_id):
+            if self.store.add_version(subject, max(numbers, default=0) + 1, schema_id):
                 return schema_id
         raise errors.store_error(f"{REGISTER_ATTEMPTS} concurrent registrations under subject '{subject}' won")
 
+    def _against(self, subject: str, numbers: list[int], level: Level) -> list[tuple[int, Schema]]:
+        """The live versions `level` checks a new schema against, latest last: none for
+        NONE, every one for a transitive level, else the latest (read from the top down,
+        so registering costs a few reads however many versions the subject has)."""
+        if level == Level.NONE:
+            return []
+        found = []
+        for number in reversed(numbers):
+            node = self.store.version(subject, number)
+            if node is not None and not node.deleted:
+                found.insert(0, (number, self.schema(node.id)))
+                if not level.transitive:
+                    break
+        return found
+
     def compatibility(self, subject: str, schema: Schema, version: str | None) -> list[str]:
-        """Why `schema` would be refused: against one version (`version`, "latest") by the
-        level's direction, or against the live versions as registering would check."""
+        """Why `schema` would be refused: against one version (`version`, "latest") in the
+        level's direction(s), or against what registering would check."""
         level = self.level(subject)
-        versions = self.store.versions(subject)
-        live = {v: n for v, n in versions.items() if not n.deleted}
-        if version is not None:
-            number = version_number(version)
-            if not live:
-                raise errors.subject_not_found(subject)
-            number = max(live) if number is None else number
-            if number not in live:
-                raise errors.version_not_found(subject, version)
-            live = {number: live[number]}
-            level = Level(level.value.removesuffix("_TRANSITIVE"))
-        return check(level, schema, [(v, self.schema(n.id)) for v, n in live.items()])
+        if version is None:
+            return check(level, schema, self._against(subject, self.store.numbers(subject), level))
+        old = self.version(subject, version)
+        return check(Level(level.value.removesuffix("_TRANSITIVE")), schema,
+                     [(old["version"], self.schema(old["id"]))])
 
     def delete_subject(self, subject: str, permanent: bool) -> list[int]:
         versions = self.store.versions(subject)

@@ -58,9 +58,12 @@ def test_a_malformed_body_or_schema_is_refused_and_nothing_is_stored(http, body,
 
 def test_an_oversized_body_is_refused_with_413_unread_and_nothing_stored(start_registry):
     registry = start_registry(max_body_bytes=10_000)
-    padded = json.dumps({"schema": json.dumps({**json.loads(s.V1), "doc": "x" * 20_000})})
+    # 2 MB: more than socket buffers hold, so the client is still writing when the 413 is sent
+    padded = json.dumps({"schema": json.dumps({**json.loads(s.V1), "doc": "x" * 2_000_000})})
     with httpx.Client(base_url=registry.url) as http:
-        assert error(http.post("/subjects/clicks/versions", content=padded)) == (413, 413)
+        refused = http.post("/subjects/clicks/versions", content=padded)
+        assert error(refused) == (413, 413)
+        assert refused.headers["connection"] == "close"  # the body's rest is unread: the client must not reuse it
         nothing_stored(http)
         assert http.post("/subjects/clicks/versions", json={"schema": s.V1}).json() == {"id": 1}  # still serving
 
