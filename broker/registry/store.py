@@ -21,6 +21,7 @@ schema again against the version that won."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
@@ -37,6 +38,7 @@ ID_SEQUENCE = f"{SCHEMAS}/id_sequence"
 SUBJECTS = f"{SCHEMAS}/subjects"
 USES = f"{SCHEMAS}/uses"
 CONFIG = f"{SCHEMAS}/config"
+CACHED = 10_000  # schemas (and fingerprints) kept in the process
 
 
 def _name(subject: str) -> str:
@@ -65,24 +67,45 @@ class SchemaStore:
 
     def __init__(self, zk: KazooClient, acl=None) -> None:
         self.zk, self.acl = zk, acl
+        self._schemas: dict[int, Schema] = {}  # id -> schema, immutable in ZooKeeper
+        self._ids: dict[str, int] = {}  # fingerprint -> id, likewise
+        self._cache_lock = threading.Lock()
         for path in (IDS, FINGERPRINTS, ID_SEQUENCE, SUBJECTS, USES, CONFIG):
             zk.ensure_path(path, acl=acl)
 
     # ------------------------------------------------------------------ schemas, ids
 
     def schema(self, schema_id: int) -> Schema | None:
-        try:
-            data, _ = self.zk.get(f"{IDS}/{int(schema_id)}")
-        except NoNodeError:
-            return None
-        node = json.loads(data)
-        return stored(node["schema"], node["schemaType"])
+        """The id's schema. Cached in the process: an id is written once, never rewritten
+        or removed, so a cached answer is never stale (what a deserializer asks costs no
+        ZooKeeper read the second time)."""
+        schema = self._schemas.get(schema_id)
+        if schema is None:
+            try:
+                data, _ = self.zk.get(f"{IDS}/{int(schema_id)}")
+            except NoNodeError:
+                return None
+            node = json.loads(data)
+            schema = self._remember(self._schemas, schema_id, stored(node["schema"], node["schemaType"]))
+        return schema
 
     def id_of(self, schema: Schema) -> int | None:
-        try:
-            return int(self.zk.get(f"{FINGERPRINTS}/{schema.fingerprint}")[0])
-        except NoNodeError:
-            return None
+        """The schema's id, if it has one (cached likewise: fingerprints are never rewritten)."""
+        known = self._ids.get(schema.fingerprint)
+        if known is None:
+            try:
+                known = self._remember(self._ids, schema.fingerprint,
+                                       int(self.zk.get(f"{FINGERPRINTS}/{schema.fingerprint}")[0]))
+            except NoNodeError:
+                return None
+        return known
+
+    def _remember(self, cache: dict, key, value):
+        with self._cache_lock:  # request threads share the caches
+            if len(cache) >= CACHED:
+                cache.pop(next(iter(cache)))  # the oldest entry
+            cache[key] = value
+        return value
 
     def assign_id(self, schema: Schema) -> int:
         """The schema's id, made if it has none (see the module's docstring)."""
