@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 from kazoo.client import KazooClient
 
-from broker.common.acls import AclEntry, Operation, PatternType, Resource, ResourceType, change_acls
+from broker.common.acls import AclEntry, Operation, Resource, ResourceType, change_acls
 from broker.common.credentials import set_password
 from harness.certificates import CertificateAuthority
 from harness.registry import RegistryProcess
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             zk.start(30)
             zk.ensure_path("/")
             set_password(zk, "bench", "bench-secret")
-            change_acls(zk, Resource(ResourceType.SUBJECT, "", PatternType.PREFIXED),
+            change_acls(zk, Resource(ResourceType.SUBJECT, "*"),
                         add=[AclEntry("User:bench", Operation.ALL)])
             zk.stop()
         registry = RegistryProcess(connect, workdir, tls=tls, basic_auth=args.secured).start()
