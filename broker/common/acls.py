@@ -8,7 +8,7 @@ literally or by prefix. A request is allowed when some entry allows it and none
 denies it: deny beats allow; no entry is no permission. Read, Write and Alter imply
 Describe, as in Kafka, so a consumer with Read sees its topic in METADATA.
 
-Nodes: `/logbus_acls/<literal|prefixed>/<topic|group|cluster>/<name>`, each a JSON
+Nodes: `/logbus_acls/<literal|prefixed>/<topic|group|cluster|subject>/<name>`, each a JSON
 list of entries. One node per resource keeps an ACL change one compare-and-set and
 lets brokers watch exactly what changed."""
 
@@ -44,6 +44,7 @@ class ResourceType(str, enum.Enum):
     TOPIC = "topic"
     GROUP = "group"
     CLUSTER = "cluster"
+    SUBJECT = "subject"  # a schema registry subject (docs/schemas.md, "Security")
 
 
 class PatternType(str, enum.Enum):

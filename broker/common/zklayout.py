@@ -15,6 +15,7 @@
     /logbus_acls/<pattern>/<resource type>/<name>    persistent [ACL entries] (broker.common.acls)
     /logbus_users/<user>                             persistent salted SCRAM credentials (broker.common.credentials)
     /logbus_audit/<topic>/<p>                        persistent the brokers' record counts (broker.common.auditcounts)
+    /logbus_schemas/...                              persistent the schema registry's (broker.registry.store)
 
 The one module that knows these paths and how their nodes are encoded: brokers
 (`broker.server.registration`), clients (`broker.client`), the `logbus` command and the
@@ -49,6 +50,7 @@ MIRRORS = "/logbus_mirror"
 ACLS = "/logbus_acls"
 USERS = "/logbus_users"
 AUDIT = "/logbus_audit"
+SCHEMAS = "/logbus_schemas"
 
 
 # --------------------------------------------------------------------------- paths

@@ -26,7 +26,7 @@ from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 from broker.common.zklayout import (
     CONSUMERS, create_topic, read_partition_state, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
 )
-from broker.tools import mirror as mirror_command, zookeeper as zookeeper_command
+from broker.tools import mirror as mirror_command, registry as registry_command, zookeeper as zookeeper_command
 from broker.tools import security as security_commands
 from broker.tools.security import read_command_config
 
@@ -334,8 +334,8 @@ def arguments() -> argparse.ArgumentParser:
     common = _common(False)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    mirror_command.add_parser(sub, common)
-    zookeeper_command.add_parser(sub, common)
+    for command in (mirror_command, zookeeper_command, registry_command):
+        command.add_parser(sub, common)
     security_commands.add_parsers(sub, common)
     p = sub.add_parser("topics", parents=[common], help="list, create or describe topics",
                        usage="logbus topics {list,create,describe} [NAME] | --list | --create NAME | --describe [NAME]")

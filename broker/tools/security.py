@@ -73,6 +73,7 @@ def add_parsers(sub, common: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--topic")
     which.add_argument("--group")
+    which.add_argument("--subject", help="a schema registry subject (docs/schemas.md): Read, Write")
     which.add_argument("--cluster", action="store_true")
     p.add_argument("--resource-pattern-type", choices=[t.value for t in PatternType], default="literal",
                    help="literal: that name (or * for all); prefixed: every name starting with it")
@@ -106,6 +107,8 @@ def _resource(args: argparse.Namespace) -> Resource | None:
         return Resource(ResourceType.TOPIC, args.topic, pattern)
     if args.group:
         return Resource(ResourceType.GROUP, args.group, pattern)
+    if args.subject:
+        return Resource(ResourceType.SUBJECT, args.subject, pattern)
     if args.cluster:
         return Resource(ResourceType.CLUSTER, CLUSTER)
     return None
@@ -119,7 +122,7 @@ def cmd_acls(args: argparse.Namespace, cluster) -> int:
                 print(acl)
         return 0
     if resource is None:
-        raise ValueError("name the resource: --topic NAME, --group NAME or --cluster")
+        raise ValueError("name the resource: --topic NAME, --group NAME, --subject NAME or --cluster")
     principals = [(p, Permission.ALLOW) for p in args.allow_principal] + \
                  [(p, Permission.DENY) for p in args.deny_principal]
     if not principals or not args.operation:

@@ -22,12 +22,14 @@ PACKAGES = ("broker", "airflow_provider_logbus")
 
 FOLDERS = {  # broker/'s layers are its folders (docs/architecture.md, "Layers")
     "broker.common": "contracts", "broker.server": "server", "broker.client": "client", "broker.tools": "tools",
+    "broker.registry": "registry",
 }
 MAY_IMPORT = {
     "contracts": {"contracts"},
     "server": {"contracts", "server"},
     "client": {"contracts", "client"},
-    "tools": {"contracts", "client", "server", "tools"},  # `logbus-broker` (cli.py) starts the server
+    "registry": {"contracts", "registry"},  # the schema registry (docs/schemas.md) stands on the contracts alone
+    "tools": {"contracts", "client", "server", "registry", "tools"},  # `logbus-broker` (cli.py) starts the server
     "provider": {"contracts", "client", "provider"},
     "unplaced": set(),  # a module of broker/ outside the layer folders: refused below
 }
@@ -41,7 +43,7 @@ ARROW_DECODER = "broker.common.columns_arrow"
 def layer(module: str) -> str | None:
     """The layer of a project module; None for anything else (standard library, third
     party). `broker` itself (the version) counts as a contract; any other module of
-    broker/ outside the four folders has no layer, which `test_every_module_of_broker_is_in_a_layer_folder`
+    broker/ outside the layer folders has no layer, which `test_every_module_of_broker_is_in_a_layer_folder`
     refuses."""
     if module == "broker":
         return "contracts"
@@ -251,6 +253,8 @@ def check(**modules: str) -> list[Import]:
     ("broker.server.log.log", "from airflow_provider_logbus.plan import Range", "not the provider"),
     ("broker.common.message", "from broker.server.log.segment import Segment", "the contracts may import only contracts"),
     ("broker.server.handlers", "import pyspark", "nothing in broker/ imports pyspark"),
+    ("broker.registry.api", "from broker.server.auth.plain import PlainExchange", "the registry may import only"),
+    ("broker.registry.store", "from broker.client.metadata import connect_zookeeper", "not the client"),
     ("broker.client.producer", "if TYPE_CHECKING:\n    from broker.server.broker import Broker", "not the server"),
 ])
 def test_the_checker_names_an_import_against_the_rule(importer, statement, broken):

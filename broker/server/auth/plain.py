@@ -1,23 +1,18 @@
 """SASL/PLAIN (RFC 4616) checked against the cluster's SCRAM credentials: the broker
 keeps no password, only each user's salted SCRAM keys (`broker.common.credentials`),
-so the password PLAIN carries is salted and hashed as SCRAM would with the stored salt
-and count, and the stored key it gives compared in constant time with the stored one.
-A user matches through either SCRAM mechanism it has; an unknown user meets the same
-decoy credentials and the same work as SCRAM shows it (`Authentication.lookup`), and
-the same refusal.
+so the password PLAIN carries is checked as `broker.common.passwords` does for every
+password (the schema registry's HTTP Basic too): an unknown user meets the same decoy
+credentials and the same work as SCRAM shows it, and the same refusal.
 
 PLAIN sends the password itself: the Kafka listener offers it only inside TLS
 (`broker.server.kafka.sasl`)."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 
-from scramp import ScramException, ScramMechanism
-
-from broker.common.credentials import MECHANISMS
 from broker.common.errors import IllegalSaslState, SaslAuthenticationFailed
+from broker.common.passwords import password_matches
 from broker.server.auth.sasl import REFUSED, Lookup
 
 logger = logging.getLogger(__name__)
@@ -48,19 +43,7 @@ class PlainExchange:
         if authzid not in ("", user) or not user or not password:
             logger.info("PLAIN authentication of user %r refused: empty user or password, or another authzid", user)
             raise SaslAuthenticationFailed(REFUSED)
-        matched = False
-        for mechanism in MECHANISMS:  # every one, whatever matches: the same work for every name
-            matched |= self._matches(user, password, mechanism)
-        if not matched:
+        if not password_matches(self.lookup, user, password):
             logger.info("PLAIN authentication of user %r refused", user)
             raise SaslAuthenticationFailed(REFUSED)
         return b"", f"User:{user}"
-
-    def _matches(self, user: str, password: str, mechanism: str) -> bool:
-        credential = self.lookup(user, mechanism)
-        try:
-            _, stored_key, _, _ = ScramMechanism(mechanism).make_auth_info(password, credential.iterations,
-                                                                           salt=credential.salt)
-        except ScramException:  # a password SASLprep refuses
-            return False
-        return hmac.compare_digest(stored_key, credential.stored_key)

@@ -13,18 +13,14 @@ each handshake has a fresh server nonce."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
-import os
-import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from kazoo.client import KazooClient
 from scramp import ScramException, ScramMechanism
 
-from broker.common.credentials import ScramCredential, ScramSettings, cluster_settings, read_credential
 from broker.common.errors import IllegalSaslState, SaslAuthenticationFailed, UnsupportedSaslMechanism
+from broker.common.passwords import ClusterCredentials, Lookup, decoy  # noqa: F401 (decoy: re-exported)
 from broker.common.protocol import (
     Body, Reader, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 )
@@ -37,7 +33,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Lookup = Callable[[str, str], ScramCredential]  # (user, mechanism) -> the user's credential, or a decoy
 REFUSED = "authentication failed: invalid credentials"
 
 
@@ -87,14 +82,6 @@ class SaslExchange:
         return self.lookup(user, self.mechanism).as_tuple()
 
 
-def decoy(settings: ScramSettings, user: str, mechanism: str) -> ScramCredential:
-    """A credential no password matches, shown for a user that does not exist: its salt
-    is as long as a real one, the same for that name and mechanism wherever and whenever
-    it is asked, and unpredictable without the cluster's secret; its count the cluster's."""
-    salt = hmac.new(settings.secret, f"{mechanism}:{user}".encode(), hashlib.sha256).digest()
-    return ScramCredential(salt, os.urandom(32), os.urandom(32), settings.iterations)
-
-
 class Authentication:
     """The handlers of SASL_HANDSHAKE and SASL_AUTHENTICATE: each connection's exchange
     lives on its `Session`; credentials are read from ZooKeeper at every handshake, so a
@@ -103,31 +90,9 @@ class Authentication:
     def __init__(self, config: BrokerConfig, zk: KazooClient) -> None:
         self.mechanisms = tuple(m for m in config.sasl_enabled_mechanisms if m != "PLAIN")  # PLAIN: Kafka's only
         self.zk = zk
-        self._acl = ZooKeeperAuth(config.zookeeper_auth, config.zookeeper_set_acl).private_acl
-        self._settings: ScramSettings | None = None
-        self._settings_lock = threading.Lock()
-        self._odd_counts: set[str] = set()  # users already warned about
-
-    def settings(self) -> ScramSettings:
-        """The cluster's SCRAM settings, read (or made) at the first handshake and kept."""
-        with self._settings_lock:
-            if self._settings is None:
-                self._settings = cluster_settings(self.zk, self._acl)
-            return self._settings
-
-    def lookup(self, user: str, mechanism: str) -> ScramCredential:
-        """The user's credential for `mechanism`, or a decoy (the Kafka listener's
-        exchanges share it)."""
-        settings = self.settings()
-        credential = read_credential(self.zk, user, mechanism)
-        if credential is None:
-            return decoy(settings, user, mechanism)
-        if credential.iterations != settings.iterations and user not in self._odd_counts:
-            self._odd_counts.add(user)
-            logger.warning("user %r is stored with %d iterations, not the cluster's %d: that tells it from unknown "
-                           "users; set its password again (logbus users add)", user, credential.iterations,
-                           settings.iterations)
-        return credential
+        self.credentials = ClusterCredentials(zk, ZooKeeperAuth(config.zookeeper_auth,
+                                                                config.zookeeper_set_acl).private_acl)
+        self.lookup = self.credentials.lookup  # the user's credential or a decoy; the Kafka listener's exchanges share it
 
     def handshake(self, reader: Reader, session: "Session") -> Reply:
         req = SaslHandshakeRequest.decode(reader)
