@@ -5,6 +5,7 @@ in the rejects with their reason, counted."""
 
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
@@ -63,3 +64,15 @@ def test_the_confluent_format_needs_a_declared_schema_and_a_registry(spark, tmp_
     parsed = arguments().parse_args(["--ranges", "[]", "--staging", "x", "--format", "confluent",
                                      "--registry-url", "http://r:8081"])
     assert (parsed.format, parsed.registry_url) == ("confluent", "http://r:8081")
+
+
+def test_the_operator_passes_the_confluent_format_and_the_registry_url(tmp_path, monkeypatch):
+    from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_LOGBUS_DEFAULT",
+                       json.dumps({"conn_type": "logbus", "extra": {"zookeeper": "127.0.0.1:2181/x"}}))
+    operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path), schema=TABLE,
+                                       value_format="confluent", registry_url="http://registry:8081")
+    options = dict(zip(*[iter(operator.application_args([], tmp_path / "staging", "iceberg"))] * 2))
+    assert (options["--format"], options["--registry-url"]) == ("confluent", "http://registry:8081")
+    assert "registry_url" in LogbusSparkLoadOperator.template_fields
