@@ -78,3 +78,12 @@ def test_a_record_that_does_not_fit_the_table_is_a_reject(registry):
     assert reason(old, registry.url) == "required field missing or null: a"
     as_string = framed(registry, s.A_AS_STRING, {"a": "seven"}, topic="other")
     assert reason(as_string, registry.url) == "does not fit the schema: a: expected int, got str"
+
+
+def test_a_json_schema_framed_value_is_a_reject_not_yet_decoded(registry):
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    client = SchemaRegistryClient({"url": registry.url})
+    value = JSONSerializer(s.JSON_V1, client)({"a": 1}, SerializationContext("json-clicks", MessageField.VALUE))
+    (schema_id,) = struct.unpack(">I", value[1:5])
+    assert reason(value, registry.url) == f"schema id {schema_id} is JSON, not Avro"
