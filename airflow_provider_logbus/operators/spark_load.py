@@ -132,7 +132,9 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
 
     `schema`: Spark DDL or the path of a .json schema file (JSON Schema or an Avro record),
     read here and passed to the job as DDL; without it the job infers one from a sample
-    and records it. `layout`: "directory" or "iceberg"; by default the target's.
+    and records it. `value_format`: "json", "raw", or "confluent" (registry-framed Avro,
+    decoded into the declared `schema` with writer schemas from `registry_url`).
+    `layout`: "directory" or "iceberg"; by default the target's.
     `max_reject_rate`: fail the load when more than this fraction of a topic's values is
     rejected (1.0, the default: never; the rejects are counted in the batch either way).
     `leader_wait`: seconds the job's reads wait for a partition without a reachable
@@ -146,7 +148,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     (`LOCAL_CONF`) unless `conf` says otherwise."""
 
     template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target",
-                                      "max_reject_rate", "leader_wait")
+                                      "max_reject_rate", "leader_wait", "registry_url")
     template_fields_renderers = {"conf": "json"}
 
     def __init__(self, *, table: str, warehouse: str | None = None, snapshot_task_id: str = "snapshot",
@@ -155,12 +157,13 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
                  fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, layout: str | None = None,
                  max_reject_rate: float | str = 1.0, leader_wait: float | str = LOAD_LEADER_WAIT_S,
-                 **kwargs: Any) -> None:
+                 registry_url: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.layout, self.max_reject_rate, self.leader_wait = layout, max_reject_rate, leader_wait
         self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
         self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
+        self.registry_url = registry_url  # the schema registry of value_format="confluent"
         self.logbus_conn_id, self.conf = logbus_conn_id, conf or {}
         self.fetch_bytes, self.split_bytes = fetch_bytes, split_bytes
         self._hook: SparkSubmitHook | None = None
@@ -179,6 +182,8 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         args += ["--layout", layout or self.layout or "directory",
                  "--max-reject-rate", str(float(self.max_reject_rate)),
                  "--leader-wait", str(leader_wait_seconds(self.leader_wait))]  # a bad value fails before Spark
+        if self.registry_url:
+            args += ["--registry-url", self.registry_url]
         if log_file:
             args += ["--log-file", log_file]
         return args
@@ -250,7 +255,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         """A batch with nothing in its ranges: the counts file the job would write, without
         starting Spark (40-50 s of a start-up for no row). The commit records the batch as
         any other, so a re-run is a no-op and its ranges (and any loss) are on record."""
-        declared = self.value_format == "json" and self.schema
+        declared = self.value_format in ("json", "confluent") and self.schema
         write_result(staging, load_result(plan.ranges, value_format=self.value_format, layout=layout,
                                           schema=self.value_schema().to_ddl() if declared else None,
                                           schema_source="declared" if declared else None), storage)

@@ -7,7 +7,8 @@ spark-submit (LogbusSparkLoadOperator does), or call `run_load` with an existing
 SparkSession.
 
     spark-submit load_job.py --ranges @ranges.json --zookeeper h:p/chroot \
-        --staging /wh/table/_staging/<batch>.<attempt> --format json \
+        --staging /wh/table/_staging/<batch>.<attempt> --format json|confluent \
+        [--registry-url http://registry:8081] \
         [--schema "a string, b long NOT NULL" | --schema /path/schema.json] \
         [--layout directory|iceberg] [--max-reject-rate 0.01] [--leader-wait 60]
 
@@ -48,6 +49,7 @@ from typing import Sequence
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
+from airflow_provider_logbus.spark.decode_avro import decode_confluent
 from airflow_provider_logbus.spark.decode import (
     ERROR, META_COLUMNS, RAW, REJECT, JsonSchema, decode_json, explain_rejects, json_schema, non_null_default,
     required_fields,
@@ -61,6 +63,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
 WINDOW_MS = 600_000
 HOUR_MICROS = 3_600_000_000
 LAYOUTS = ("directory", "iceberg")
+VALUE_FORMATS = ("raw", "json", "confluent")  # confluent: registry-framed Avro (`decode_avro.py`)
 PARTITION_COLUMNS = {"directory": ("event_date", "event_hour"), "iceberg": ("logbus_hour",)}
 FIRST_ERRORS = 3
 
@@ -158,7 +161,7 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
              value_format: str = "json", schema: str | None = None, fetch_bytes: int = 8 << 20,
              split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS, layout: str = "directory",
              max_reject_rate: float = 1.0, leader_wait: float = LOAD_LEADER_WAIT_S,
-             parse_in_reader: bool = True) -> dict:
+             parse_in_reader: bool = True, registry_url: str | None = None) -> dict:
     """Load `ranges` into Parquet under `staging` (which must not hold another attempt)
     in `layout`, written by pyarrow on the executors (`write_parquet`), which also count
     the rows; rejected values go to `<staging>/_rejects/`. Returns and writes the
@@ -166,13 +169,17 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     reject rate is over `max_reject_rate`. A partition without a reachable leader is
     waited for up to `leader_wait` seconds before the read fails naming it.
     `parse_in_reader=False` leaves every JSON value to Spark's `from_json` (the
-    reference the reader's parse is tested against)."""
+    reference the reader's parse is tested against). `value_format="confluent"` decodes
+    registry-framed Avro values (`decode_avro.py`) into the declared `schema`'s columns,
+    fetching writer schemas from `registry_url`."""
     from pyspark.sql import functions as F
 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
-    if value_format not in ("raw", "json"):
-        raise ValueError(f"unknown value format {value_format!r}: use 'raw' or 'json'")
+    if value_format not in VALUE_FORMATS:
+        raise ValueError(f"unknown value format {value_format!r}: use one of {', '.join(VALUE_FORMATS)}")
+    if value_format == "confluent" and not (schema and registry_url):
+        raise ValueError("value format 'confluent' needs the table's schema declared and the registry's URL")
     if not 0.0 <= max_reject_rate <= 1.0:
         raise ValueError(f"max_reject_rate {max_reject_rate} must be a fraction between 0 and 1")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -188,12 +195,16 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     else:
         decoded = json_schema(spark, source, schema)
         schema_ddl, schema_source = decoded.ddl, decoded.source
-        if parse_in_reader:
-            source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait, decoded)
-        frame, outputs = decode_json(source, decoded, PARTITION_COLUMNS[layout])
-        # one pass writes both outputs: a rejected row carries its reject record, an
-        # accepted one null there (`write_parquet`); the diagnosis runs for rejected rows only
-        frame = explain_rejects(frame, decoded)
+        if value_format == "confluent":
+            frame, outputs = decode_confluent(source, decoded, registry_url, PARTITION_COLUMNS[layout])
+        else:
+            if parse_in_reader:
+                source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait,
+                                     decoded)
+            frame, outputs = decode_json(source, decoded, PARTITION_COLUMNS[layout])
+            # one pass writes both outputs: a rejected row carries its reject record, an
+            # accepted one null there (`write_parquet`); the diagnosis runs for rejected rows only
+            frame = explain_rejects(frame, decoded)
         required = [out for (f, out) in outputs if decoded.arrow is not None and not decoded.arrow.field(f).nullable]
         types = {out: decoded.struct[f].dataType for f, out in outputs}
         reject = F.when(F.col(ERROR).isNotNull(), F.struct(*META_COLUMNS, F.col(RAW).alias("value"),
@@ -235,7 +246,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--zookeeper")
     parser.add_argument("--brokers")
     parser.add_argument("--staging", required=True)
-    parser.add_argument("--format", default="json", choices=["raw", "json"])
+    parser.add_argument("--format", default="json", choices=VALUE_FORMATS)
+    parser.add_argument("--registry-url", help="the schema registry of --format confluent values")
     parser.add_argument("--schema", help="the JSON values' schema: Spark DDL, or a .json file (JSON Schema or an "
                                          "Avro record); inferred from a sample (and logged) when absent")
     parser.add_argument("--layout", default="directory", choices=list(LAYOUTS),
@@ -270,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_load(spark, ranges, args.staging, args.zookeeper, args.brokers, args.format, args.schema,
                  args.fetch_bytes, args.split_bytes, args.window_ms, args.layout, args.max_reject_rate,
-                 args.leader_wait)
+                 args.leader_wait, registry_url=args.registry_url)
     except (RejectRateError, SchemaError) as exc:
         logger.error("load failed: %s", exc)
         _record_failure(args.staging, exc)
