@@ -24,8 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from bench.paper.librdkafka_side import received
 from bench.raw import run_produce
 from broker.client.connection import BrokerConnection
 from harness.cluster import scratch_cluster
@@ -93,12 +94,9 @@ def consume(bootstrap: str, topic: str, records: int, broker: int) -> tuple[floa
         got, empty = 1, 0
         start, cpu, broker_cpu = time.perf_counter(), time.process_time(), cpu_seconds(broker)
         while got < records and empty < 50:
-            batch = consumer.consume(10_000, 0.5)
-            empty = 0 if batch else empty + 1
-            for message in batch:
-                if message.error():
-                    raise KafkaException(message.error())
-            got += len(batch)
+            n = received(consumer, 10_000)
+            empty = 0 if n else empty + 1
+            got += n
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         broker_cpu = cpu_seconds(broker) - broker_cpu
     finally:

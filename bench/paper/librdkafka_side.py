@@ -46,27 +46,28 @@ def produce(bootstrap: str, topic: str, messages: int, payload: bytes, sampler) 
         raise RuntimeError(f"librdkafka producer: {left:,} records not delivered")
 
 
+def received(consumer: Consumer, most: int) -> int:
+    """How many records one `consume` call returned (at most `most`); an error raises."""
+    batch = consumer.consume(most, 0.5)
+    for message in batch:
+        if message.error():
+            raise KafkaException(message.error())
+    return len(batch)
+
+
 def consume(bootstrap: str, topic: str, messages: int, sampler) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "paper-bench-librdkafka",
                          "enable.auto.commit": False, "max.partition.fetch.bytes": 200 * 1024,
                          "fetch.wait.max.ms": 100})
-    got = pending = empty = 0
+    got = empty = 0
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        every = sampler.every
         sampler.start()
         while got < messages and empty < 50:
-            batch = consumer.consume(1000, 0.5)
-            empty = 0 if batch else empty + 1
-            for message in batch:
-                if message.error():
-                    raise KafkaException(message.error())
-            got += len(batch)
-            pending += len(batch)
-            while pending >= every:
-                sampler.tick(every)
-                pending -= every
-        sampler.tick(pending)
+            n = received(consumer, 1000)
+            empty = 0 if n else empty + 1
+            got += n
+            sampler.add(n)
         sampler.finish()
     finally:
         consumer.close()
