@@ -10,7 +10,8 @@ membership). Rounds, medians.
 
 Each producer row gives records/s (wall clock from the first `produce` until `flush`
 returns), the producing process's CPU µs per record (user + system, every thread:
-librdkafka's are in it) and the broker's (its process, from /proc). Goals:
+librdkafka's are in it) and the broker's (its process, from /proc; each run starts
+once the broker is idle, its record counts of the run before done). Goals:
 producer ≥ 300,000 records/s, consumer ≥ 500,000 records/s. Producer, broker and
 ZooKeeper share the machine's cores, as in `bench.clients`.
 """
@@ -51,6 +52,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def settle(pid: int, seconds: float = 0.5) -> None:
+    """Wait until the broker is idle (under 5% of a core for `seconds`): its record
+    counts of the previous run (broker/server/audit.py) are not charged to this one."""
+    def idle() -> bool:
+        before = cpu_seconds(pid)
+        time.sleep(seconds)
+        return cpu_seconds(pid) - before < 0.05 * seconds
+
+    wait_until(idle, 60, "the broker idle", 0)
+
+
 def produce(bootstrap: str, topic: str, records: int, settings: dict, broker: int
             ) -> tuple[float, float, float]:
     """(records/s, producer CPU µs a record, broker CPU µs a record)."""
@@ -62,6 +74,7 @@ def produce(bootstrap: str, topic: str, records: int, settings: dict, broker: in
 
     producer = Producer({"bootstrap.servers": bootstrap, **THROUGHPUT, **settings})
     producer.list_topics(topic, timeout=30)  # metadata and connection before the clock
+    settle(broker)
     value = b"x" * SIZE
     send, poll = producer.produce, producer.poll
     start, cpu, broker_cpu = time.perf_counter(), time.process_time(), cpu_seconds(broker)
@@ -88,6 +101,7 @@ def consume(bootstrap: str, topic: str, records: int, broker: int) -> tuple[floa
                          "enable.auto.commit": False, "fetch.wait.max.ms": 100})
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        settle(broker)
         first = consumer.consume(1, 30)
         if not first or first[0].error():
             raise RuntimeError(f"librdkafka consumer: no first record ({first and first[0].error()})")
