@@ -1,8 +1,9 @@
 """The cost of the brokers' record counts (the audit's `broker` tier, broker/server/audit.py).
 
 1. Counting alone, in this process: records/s `PartitionCounts.count_entries` counts of
-   200-byte records in plain entries, producer batches of 50 and gzip sets of 50; and
-   what a log's tally costs an append (`Tally.note`, ns, sets in one window).
+   200-byte records in plain entries, producer batches of 50, gzip sets of 50 and stored
+   Kafka batches of 50 and of 4,500 (magic 4; librdkafka at batch.size 1 MB sends ~4,500).
+   And what a log's tally costs an append (`Tally.note`, ns, sets in one window).
 2. The produce path with counting on and off: `bench.raw`'s acks=0 produce (batch 50,
    two connections, one partition each) into a fresh broker with
    `audit.count.interval.ms` = 0 (off) and 1000, alternating, `--rounds` times each; and
@@ -39,6 +40,21 @@ except ImportError:  # run against a checkout from before the tally (to compare)
     Tally = None  # type: ignore[assignment,misc]
 
 
+def kafka_entries(records: int, entries: int, now: int) -> bytes:
+    """Stored magic-4 entries of uncompressed Kafka batches of `records` records each."""
+    from aiokafka.record._crecords.default_records import DefaultRecordBatchBuilder  # noqa: PLC0415
+
+    from broker.common.kafka.records import kafka_entry  # noqa: PLC0415
+
+    out = bytearray()
+    for _ in range(entries):
+        builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 31)
+        for i in range(records):
+            builder.append(i, now, None, b"m" * MESSAGE_BYTES, [])
+        out += kafka_entry(bytes(builder.build()), len(out), 0, now)
+    return bytes(out)
+
+
 def counting_alone(entries: int = 2000) -> list[tuple[str, float]]:
     now = int(time.time() * 1000)
     records = [(None, b"m" * MESSAGE_BYTES, now)] * 50
@@ -46,6 +62,8 @@ def counting_alone(entries: int = 2000) -> list[tuple[str, float]]:
         "plain entries": encode_message_set(records) * entries,
         "batches of 50": b"".join(encode_batch(records, BatchIdentity(1, 0, i * 50, 50)) for i in range(entries)),
         "gzip sets of 50": encode_message_set(records, "gzip") * entries,
+        "Kafka batches of 50": kafka_entries(50, entries, now),
+        "Kafka batches of 4,500": kafka_entries(4_500, max(1, entries * 50 // 4_500), now),
     }
     rows = []
     for name, data in kinds.items():

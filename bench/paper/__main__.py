@@ -11,6 +11,8 @@
 - Consumer test: one consumer reads everything back, each pull about 1,000 messages
   / 200 KB (logbus fetch size 200 KB; RabbitMQ prefetch 1000; ActiveMQ prefetch 1000;
   Redis XREAD COUNT 1000); peers acknowledge automatically.
+- librdkafka (confluent-kafka) through the broker's Kafka listener, rows of their own
+  beside the native client's (`librdkafka_side.py`; `--no-librdkafka` leaves them out).
 - Storage: (bytes on disk after − before) / messages − 200.
 - logbus end-to-end latency (send → consumer) at a fixed rate, per flush interval.
 
@@ -49,7 +51,8 @@ PAYLOAD = random.Random(2011).randbytes(MESSAGE_BYTES)
 PEERS = ("rabbitmq", "activemq", "redis")
 PEER_NAMES = {"rabbitmq": "RabbitMQ", "activemq": "ActiveMQ", "redis": "Redis Streams"}
 # The bench extra of pyproject.toml, installed when missing.
-BENCH_MODULES = {"pika": "pika", "stomp": "stomp.py", "matplotlib": "matplotlib", "redis": "redis"}
+BENCH_MODULES = {"pika": "pika", "stomp": "stomp.py", "matplotlib": "matplotlib", "redis": "redis",
+                 "confluent_kafka": "confluent-kafka"}
 
 
 def log(text: str) -> None:
@@ -95,7 +98,7 @@ def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], lat
     every = int(args.sample_mb * 1e6 // MESSAGE_BYTES)
     with logbus_side.ZooKeeperServer(workdir / "zk") as zk:
         with logbus_side.LocalCluster(zk.connect_string + "/paper", workdir / "logbus") as cluster:
-            broker = cluster.start_broker(0, logbus_side.THROUGHPUT_SETTINGS)
+            broker = cluster.start_broker(0, logbus_side.THROUGHPUT_SETTINGS, kafka=args.librdkafka)
             setup = logbus_side.LogbusSetup(zk, cluster, broker)
             ends = {}
             settings = [(batch, acks, False) for acks in args.acks for batch in args.batches]
@@ -120,6 +123,8 @@ def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], lat
             if got != args.messages:
                 raise RuntimeError(f"logbus consumer read {got:,} of {args.messages:,} messages")
             runs.append(Run("logbus", "consume", "fetch 200 KB", s.done, s.seconds, s.series()))
+            if args.librdkafka:
+                run_librdkafka(args, setup, runs, every)
         if args.latency_seconds > 0:
             for flush_ms in args.latency_flush_ms:
                 settings = {"log.flush.interval.ms": flush_ms, "log.flush.interval.messages": 1_000_000}
@@ -134,6 +139,22 @@ def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], lat
                     lat = latencies[-1]
                     log(f"  latency, flush every {flush_ms} ms: median {lat.q(0.5):.1f} ms, p99 {lat.q(0.99):.1f} ms "
                         f"({len(values):,} messages)")
+
+
+def run_librdkafka(args, setup: logbus_side.LogbusSetup, runs: list[Run], every: int) -> None:
+    """librdkafka's producer and consumer through the broker's Kafka listener (issue 36)."""
+    from bench.paper import librdkafka_side as side  # noqa: PLC0415 - confluent-kafka, of the bench extra
+
+    topic = "paper-librdkafka"
+    logbus_side.create_topic(setup, topic)
+    s = sampler(f"{side.SYSTEM} produce", args.messages, every)
+    side.produce(setup.broker.kafka_bootstrap, topic, args.messages, PAYLOAD, s)
+    runs.append(Run(side.SYSTEM, "produce", side.PRODUCE_SETTING, s.done, s.seconds, s.series(), batch=0))
+    s = sampler(f"{side.SYSTEM} consume", args.messages, every)
+    got = side.consume(setup.broker.kafka_bootstrap, topic, args.messages, s)
+    if got != args.messages:  # also what shows a record the producer failed to deliver
+        raise RuntimeError(f"librdkafka consumer read {got:,} of {args.messages:,} records")
+    runs.append(Run(side.SYSTEM, "consume", side.CONSUME_SETTING, s.done, s.seconds, s.series()))
 
 
 # -------------------------------------------------------------------------- peers
@@ -207,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-rate", type=int, default=2_000, help="messages/s of the latency run")
     parser.add_argument("--latency-seconds", type=float, default=15.0, help="length of each latency run (0: skip)")
     parser.add_argument("--latency-flush-ms", default="200,20", help="log.flush.interval.ms values for latency runs")
+    parser.add_argument("--librdkafka", action=argparse.BooleanOptionalAction, default=True,
+                        help="rows of librdkafka (confluent-kafka) through the broker's Kafka listener (issue 36)")
     parser.add_argument("--skip-install", action="store_true", help="do not apt-get/pip install anything")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--plots", default=str(ROOT / "bench" / "plots"),

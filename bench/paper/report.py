@@ -90,22 +90,23 @@ def _ratio(a: float, b: float | None) -> str:
 
 
 def markdown(runs: list[Run], storage: list[Storage], latencies: list[Latency]) -> str:
-    peers = [r for r in runs if r.system != "logbus"]
+    peers = [r for r in runs if not r.system.startswith("logbus")]  # "logbus (librdkafka)" is ours
     peer_names = list(dict.fromkeys(r.system for r in peers))
     lines: list[str] = []
     for test, title in (("produce", "Producer test"), ("consume", "Consumer test")):
-        ours = [r for r in runs if r.system == "logbus" and r.test == test]
+        ours = [r for r in runs if r.system.startswith("logbus") and r.test == test]
         theirs = {r.system: r for r in peers if r.test == test}
         lines += [f"### {title}", ""]
         head = "| system | setting | messages | msg/s | MB/s | paper msg/s | ours / paper |"
         head += "".join(f" logbus / {p} |" for p in peer_names)
         lines += [head, "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(peer_names)]
         for r in ours + [theirs[p] for p in peer_names if p in theirs]:
-            paper = (PAPER_PRODUCE.get(r.batch) if test == "produce" else PAPER_CONSUME) if r.system == "logbus" else None
+            paper = ((PAPER_PRODUCE.get(r.batch) if test == "produce" else PAPER_CONSUME)
+                     if r.system.startswith("logbus") else None)
             row = (f"| {r.system} | {r.setting} | {r.messages:,} | {r.rate:,.0f} | {r.rate * 200 / 1e6:.1f} | "
                    f"{f'{paper:,}' if paper else '—'} | {_ratio(r.rate, paper)} |")
             for p in peer_names:
-                row += f" {_ratio(r.rate, theirs[p].rate) if r.system == 'logbus' and p in theirs else '—'} |"
+                row += f" {_ratio(r.rate, theirs[p].rate) if r.system.startswith('logbus') and p in theirs else '—'} |"
             lines.append(row)
         lines.append("")
     if storage:
@@ -138,7 +139,7 @@ PAPER_REFERENCE = {
 
 _STYLE = {
     "logbus": ("tab:blue", "-"), "RabbitMQ": ("tab:orange", "-"), "ActiveMQ": ("tab:red", "-"),
-    "Redis Streams": ("tab:green", "-"),
+    "Redis Streams": ("tab:green", "-"), "logbus (librdkafka)": ("tab:cyan", "-"),
 }
 
 

@@ -21,6 +21,7 @@ class Sampler:
     ended: float | None = None
     points: list[tuple[int, float]] = field(default_factory=list)  # (messages done, seconds since start)
     notes: list[str] = field(default_factory=list)
+    pending: int = 0  # counted by `add`, not yet sampled
 
     def start(self) -> None:
         self.done = 0
@@ -47,7 +48,17 @@ class Sampler:
                              f"{rate:>10,.0f} msg/s   ")
             sys.stderr.flush()
 
+    def add(self, messages: int) -> None:
+        """Count `messages` done, one sample per `every` of them (the rest waits for
+        more, or for `finish`)."""
+        self.pending += messages
+        while self.pending >= self.every:
+            self.tick(self.every)
+            self.pending -= self.every
+
     def finish(self) -> None:
+        self.tick(self.pending)
+        self.pending = 0
         self.ended = time.perf_counter()
         if not self.quiet:
             sys.stderr.write("\n")

@@ -56,6 +56,11 @@ SMOKES: dict[str, Smoke] = {
         r"^raw batch 1 +\d+$",
         r"^producer/raw batch 50 +[\d.]+$",
         r"^producer CPU us/msg batch 50 +[\d.]+$"]),
+    "kafka_clients": Smoke(["--records", "2000", "--rounds", "1"], [
+        r"^\| native raw batch 50, acks=0 \| [\d,]+ \| \| \| 1.00 \| \|$",
+        r"^\| librdkafka producer acks=1 \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
+        r"^\| librdkafka producer acks=all idempotent \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
+        r"^\| librdkafka consumer \| [\d,]+ \| [\d.]+ \| [\d.]+ \| — \| 500,000 \|$"]),
     "raw": Smoke(["--messages", "2000"], [
         r"produce batch  1, acks=0: +[\d,]+ msg/s",
         r"\| produce batch 50 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|",
@@ -172,6 +177,8 @@ SMOKES: dict[str, Smoke] = {
         r"^\| logbus \| batch 50, acks=1 \| 2,000 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|$",
         r"^\| logbus \| batch 1, acks=1, idempotent \| 2,000 \| [\d,]+ \| [\d.]+ \| 50,000 \| [\d.]+ \|$",
         r"^\| logbus \| fetch 200 KB \| 2,000 \| [\d,]+ \| [\d.]+ \| 22,000 \| [\d.]+ \|$",
+        r"^\| logbus \(librdkafka\) \| linger 5 ms, batch.size 1 MB, acks=1 \| 2,000 \| [\d,]+ \| [\d.]+ \| — \| — \|$",
+        r"^\| logbus \(librdkafka\) \| fetch 200 KB \| 2,000 \| [\d,]+ \| [\d.]+ \| 22,000 \| [\d.]+ \|$",
         r"^\| logbus \| 2,000 \| [\d,]+ \| [\d.]+ \| 9 \|",
         r"^\| 20 \| 200 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$"]),
 }

@@ -33,15 +33,15 @@ def read_from(bootstrap: str, topic: str, partition: int, offset: int, count: in
     consumer.assign([TopicPartition(topic, partition, offset)])
     got: list = []
     try:
-        def more() -> bool:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                got.append(msg)
-            elif msg is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-                raise AssertionError(f"consumer error: {msg.error()}")
+        def more() -> bool:  # all that is ready, not one message per wait_until interval
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is None:
+                    got.append(msg)
+                elif msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise AssertionError(f"consumer error: {msg.error()}")
             return len(got) >= count
 
         wait_until(more, timeout, f"{count} messages of {topic}-{partition} from {offset}")
     finally:
         consumer.close()
-    return got
+    return got[:count]

@@ -77,3 +77,18 @@ def test_offsets_for_times_finds_the_first_record_at_or_after_a_time(kafka_broke
     finally:
         consumer.close()
     assert found == [offsets[1], offsets[2], -1]  # -1: every record older (Kafka's answer)
+
+
+def test_a_produce_request_larger_than_the_scratch_buffer_is_stored(kafka_broker):
+    """Found by bench.kafka_clients (issue 36): a request larger than the connection's
+    scratch buffer (256 KiB) arrives in a buffer of its own, a writable memoryview,
+    which kio's reader refused ("writable byte buffer"); the broker closed the
+    connection and librdkafka, with its default batch.size of 1 MB, retried forever."""
+    records = [(None, b"%06d" % i + b"v" * 294, []) for i in range(2_000)]  # 600 KB in one batch
+    p = producer(kafka_broker.kafka_bootstrap, **{"linger.ms": 1000, "batch.size": 1_000_000,
+                                                  "message.timeout.ms": 20_000})
+    reports = produce_all(p, "t", records)
+    assert all(err is None for err, _ in reports), reports[:3]
+    assert len({o - i for i, (_, o) in enumerate(reports)}) < 5  # a few large batches, not one a record
+    got = read_from(kafka_broker.kafka_bootstrap, "t", 0, 0, len(records))
+    assert [m.value() for m in got] == [v for _, v, _ in records]

@@ -103,6 +103,10 @@ def decode_request(frame: bytes | memoryview) -> tuple[RequestHeader, Any]:
     api_key, api_version, _ = peek(frame)
     schema = request_schema(api_key, api_version)
     header = decode_request_header(frame)
+    if isinstance(frame, memoryview) and not frame.readonly:
+        # a frame larger than the connection's scratch buffer comes in a writable buffer
+        # of its own (broker/server/connection.py), which kio's reader refuses
+        frame = frame.toreadonly()
     try:
         request, size = entity_reader(schema)(frame, header.size)
     except Exception as exc:  # kio raises BufferUnderflow, ValueError, UnicodeDecodeError...
