@@ -135,3 +135,14 @@ def wait_identical(cluster, topic: str, partition: int, replicas: list[int], tim
         sizes = {b: sum(len(d) for _, d in segments(cluster, b, topic, partition)) for b in replicas}
         raise AssertionError(f"replicas of {topic}-{partition} still differ after {timeout}s: sizes {sizes}") from None
     return b"".join(data for _, data in segments(cluster, replicas[0], topic, partition))
+
+
+def kill_leader_and_wait_back(cluster, zk: KazooClient, topic: str, partition: int = 0) -> int:
+    """SIGKILL the partition's leader, wait for another to lead, restart the killed one
+    and wait until it is back in the ISR; returns the killed broker's id."""
+    leader = state(zk, topic, partition).leader
+    cluster.brokers[leader].kill()
+    wait_for_state(zk, topic, partition, lambda s: s.leader not in (-1, leader), "a new leader", 60)
+    cluster.start_broker(leader, BROKER_SETTINGS, wait=False)
+    wait_for_state(zk, topic, partition, lambda s: len(s.isr) == 3, "the killed broker back in the ISR", 60)
+    return leader

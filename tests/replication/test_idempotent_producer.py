@@ -24,7 +24,8 @@ from tests.replication.history import (
     IdempotentProducerWorker, SendLog, check_history, read_replica, wait_healed,
 )
 from tests.replication.replicated import (
-    BROKER_SETTINGS, create_replicated_topic, state, wait_for_state, wait_identical, wait_leading,
+    BROKER_SETTINGS, create_replicated_topic, kill_leader_and_wait_back, state, wait_for_state, wait_identical,
+    wait_leading,
 )
 
 PID = 4_242_424_242
@@ -102,11 +103,7 @@ def test_leaders_killed_ten_times_under_acks_all_leave_every_value_once(cluster,
     try:
         for kill in range(10):
             wait_until(lambda: len(log.acked) > 200 * (kill + 1), 60, f"acknowledgements before kill {kill}")
-            leader = state(zk, topic).leader
-            cluster.brokers[leader].kill()
-            wait_for_state(zk, topic, 0, lambda s, gone=leader: s.leader not in (-1, gone), "a new leader", 60)
-            cluster.start_broker(leader, BROKER_SETTINGS, wait=False)
-            wait_for_state(zk, topic, 0, lambda s: len(s.isr) == 3, "the killed broker back in the ISR", 60)
+            kill_leader_and_wait_back(cluster, zk, topic)
     finally:
         stop.set()
         for worker in workers:

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, read_partition
-from tests.replication.replicated import BROKER_SETTINGS, create_replicated_topic, state, wait_for_state
+from tests.replication.replicated import BROKER_SETTINGS, create_replicated_topic, kill_leader_and_wait_back, state
 
 
 def test_leaders_killed_under_a_kafka_idempotent_producer_leave_every_record_once(cluster, zk):
@@ -50,11 +50,7 @@ def test_leaders_killed_under_a_kafka_idempotent_producer_leave_every_record_onc
     try:
         for kill in range(3):
             wait_until(lambda: len(acked) > 1000 * (kill + 1), 90, f"acknowledgements before kill {kill}")
-            leader = state(zk, topic).leader
-            cluster.brokers[leader].kill()
-            wait_for_state(zk, topic, 0, lambda s, gone=leader: s.leader not in (-1, gone), "a new leader", 60)
-            cluster.start_broker(leader, BROKER_SETTINGS, wait=False)
-            wait_for_state(zk, topic, 0, lambda s: len(s.isr) == 3, "the killed broker back in the ISR", 60)
+            kill_leader_and_wait_back(cluster, zk, topic)
     finally:
         stop.set()
         sender.join(60)

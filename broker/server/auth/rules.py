@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from broker.common.acls import CLUSTER, Operation, ResourceType
-from broker.common.errors import ClusterAuthorizationFailed
+from broker.common.errors import ClusterAuthorizationFailed, LogbusError
 from broker.common.protocol import BrokerInfo
 from broker.server.auth.authorizer import Authorizer
 from broker.server.auth.session import Session
@@ -38,6 +38,14 @@ class RequestRules:
         """The same decision as a bool, unlogged (ListGroups' filter, authorized operations)."""
         return self.authorizer is None or self.authorizer.allowed(session, operation, ResourceType.GROUP, group,
                                                                   log=False)
+
+    def topic_refusal(self, session: Session, operation: Operation, topic: str) -> LogbusError | None:
+        """`topic`'s check as a value: the refusal, or None (per-partition answers)."""
+        try:
+            self.topic(session, operation, topic)
+        except LogbusError as exc:
+            return exc
+        return None
 
     def describes(self, session: Session, topic: str) -> bool:
         """Whether METADATA shows the topic to this principal."""

@@ -69,11 +69,7 @@ class FetchRequests:
         budget = request.max_bytes if request.max_bytes > 0 else 1 << 30
         reads = []
         for topic in request.topics:
-            try:
-                self.native.rules.topic(session, Operation.READ, topic.topic)
-                refusal = None
-            except LogbusError as exc:
-                refusal = exc
+            refusal = self.native.rules.topic_refusal(session, Operation.READ, topic.topic)
             for part in topic.partitions:
                 read = self._read(topic.topic, part, min(budget, part.partition_max_bytes), refusal,
                                   first=not any(r.batches for r in reads))

@@ -45,11 +45,7 @@ class ProduceRequests:
         acks = request.acks
         answers: list[tuple[str, int, Any]] = []  # (topic, partition, Appended or a refusal)
         for topic in request.topic_data:
-            try:
-                self.rules.topic(session, Operation.WRITE, topic.name)
-                refusal = None
-            except LogbusError as exc:
-                refusal = exc
+            refusal = self.rules.topic_refusal(session, Operation.WRITE, topic.name)
             for part in topic.partition_data:
                 answers.append((topic.name, part.index, refusal or self._append(topic.name, part, acks)))
         if acks == 0:

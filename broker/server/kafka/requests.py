@@ -157,11 +157,7 @@ class KafkaRequests:
         topics = []
         for topic in request.topics:
             partitions = []
-            try:
-                self.rules.topic(session, Operation.DESCRIBE, topic.name)
-                refusal = None
-            except LogbusError as exc:
-                refusal = exc
+            refusal = self.rules.topic_refusal(session, Operation.DESCRIBE, topic.name)
             for part in topic.partitions:
                 partitions.append(self._list_offset(version, topic.name, part, refusal))
             topics.append(entity(ApiKey.LIST_OFFSETS, version, "ListOffsetsTopicResponse", name=topic.name,
