@@ -9,14 +9,13 @@ request does not stop the others, as in Kafka."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
 import logging
 from typing import Any, NamedTuple
 
 from kio.schema.errors import ErrorCode as KafkaError
 
-from broker.common.acls import Operation, ResourceType
+from broker.common.acls import ResourceType
 from broker.common.errors import LogbusError
 from broker.common.kafka.apis import ApiKey
 from broker.common.kafka.errors import kafka_error
@@ -24,13 +23,12 @@ from broker.common.protocol import check_topic_name
 from broker.server.auth.session import Session
 from broker.server.handlers import RequestHandler
 from broker.server.kafka.configs import ConfigValue, broker_configs, refused_topic_config, topic_configs
-from broker.server.kafka.messages import entity, response
+from broker.server.kafka.messages import NO_THROTTLE, entity, response
 from broker.server.replies import Reply, answered, later
 from broker.server.topics import MAX_PARTITIONS
 
 logger = logging.getLogger(__name__)
 
-NO_THROTTLE = datetime.timedelta(0)
 DEFAULT = -1  # CreateTopics' num_partitions / replication_factor: the broker's default
 TOPIC, BROKER = 2, 4  # DescribeConfigs' resource types (Kafka's ConfigResource.Type)
 

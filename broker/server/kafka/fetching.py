@@ -15,7 +15,6 @@ full fetch, session id 0, which clients accept.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, NamedTuple
 
 from kio.schema.errors import ErrorCode as KafkaError
@@ -28,12 +27,11 @@ from broker.common.kafka.fetch import fetch_batches
 from broker.common.message import first_entry_size
 from broker.server.auth.session import Session
 from broker.server.handlers import RequestHandler
-from broker.server.kafka.messages import entity, response
+from broker.server.kafka.messages import NO_THROTTLE, entity, response
 from broker.server.kafka.positions import kafka_end
 from broker.server.log.log import Log
 from broker.server.replies import Reply, answered, later
 
-NO_THROTTLE = datetime.timedelta(0)
 
 
 class PartitionRead(NamedTuple):
@@ -43,7 +41,6 @@ class PartitionRead(NamedTuple):
     start: int  # where the read starts (the entry holding the fetch offset)
     batches: bytes
     error: KafkaError
-    message: str | None
 
 
 class FetchRequests:
@@ -66,13 +63,13 @@ class FetchRequests:
         return self._response(version, self._read_all(request, session))
 
     def _read_all(self, request: Any, session: Session) -> list[PartitionRead]:
-        budget = request.max_bytes if request.max_bytes > 0 else 1 << 30
+        budget = whole = request.max_bytes if request.max_bytes > 0 else 1 << 30
         reads = []
         for topic in request.topics:
             refusal = self.native.rules.topic_refusal(session, Operation.READ, topic.topic)
             for part in topic.partitions:
                 read = self._read(topic.topic, part, min(budget, part.partition_max_bytes), refusal,
-                                  first=not any(r.batches for r in reads))
+                                  first=budget == whole)  # nothing read yet: KIP-74 applies
                 budget -= len(read.batches)
                 reads.append(read)
         return reads
@@ -90,9 +87,9 @@ class FetchRequests:
                 if size is not None and size > len(data):
                     data = log.read(start, size, exact=True).read()
                     batches = fetch_batches(data, start)
-            return PartitionRead(topic, part.partition, log, start, b"".join(batches), KafkaError.none, None)
+            return PartitionRead(topic, part.partition, log, start, b"".join(batches), KafkaError.none)
         except LogbusError as exc:
-            return PartitionRead(topic, part.partition, None, -1, b"", kafka_error(exc.code), str(exc))
+            return PartitionRead(topic, part.partition, None, -1, b"", kafka_error(exc.code))
 
     @staticmethod
     def _response(version: int, reads: list[PartitionRead]) -> Any:

@@ -46,6 +46,9 @@ def field(request: Any, name: str, default: Any = None) -> Any:
     return getattr(request, name, default)
 
 
+NO_THROTTLE = datetime.timedelta(0)  # logbus enforces no quotas: every response's throttle time
+
+
 _EMPTY = {"string": "", "bytes": b"", "bool": False, "records": None, "uuid": None}
 
 
@@ -66,7 +69,7 @@ def error_response(api_key: int, version: int, error: Any, message: str | None =
         elif kind == "error_code":
             fields[f.name] = error
         elif kind == "timedelta_i32":
-            fields[f.name] = datetime.timedelta(0)
+            fields[f.name] = NO_THROTTLE
         elif kind in _EMPTY:
             fields[f.name] = _EMPTY[kind]
         elif kind is None:

@@ -9,7 +9,6 @@ batch is in the leader's log, acks=-1 once committed (docs/replication.md)."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from typing import Any
 
@@ -22,12 +21,11 @@ from broker.common.kafka.errors import kafka_error
 from broker.common.kafka.records import BatchRefused, check_batch
 from broker.server.auth.session import Session
 from broker.server.handlers import Appended, RequestHandler
-from broker.server.kafka.messages import entity, field, response
+from broker.server.kafka.messages import NO_THROTTLE, entity, field, response
 from broker.server.replies import Reply, answered, later
 
 logger = logging.getLogger(__name__)
 
-NO_THROTTLE = datetime.timedelta(0)
 
 
 class ProduceRequests:

@@ -14,7 +14,6 @@ coordinator's requests are `groups.py`'s, the administrative ones `admin.py`'s, 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from typing import Any, Callable
 
@@ -33,15 +32,14 @@ from broker.server.kafka.coordinator import GroupSettings
 from broker.server.kafka.fetching import FetchRequests
 from broker.server.kafka.groups import GroupRequests
 from broker.server.kafka.producing import ProduceRequests
-from broker.server.kafka.messages import entity, field, response
+from broker.server.kafka.messages import NO_THROTTLE, entity, field, response
 from broker.server.kafka.positions import kafka_end, offset_for_time
 from broker.server.kafka.sasl import KafkaSasl
 from broker.server.replies import Reply, answered, later
 
 logger = logging.getLogger(__name__)
 
-NO_THROTTLE = datetime.timedelta(0)
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+LATEST, EARLIEST = -1, -2  # ListOffsets' queries; -3 (max timestamp) is refused
 CLUSTER_ID = "logbus"
 KafkaHandler = Callable[[Any, int, Session], Reply]
 _BEFORE_AUTH = (ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
