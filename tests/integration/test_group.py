@@ -117,7 +117,7 @@ def test_two_groups_each_receive_every_message(cluster, zk, zk_connect):
 
 def test_commit_writes_the_next_offset_to_read(cluster, zk, zk_connect):
     start_topic(cluster, zk, zk_connect, count=8)
-    group = member(zk_connect, auto_commit_interval_ms=0)
+    group = member(zk_connect, auto_commit_interval_ms=0, consumer_timeout_ms=60_000)  # a loaded machine's first fetch
     try:
         stream = group.streams["logs"][0]
         message = next(iter(stream))
