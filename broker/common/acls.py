@@ -74,6 +74,10 @@ class Resource:
     name: str
     pattern: PatternType = PatternType.LITERAL
 
+    def __post_init__(self) -> None:
+        if not self.name:  # a prefixed "" would match everything and has no node of its own
+            raise ValueError(f"an empty resource name: name the {self.type.value}")
+
     def matches(self, resource_type: ResourceType, name: str) -> bool:
         if resource_type != self.type:
             return False

@@ -103,11 +103,11 @@ def cmd_users(args: argparse.Namespace, cluster) -> int:
 
 def _resource(args: argparse.Namespace) -> Resource | None:
     pattern = PatternType(args.resource_pattern_type)
-    if args.topic:
+    if args.topic is not None:
         return Resource(ResourceType.TOPIC, args.topic, pattern)
-    if args.group:
+    if args.group is not None:
         return Resource(ResourceType.GROUP, args.group, pattern)
-    if args.subject:
+    if args.subject is not None:
         return Resource(ResourceType.SUBJECT, args.subject, pattern)
     if args.cluster:
         return Resource(ResourceType.CLUSTER, CLUSTER)

@@ -115,6 +115,10 @@ def test_acls_are_added_listed_and_removed(secured, tmp_path):
     (("acls", "--add", "--allow-principal", "User:frank", "--operation", "Read"), "name the resource"),
     (("acls", "--add", "--allow-principal", "User:frank", "--operation", "Fly", "--topic", "t"), "unknown Operation"),
     (("acls", "--add", "--topic", "t"), "at least one --allow-principal"),
+    (("acls", "--add", "--allow-principal", "User:frank", "--operation", "Read", "--topic", "",
+      "--resource-pattern-type", "prefixed"), "an empty resource name"),
+    (("acls", "--add", "--allow-principal", "User:frank", "--operation", "Read", "--group", ""),
+     "an empty resource name"),
     (("users", "add", "bad,name"), "invalid user name"),
     (("users", "add", "nobody-with-no-password"), "the password is empty"),
 ])
