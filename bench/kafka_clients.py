@@ -14,7 +14,7 @@ librdkafka's are in it) and the broker's (its process, from /proc). Goals: produ
 300,000 records/s, consumer ≥ 500,000 records/s. Producer, broker and ZooKeeper share
 the machine's cores, as in `bench.clients`.
 
-Every run — the consumer's above all — starts on a quiet broker (`quiesce`): what was
+Every run — the consumer's above all — starts on a quiet broker (`Quiet.wait`): what was
 produced before is flushed (`log.flush.interval.ms` has passed since the last run), the
 brokers' record counts (broker/server/audit.py, a round every
 `audit.count.interval.ms`) have counted it, and the broker's CPU is idle. Without that,
@@ -39,12 +39,13 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from bench.paper.librdkafka_side import received
 from bench.raw import run_produce
 from broker.client.connection import BrokerConnection
-from harness.cluster import BrokerProcess, scratch_cluster
 from broker.common.auditcounts import PartitionCounts, audit_path
+from harness.cluster import BrokerProcess, scratch_cluster
 from harness.process import wait_until
 
 SIZE = 200
@@ -106,9 +107,12 @@ class Quiet:
         settle(self.pid)
 
     def _counted(self, conn: BrokerConnection, topic: str, partition: int) -> bool:
-        node = self.zk.exists(audit_path(topic, partition))
-        upto = PartitionCounts.decode(self.zk.get(audit_path(topic, partition))[0]).upto if node else -1
-        return upto == conn.offsets(topic, partition, -1)[0]
+        """The audit's `upto` of the partition is its flushed end (no node: not counted yet)."""
+        try:
+            node, _ = self.zk.get(audit_path(topic, partition))
+        except NoNodeError:
+            return False
+        return PartitionCounts.decode(node).upto == conn.offsets(topic, partition, -1)[0]
 
     def close(self) -> None:
         self.zk.stop()
@@ -181,7 +185,8 @@ def median_row(name: str, values: list[tuple[float, ...]]) -> tuple[str, tuple[f
     return name, tuple(statistics.median(v[i] for v in values) for i in range(len(values[0])))
 
 
-def run_round(r: int, records: int, broker: BrokerProcess, quiet: Quiet, results: dict[str, list[tuple[float, ...]]]) -> None:
+def run_round(r: int, records: int, broker: BrokerProcess, quiet: Quiet,
+              results: dict[str, list[tuple[float, ...]]]) -> None:
     """One round: raw frames, each producer, then the consumer of the round's acks=1
     partition, each run on a quiet broker."""
     def note(name: str, row: tuple[float, ...]) -> None:
