@@ -1,19 +1,30 @@
 """librdkafka (confluent-kafka) against one broker's Kafka listener (issue 36, "Measure";
-not a test): the producer at acks=1 and at acks=all idempotent, 200-byte records, with
-the settings a throughput-minded user sets (linger.ms 5, batch.size 1 MB,
-batch.num.messages 10,000, no compression; the consumer's fetch.queue.backoff.ms 10); `bench.raw`'s pre-encoded native frames at
-batch 50 on the same broker, in turn, for the ratio the issue asks (≥ 0.8); then one
-librdkafka consumer reading one partition from the start (assigned, no group
-membership). Rounds, medians.
+not a test): the producer at acks=1, at acks=all and at acks=all idempotent, 200-byte
+records, with the settings a throughput-minded user sets (linger.ms 5, batch.size 1 MB,
+batch.num.messages 10,000, no compression; the consumer's fetch.queue.backoff.ms 10);
+`bench.raw`'s pre-encoded native frames at batch 50 on the same broker, in turn, for
+the ratio the issue asks (≥ 0.8); then one librdkafka consumer reading the round's
+acks=1 partition from the start (assigned, no group membership). Rounds, medians.
 
-    PYTHONPATH=$PWD .venv/bin/python -m bench.kafka_clients --records 300000 --rounds 3
+    PYTHONPATH=$PWD .venv/bin/python -m bench.kafka_clients --records 300000 --rounds 5
 
 Each producer row gives records/s (wall clock from the first `produce` until `flush`
 returns), the producing process's CPU µs per record (user + system, every thread:
-librdkafka's are in it) and the broker's (its process, from /proc; each run starts
-once the broker is idle, its record counts of the run before done). Goals:
-producer ≥ 300,000 records/s, consumer ≥ 500,000 records/s. Producer, broker and
-ZooKeeper share the machine's cores, as in `bench.clients`.
+librdkafka's are in it) and the broker's (its process, from /proc). Goals: producer ≥
+300,000 records/s, consumer ≥ 500,000 records/s. Producer, broker and ZooKeeper share
+the machine's cores, as in `bench.clients`.
+
+Every run — the consumer's above all — starts on a quiet broker (`Quiet.wait`): what was
+produced before is flushed (`log.flush.interval.ms` has passed since the last run), the
+brokers' record counts (broker/server/audit.py, a round every
+`audit.count.interval.ms`) have counted it, and the broker's CPU is idle. Without that,
+the consumer, run right after a producer, shared the broker with the last flush and a
+count of the records just produced, and waited for that flush to see the tail.
+
+The idempotent producer sends one Produce request at a time per partition (librdkafka
+counts messages, not requests, against its in-flight limit of 5), and acks=all on one
+replica answers after the fsync (docs/protocol.md): its rate is a batch per round trip
+(BENCHMARKS.md, "librdkafka against one broker").
 """
 
 from __future__ import annotations
@@ -27,10 +38,14 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
 from bench.paper.librdkafka_side import received
 from bench.raw import run_produce
 from broker.client.connection import BrokerConnection
-from harness.cluster import scratch_cluster
+from broker.common.auditcounts import PartitionCounts, audit_path
+from harness.cluster import BrokerProcess, scratch_cluster
 from harness.process import wait_until
 
 SIZE = 200
@@ -40,6 +55,7 @@ GOALS = {"producer": 300_000, "consumer": 500_000}
 BROKER_SETTINGS = {"log.flush.interval.messages": 50_000, "log.flush.interval.ms": 1000}
 PRODUCERS = {
     "acks=1": {"acks": "1", "enable.idempotence": False},
+    "acks=all": {"acks": "all", "enable.idempotence": False},
     "acks=all idempotent": {"acks": "all", "enable.idempotence": True},
 }
 # librdkafka stops fetching for fetch.queue.backoff.ms (default 1 s) whenever its local
@@ -57,14 +73,50 @@ def cpu_seconds(pid: int) -> float:
 
 
 def settle(pid: int, seconds: float = 0.5) -> None:
-    """Wait until the broker is idle (under 5% of a core for `seconds`): its record
-    counts of the previous run (broker/server/audit.py) are not charged to this one."""
+    """Wait until the broker is idle (under 5% of a core for `seconds`)."""
     def idle() -> bool:
         before = cpu_seconds(pid)
         time.sleep(seconds)
         return cpu_seconds(pid) - before < 0.05 * seconds
 
     wait_until(idle, 60, "the broker idle", 0)
+
+
+class Quiet:
+    """Starts each run on a quiet broker: everything produced before is flushed and
+    counted by the brokers' record counts, and the broker idle (module docstring)."""
+
+    def __init__(self, zookeeper: str, port: int, pid: int) -> None:
+        self.zk = KazooClient(zookeeper)
+        self.zk.start(30)
+        self.port, self.pid = port, pid
+        self.partitions: list[tuple[str, int]] = []
+        self.last_run = 0.0
+
+    def produced(self, topic: str, partitions: int) -> None:
+        self.partitions += [(topic, p) for p in range(partitions)]
+        self.last_run = time.monotonic()
+
+    def wait(self) -> None:
+        """The flush timer has fired since the last run (so the flushed end is the log
+        end), every partition is counted up to it, and the broker is idle."""
+        time.sleep(max(0.0, self.last_run + BROKER_SETTINGS["log.flush.interval.ms"] / 1000 + 0.2 - time.monotonic()))
+        with BrokerConnection("127.0.0.1", self.port, client_id="bench") as conn:
+            wait_until(lambda: all(self._counted(conn, t, p) for t, p in self.partitions), 120,
+                       "the broker's record counts of what was produced", 0.2)
+        settle(self.pid)
+
+    def _counted(self, conn: BrokerConnection, topic: str, partition: int) -> bool:
+        """The audit's `upto` of the partition is its flushed end (no node: not counted yet)."""
+        try:
+            node, _ = self.zk.get(audit_path(topic, partition))
+        except NoNodeError:
+            return False
+        return PartitionCounts.decode(node).upto == conn.offsets(topic, partition, -1)[0]
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
 
 
 def produce(bootstrap: str, topic: str, records: int, settings: dict, broker: int
@@ -78,7 +130,6 @@ def produce(bootstrap: str, topic: str, records: int, settings: dict, broker: in
 
     producer = Producer({"bootstrap.servers": bootstrap, **THROUGHPUT, **settings})
     producer.list_topics(topic, timeout=30)  # metadata and connection before the clock
-    settle(broker)
     value = b"x" * SIZE
     send, poll = producer.produce, producer.poll
     start, cpu, broker_cpu = time.perf_counter(), time.process_time(), cpu_seconds(broker)
@@ -105,7 +156,6 @@ def consume(bootstrap: str, topic: str, records: int, broker: int) -> tuple[floa
                          "enable.auto.commit": False, "fetch.wait.max.ms": 100, **CONSUMER})
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        settle(broker)
         first = consumer.consume(1, 30)
         if not first or first[0].error():
             raise RuntimeError(f"librdkafka consumer: no first record ({first and first[0].error()})")
@@ -135,32 +185,48 @@ def median_row(name: str, values: list[tuple[float, ...]]) -> tuple[str, tuple[f
     return name, tuple(statistics.median(v[i] for v in values) for i in range(len(values[0])))
 
 
+def run_round(r: int, records: int, broker: BrokerProcess, quiet: Quiet,
+              results: dict[str, list[tuple[float, ...]]]) -> None:
+    """One round: raw frames, each producer, then the consumer of the round's acks=1
+    partition, each run on a quiet broker."""
+    def note(name: str, row: tuple[float, ...]) -> None:
+        results.setdefault(name, []).append(row)
+        cpu = f", {row[1]:.2f} / {row[2]:.2f} CPU µs a record (client / broker)" if len(row) > 1 else ""
+        print(f"round {r + 1} {name}: {row[0]:,.0f} records/s{cpu}, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+
+    create(broker.port, f"raw-{r}", 2)
+    quiet.wait()
+    note("native raw batch 50, acks=0", (run_produce(broker.port, f"raw-{r}", records, 50, 2),))
+    quiet.produced(f"raw-{r}", 2)
+    topics = {}
+    for name, settings in PRODUCERS.items():
+        topics[name] = topic = f"kafka-{r}-{name.replace('=', '').replace(' ', '-')}"
+        create(broker.port, topic, 1)
+        quiet.wait()
+        note(f"producer {name}", produce(broker.kafka_bootstrap, topic, records, settings, broker.process.pid))
+        quiet.produced(topic, 1)
+    quiet.wait()
+    note("consumer", consume(broker.kafka_bootstrap, topics["acks=1"], records, broker.process.pid))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000, help="records per run")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     results: dict[str, list[tuple[float, ...]]] = {}
+    load = os.getloadavg()[0]
     with scratch_cluster("logbus-bench-kafka-") as (_, cluster):
         broker = cluster.start_broker(0, BROKER_SETTINGS, kafka=True)
-        for r in range(args.rounds):
-            create(broker.port, f"raw-{r}", 2)
-            rate = run_produce(broker.port, f"raw-{r}", args.records, 50, 2)
-            results.setdefault("native raw batch 50, acks=0", []).append((rate,))
-            for name, settings in PRODUCERS.items():
-                topic = f"kafka-{r}-{name.split()[0].replace('=', '')}-{len(settings['acks'])}"
-                create(broker.port, topic, 1)
-                row = produce(broker.kafka_bootstrap, topic, args.records, settings, broker.process.pid)
-                results.setdefault(f"producer {name}", []).append(row)
-                print(f"round {r + 1} producer {name}: {row[0]:,.0f} records/s, {row[1]:.2f} / {row[2]:.2f} "
-                      f"CPU µs a record (producer / broker)", file=sys.stderr)
-                if name == "acks=1":
-                    read = consume(broker.kafka_bootstrap, topic, args.records, broker.process.pid)
-                    results.setdefault("consumer", []).append(read)
-                    print(f"round {r + 1} consumer: {read[0]:,.0f} records/s", file=sys.stderr)
+        quiet = Quiet(cluster.zookeeper, broker.port, broker.process.pid)
+        try:
+            for r in range(args.rounds):
+                run_round(r, args.records, broker, quiet, results)
+        finally:
+            quiet.close()
     raw = statistics.median(v[0] for v in results["native raw batch 50, acks=0"])
     print(f"\n{args.records:,} records of {SIZE} bytes, {args.rounds} rounds (medians), "
-          f"load average {os.getloadavg()[0]:.2f}\n")
+          f"load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end\n")
     print("| run | records/s | client CPU µs/record | broker CPU µs/record | / raw batch 50 | goal |")
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| native raw batch 50, acks=0 | {raw:,.0f} | | | 1.00 | |")

@@ -59,6 +59,7 @@ SMOKES: dict[str, Smoke] = {
     "kafka_clients": Smoke(["--records", "2000", "--rounds", "1"], [
         r"^\| native raw batch 50, acks=0 \| [\d,]+ \| \| \| 1.00 \| \|$",
         r"^\| librdkafka producer acks=1 \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
+        r"^\| librdkafka producer acks=all \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
         r"^\| librdkafka producer acks=all idempotent \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
         r"^\| librdkafka consumer \| [\d,]+ \| [\d.]+ \| [\d.]+ \| — \| 500,000 \|$"]),
     "raw": Smoke(["--messages", "2000"], [
