@@ -61,8 +61,8 @@ class _Fitting:
         try:
             return self.value(value, f.type, path)
         except _Mismatch:
-            shown = type(value).__name__ if not isinstance(value, int) or f.type not in _INT_BITS else \
-                f"{value} (out of range)"
+            in_range = not isinstance(value, int) or isinstance(value, bool) or f.type not in _INT_BITS
+            shown = type(value).__name__ if in_range else f"{value} (out of range)"
             self.wrong.append(f"{path}: expected {ddl_type(f.type)}, got {shown}")
             return None
 

@@ -198,3 +198,65 @@ def test_a_secured_registry_is_reached_with_a_ca_and_basic_auth_and_a_wrong_pass
     assert sorted((r["a"], r["b"]) for r in rows(tmp_path / "loaded", ["a", "b"])) == [
         (0, "s0"), (1, "s1"), (2, "s2")]
     assert (result["row_count"], result["rejected_count"]) == (3, 0)
+
+
+def test_the_operator_passes_the_registry_connections_secrets_in_the_environment_not_the_arguments(
+        tmp_path, monkeypatch):
+    from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
+    from airflow_provider_logbus.storage import Storage
+
+    monkeypatch.setenv("AIRFLOW_CONN_LOGBUS_DEFAULT",
+                       json.dumps({"conn_type": "logbus", "extra": {"zookeeper": "127.0.0.1:2181/x"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_REGISTRY", json.dumps({
+        "conn_type": "logbus_schema_registry", "host": "registry.example", "port": 8081, "login": "loader",
+        "password": "pa55-word", "extra": {"ssl_cafile": "/etc/logbus/ca.pem"}}))
+    table = tmp_path / "click.json"
+    table.write_text(json.dumps(AVRO_TABLE))
+    operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path), schema=str(table),
+                                       value_format="confluent", registry_conn_id="registry")
+    args = operator.application_args([], tmp_path / "staging", "iceberg")
+    options = dict(zip(*[iter(args)] * 2))
+    assert options["--registry-url"] == "https://registry.example:8081"
+    assert json.loads(options["--avro-schema"]) == AVRO_TABLE  # the reader schema, beside its DDL
+    assert options["--schema"] == "`a` bigint NOT NULL, `b` string, `c` string NOT NULL"
+    assert not any("pa55-word" in arg for arg in args)
+    env = operator.job_environment(Storage())
+    assert json.loads(env[REGISTRY_ENV]) == {"basic.auth.user.info": "loader:pa55-word",
+                                             "ssl.ca.location": "/etc/logbus/ca.pem"}
+
+
+@pytest.mark.long
+def test_the_operators_job_reaches_the_secured_registry_through_its_connection(module_cluster, secured_registry,
+                                                                               tmp_path, monkeypatch):
+    """spark-submit as the task runs it: the connection's credentials reach the job (a
+    refusal naming the connection's user), never its log; the right ones load."""
+    from airflow_provider_logbus.operators.spark_load import LogbusLoadError, LogbusSparkLoadOperator
+    from airflow_provider_logbus.plan import BatchPlan
+    from airflow_provider_logbus.spark.failure import SPARK_LOG
+    from airflow_provider_logbus.storage import Storage
+
+    registry, secured = secured_registry
+    admin = SchemaRegistryClient({"url": registry.url, "ssl.ca.location": str(secured.ca.cafile),
+                                  "basic.auth.user.info": "admin:admin-secret"})
+    context = SerializationContext("secure-op", MessageField.VALUE)
+    zookeeper = module_cluster.zookeeper
+    send_raw(zookeeper, "secure-op", [AvroSerializer(admin, s.V1)({"a": i}, context) for i in range(2)])
+    plan = BatchPlan("b1", "t", "secure-op", "i0", "i1", tuple(ranges_of(zookeeper, "secure-op")))
+    monkeypatch.setenv("AIRFLOW_CONN_LOGBUS_DEFAULT",
+                       json.dumps({"conn_type": "logbus", "extra": {"zookeeper": zookeeper}}))
+
+    def run(password: str, staging: str) -> None:
+        monkeypatch.setenv("AIRFLOW_CONN_REGISTRY", json.dumps({
+            "conn_type": "logbus_schema_registry", "host": registry.url, "login": "loader", "password": password,
+            "extra": {"ssl_cafile": str(secured.ca.cafile)}}))
+        operator = LogbusSparkLoadOperator(task_id="load", table="t", warehouse=str(tmp_path), schema=TABLE,
+                                           value_format="confluent", registry_conn_id="registry")
+        operator.run_spark(plan, str(tmp_path / staging), "directory", Storage())
+
+    with pytest.raises(LogbusLoadError) as failed:
+        run("wrong-pa55-word", "refused")
+    assert str(failed.value).startswith(f"RegistryUnavailable: schema registry {registry.url} refused the load's "
+                                        f"credentials (HTTP 401, user 'loader')")
+    assert "wrong-pa55-word" not in (tmp_path / "refused" / SPARK_LOG).read_text()
+    run("loader-secret", "loaded")
+    assert sorted(r["a"] for r in rows(tmp_path / "loaded", ["a"])) == [0, 1]
