@@ -17,15 +17,15 @@ import json
 import struct
 
 from airflow_provider_logbus.spark.decode_avro import read_avro
-from airflow_provider_logbus.spark.decode_fit import RejectedValue, fit_record
+from airflow_provider_logbus.spark.decode_fit import RejectedValue, TableFit, fit_record
 from airflow_provider_logbus.spark.registry_schemas import RegistryAccess, WriterSchema, writer_schema
 
 MAGIC = 0
 HEADER = 5
 
 
-def decode_value(value: bytes | None, registry: RegistryAccess, table, reader: str | None = None) -> dict:
-    """`value` decoded into the columns of `table` (a `pyarrow.Schema`), Avro resolved to
+def decode_value(value: bytes | None, registry: RegistryAccess, table: TableFit, reader: str | None = None) -> dict:
+    """`value` decoded into the columns of `table` (or a `pyarrow.Schema`), Avro resolved to
     `reader` (the table's Avro record, JSON text) when given; raises `RejectedValue`
     saying why it cannot be."""
     if not value:
@@ -69,7 +69,7 @@ def decode_confluent(df, schema, registry: RegistryAccess, extra_columns: tuple[
 
     from airflow_provider_logbus.spark.decode import ERROR, META_COLUMNS, RAW, REJECT
 
-    table = schema.arrow
+    table = TableFit(schema.arrow)
     names = [f.name for f in schema.struct.fields]
     taken = {*META_COLUMNS, *extra_columns, RAW, ERROR, REJECT}
     outputs = [(f, f"value_{f}" if f in taken else f) for f in names]
