@@ -14,7 +14,8 @@ def get_provider_info() -> dict:
         "integrations": [{"integration-name": "logbus", "external-doc-url": "https://example.invalid/logbus",
                           "tags": ["software"]}],
         "hooks": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.hooks.logbus",
-                                                                     "airflow_provider_logbus.hooks.iceberg"]}],
+                                                                     "airflow_provider_logbus.hooks.iceberg",
+                                                                     "airflow_provider_logbus.hooks.registry"]}],
         "operators": [{"integration-name": "logbus", "python-modules": [
             "airflow_provider_logbus.operators.snapshot", "airflow_provider_logbus.operators.spark_load",
             "airflow_provider_logbus.operators.commit", "airflow_provider_logbus.operators.audit",

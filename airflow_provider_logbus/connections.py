@@ -112,4 +112,18 @@ ICEBERG = ConnectionForm(
     },
 )
 
-FORMS = (LOGBUS, ICEBERG)
+SCHEMA_REGISTRY = ConnectionForm(
+    conn_type="logbus_schema_registry", hook_name="Logbus schema registry",
+    hook_class="airflow_provider_logbus.hooks.registry.SchemaRegistryHook",
+    hidden_fields=("schema",),
+    relabeling={"host": "Registry URL", "login": "Username", "password": "Password"},
+    placeholders={"host": "https://registry1:8081,https://registry2:8081 (or a host name, with the port below)",
+                  "login": "HTTP Basic user (a secured registry: docs/schemas.md)",
+                  "extra": '{"ssl_cafile": "/etc/logbus/ca.pem"}'},
+    fields={
+        "ssl_cafile": _optional("string", "CA certificate file",
+                                "PEM path on every worker: the registry's HTTPS certificate is checked against it"),
+    },
+)
+
+FORMS = (LOGBUS, ICEBERG, SCHEMA_REGISTRY)

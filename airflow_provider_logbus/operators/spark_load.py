@@ -16,10 +16,13 @@ from airflow.sdk import Connection
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.hooks.logbus import LogbusHook
+from airflow_provider_logbus.hooks.registry import SchemaRegistryHook
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
+from airflow_provider_logbus.spark.decode_avro import reader_schema
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
+from airflow_provider_logbus.spark.registry_schemas import REGISTRY_ENV
 from airflow_provider_logbus.staged import load_result, write_result
 from airflow_provider_logbus.storage import STORAGE_ENV, Storage, join, name_of
 from airflow_provider_logbus.targets.base import describe
@@ -132,8 +135,11 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
 
     `schema`: Spark DDL or the path of a .json schema file (JSON Schema or an Avro record),
     read here and passed to the job as DDL; without it the job infers one from a sample
-    and records it. `value_format`: "json", "raw", or "confluent" (registry-framed Avro,
-    decoded into the declared `schema` with writer schemas from `registry_url`).
+    and records it. `value_format`: "json", "raw", or "confluent" (registry-framed Avro
+    and JSON Schema values, decoded into the declared `schema` with writer schemas from
+    the registry of `registry_conn_id` (a `logbus_schema_registry` connection: URL, CA,
+    Basic credentials) or `registry_url` (an open registry; it overrides the
+    connection's URL); Avro values are resolved to `schema` when it is an Avro file).
     `layout`: "directory" or "iceberg"; by default the target's.
     `max_reject_rate`: fail the load when more than this fraction of a topic's values is
     rejected (1.0, the default: never; the rejects are counted in the batch either way).
@@ -148,7 +154,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     (`LOCAL_CONF`) unless `conf` says otherwise."""
 
     template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target",
-                                      "max_reject_rate", "leader_wait", "registry_url")
+                                      "max_reject_rate", "leader_wait", "registry_url", "registry_conn_id")
     template_fields_renderers = {"conf": "json"}
 
     def __init__(self, *, table: str, warehouse: str | None = None, snapshot_task_id: str = "snapshot",
@@ -157,13 +163,14 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
                  fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, layout: str | None = None,
                  max_reject_rate: float | str = 1.0, leader_wait: float | str = LOAD_LEADER_WAIT_S,
-                 registry_url: str | None = None, **kwargs: Any) -> None:
+                 registry_url: str | None = None, registry_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.layout, self.max_reject_rate, self.leader_wait = layout, max_reject_rate, leader_wait
         self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
         self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
         self.registry_url = registry_url  # the schema registry of value_format="confluent"
+        self.registry_conn_id = registry_conn_id  # ... or its connection (HTTPS, Basic auth)
         self.logbus_conn_id, self.conf = logbus_conn_id, conf or {}
         self.fetch_bytes, self.split_bytes = fetch_bytes, split_bytes
         self._hook: SparkSubmitHook | None = None
@@ -182,8 +189,13 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         args += ["--layout", layout or self.layout or "directory",
                  "--max-reject-rate", str(float(self.max_reject_rate)),
                  "--leader-wait", str(leader_wait_seconds(self.leader_wait))]  # a bad value fails before Spark
-        if self.registry_url:
-            args += ["--registry-url", self.registry_url]
+        registry_url = self.registry_url or (SchemaRegistryHook(self.registry_conn_id).url()
+                                             if self.registry_conn_id else None)
+        if registry_url:
+            args += ["--registry-url", registry_url]
+        avro = reader_schema(self.schema) if self.value_format == "confluent" else None
+        if avro:
+            args += ["--avro-schema", avro]  # the reader schema Avro values resolve to
         if log_file:
             args += ["--log-file", log_file]
         return args
@@ -227,13 +239,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     def run_spark(self, plan: BatchPlan, staging: str, layout: str, storage: Storage) -> None:
         """spark-submit the load job into `staging`; a failure raises `LogbusLoadError`
         with the job's own cause."""
-        env = python_environment()
-        security = LogbusHook(self.logbus_conn_id).security_properties()
-        # secrets go to spark-submit's environment, not its command line (docs/provider.md)
-        if security:
-            env[SECURITY_ENV] = json.dumps(security)
-        if storage.properties:
-            env[STORAGE_ENV] = json.dumps(storage.properties)
+        env = self.job_environment(storage)
         conf = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
                 "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false", **self.conf}
         # spark-submit's output goes to the task log; the job also writes its own log and
@@ -250,6 +256,21 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             raise LogbusLoadError(self.failure_message(staging, Path(spark_log), exc, storage)) from exc
         finally:
             Path(spark_log).unlink(missing_ok=True)
+
+    def job_environment(self, storage: Storage) -> dict[str, str]:
+        """spark-submit's environment: this interpreter, and the secrets (the cluster's,
+        the object store's, the schema registry's), which go here, never on its command
+        line (docs/provider.md)."""
+        env = python_environment()
+        security = LogbusHook(self.logbus_conn_id).security_properties()
+        if security:
+            env[SECURITY_ENV] = json.dumps(security)
+        if storage.properties:
+            env[STORAGE_ENV] = json.dumps(storage.properties)
+        if self.registry_conn_id:
+            registry = SchemaRegistryHook(self.registry_conn_id).client_config()
+            env[REGISTRY_ENV] = json.dumps({k: v for k, v in registry.items() if k != "url"})
+        return env
 
     def stage_empty_batch(self, plan: BatchPlan, staging: str, layout: str, storage: Storage) -> None:
         """A batch with nothing in its ranges: the counts file the job would write, without

@@ -8,7 +8,7 @@ SparkSession.
 
     spark-submit load_job.py --ranges @ranges.json --zookeeper h:p/chroot \
         --staging /wh/table/_staging/<batch>.<attempt> --format json|confluent \
-        [--registry-url http://registry:8081] \
+        [--registry-url https://registry:8081 [--avro-schema '{"type": "record", ...}']] \
         [--schema "a string, b long NOT NULL" | --schema /path/schema.json] \
         [--layout directory|iceberg] [--max-reject-rate 0.01] [--leader-wait 60]
 
@@ -49,11 +49,13 @@ from typing import Sequence
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.plan import Range, ranges_from_json, ranges_to_json
-from airflow_provider_logbus.spark.decode_avro import decode_confluent
+from airflow_provider_logbus.spark.decode_avro import parsed_reader, reader_schema
+from airflow_provider_logbus.spark.decode_framed import decode_confluent
 from airflow_provider_logbus.spark.decode import (
     ERROR, META_COLUMNS, RAW, REJECT, JsonSchema, decode_json, explain_rejects, json_schema, non_null_default,
     required_fields,
 )
+from airflow_provider_logbus.spark.registry_schemas import REGISTRY_ENV, RegistryAccess, RegistryUnavailable
 from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, load_result, write_result  # noqa: F401
 from airflow_provider_logbus.storage import Storage, join, name_of, properties_from_environment
 
@@ -63,7 +65,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(name)s] %(message)s"
 WINDOW_MS = 600_000
 HOUR_MICROS = 3_600_000_000
 LAYOUTS = ("directory", "iceberg")
-VALUE_FORMATS = ("raw", "json", "confluent")  # confluent: registry-framed Avro (`decode_avro.py`)
+VALUE_FORMATS = ("raw", "json", "confluent")  # confluent: registry-framed Avro or JSON (`decode_framed.py`)
 PARTITION_COLUMNS = {"directory": ("event_date", "event_hour"), "iceberg": ("logbus_hour",)}
 FIRST_ERRORS = 3
 
@@ -161,7 +163,7 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
              value_format: str = "json", schema: str | None = None, fetch_bytes: int = 8 << 20,
              split_bytes: int = 256 << 20, window_ms: int = WINDOW_MS, layout: str = "directory",
              max_reject_rate: float = 1.0, leader_wait: float = LOAD_LEADER_WAIT_S,
-             parse_in_reader: bool = True, registry_url: str | None = None) -> dict:
+             parse_in_reader: bool = True, registry_url: str | None = None, avro_schema: str | None = None) -> dict:
     """Load `ranges` into Parquet under `staging` (which must not hold another attempt)
     in `layout`, written by pyarrow on the executors (`write_parquet`), which also count
     the rows; rejected values go to `<staging>/_rejects/`. Returns and writes the
@@ -170,8 +172,11 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
     waited for up to `leader_wait` seconds before the read fails naming it.
     `parse_in_reader=False` leaves every JSON value to Spark's `from_json` (the
     reference the reader's parse is tested against). `value_format="confluent"` decodes
-    registry-framed Avro values (`decode_avro.py`) into the declared `schema`'s columns,
-    fetching writer schemas from `registry_url`."""
+    registry-framed Avro and JSON Schema values (`decode_framed.py`) into the declared
+    `schema`'s columns, fetching writer schemas from `registry_url` with the credentials
+    in `REGISTRY_ENV` (checked first: `RegistryUnavailable` before anything is read);
+    Avro is resolved to `avro_schema` (the table's Avro record, JSON text), by default
+    the declared `schema` when it is an Avro file."""
     from pyspark.sql import functions as F
 
     if layout not in LAYOUTS:
@@ -180,6 +185,12 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
         raise ValueError(f"unknown value format {value_format!r}: use one of {', '.join(VALUE_FORMATS)}")
     if value_format == "confluent" and not (schema and registry_url):
         raise ValueError("value format 'confluent' needs the table's schema declared and the registry's URL")
+    if value_format == "confluent":
+        registry = RegistryAccess.from_environment(registry_url)
+        registry.check()  # a wrong password or CA fails here, naming the registry, before Spark reads
+        avro_schema = avro_schema or reader_schema(schema)
+        if avro_schema:
+            parsed_reader(avro_schema)  # not valid Avro: fails here, not in every task
     if not 0.0 <= max_reject_rate <= 1.0:
         raise ValueError(f"max_reject_rate {max_reject_rate} must be a fraction between 0 and 1")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -196,7 +207,7 @@ def run_load(spark, ranges: Sequence[Range], staging: str, zookeeper: str | None
         decoded = json_schema(spark, source, schema)
         schema_ddl, schema_source = decoded.ddl, decoded.source
         if value_format == "confluent":
-            frame, outputs = decode_confluent(source, decoded, registry_url, PARTITION_COLUMNS[layout])
+            frame, outputs = decode_confluent(source, decoded, registry, PARTITION_COLUMNS[layout], avro_schema)
         else:
             if parse_in_reader:
                 source = read_ranges(spark, ranges, zookeeper, brokers, fetch_bytes, split_bytes, leader_wait,
@@ -247,7 +258,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--brokers")
     parser.add_argument("--staging", required=True)
     parser.add_argument("--format", default="json", choices=VALUE_FORMATS)
-    parser.add_argument("--registry-url", help="the schema registry of --format confluent values")
+    parser.add_argument("--registry-url", help="the schema registry of --format confluent values (comma-separated "
+                                               "URLs are tried in turn); credentials and CA in $" + REGISTRY_ENV)
+    parser.add_argument("--avro-schema", help="the table's Avro record (JSON text): --format confluent resolves Avro "
+                                              "values to it (defaults, promotions)")
     parser.add_argument("--schema", help="the JSON values' schema: Spark DDL, or a .json file (JSON Schema or an "
                                          "Avro record); inferred from a sample (and logged) when absent")
     parser.add_argument("--layout", default="directory", choices=list(LAYOUTS),
@@ -282,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_load(spark, ranges, args.staging, args.zookeeper, args.brokers, args.format, args.schema,
                  args.fetch_bytes, args.split_bytes, args.window_ms, args.layout, args.max_reject_rate,
-                 args.leader_wait, registry_url=args.registry_url)
-    except (RejectRateError, SchemaError) as exc:
+                 args.leader_wait, registry_url=args.registry_url, avro_schema=args.avro_schema)
+    except (RejectRateError, SchemaError, RegistryUnavailable) as exc:
         logger.error("load failed: %s", exc)
         _record_failure(args.staging, exc)
         return 1

@@ -4,7 +4,7 @@ and the hooks answer the same fields."""
 from __future__ import annotations
 
 from airflow_provider_logbus import get_provider_info
-from airflow_provider_logbus.connections import FORMS, ICEBERG, LOGBUS
+from airflow_provider_logbus.connections import FORMS, ICEBERG, LOGBUS, SCHEMA_REGISTRY
 
 
 def connection_types() -> dict[str, dict]:
@@ -26,9 +26,10 @@ def test_the_provider_info_carries_each_declared_form():
 def test_the_hooks_answer_the_provider_infos_form():
     from airflow_provider_logbus.hooks.iceberg import IcebergCatalogHook
     from airflow_provider_logbus.hooks.logbus import LogbusHook
+    from airflow_provider_logbus.hooks.registry import SchemaRegistryHook
 
     types = connection_types()
-    for hook, form in ((LogbusHook, LOGBUS), (IcebergCatalogHook, ICEBERG)):
+    for hook, form in ((LogbusHook, LOGBUS), (IcebergCatalogHook, ICEBERG), (SchemaRegistryHook, SCHEMA_REGISTRY)):
         entry = types[hook.conn_type]
         assert entry["hook-class-name"] == f"{hook.__module__}.{hook.__qualname__}"
         assert (entry["hook-name"], entry["connection-type"]) == (hook.hook_name, form.conn_type)
