@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import struct
 from collections import defaultdict, deque
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from broker.client.cluster import ConnectionPool
@@ -50,11 +49,14 @@ class Outcome(NamedTuple):
     error: BaseException | None
 
 
-@dataclass
-class _Request:
+class _Request(NamedTuple):
+    """A request's batches and body: bytes, or a PRODUCE's pieces (joined into the frame,
+    not before: `BrokerConnection.send_many`)."""
+
     parts: list[Outgoing]
-    body: bytes
+    body: bytes | tuple[bytes, ...]
     api: ApiKey
+    size: int
 
 
 class Pipeline:
@@ -103,17 +105,19 @@ class Pipeline:
             else:
                 parts = [ProducePart(b.topic, b.partition, b.payload) for b in round_]
                 body = MultiProduceRequest(acks, self.timeout_ms, parts).encode()
-                requests.append(_Request(round_, body, ApiKey.MULTIPRODUCE))
+                requests.append(_Request(round_, body, ApiKey.MULTIPRODUCE, len(body)))
         return requests
 
     def _produce(self, out: Outgoing, acks: int) -> _Request:
         """A PRODUCE: its fields before the set are the same for every batch of a
-        partition, encoded once (at batch 1 the encoding was a tenth of the sender)."""
+        partition, encoded once (at batch 1 the encoding was a tenth of the sender);
+        the set is copied once, into the frame."""
         head = self._heads.get((out.topic, out.partition, acks))
         if head is None:
             empty = ProduceRequest(acks, self.timeout_ms, out.topic, out.partition, b"").encode()
             head = self._heads[(out.topic, out.partition, acks)] = empty[:-4]  # without the set's size
-        return _Request([out], b"".join((head, _SIZE.pack(len(out.payload)), out.payload)), ApiKey.PRODUCE)
+        payload = out.payload
+        return _Request([out], (head, _SIZE.pack(len(payload)), payload), ApiKey.PRODUCE, len(head) + 4 + len(payload))
 
     def _send_to(self, leader: int, requests: list[_Request], acks: int, outcomes: list[Outcome]) -> None:
         try:
@@ -135,7 +139,7 @@ class Pipeline:
                         if len(group) >= room or (group and size >= WRITE_BYTES):
                             break
                         group.append(request)
-                        size += len(request.body)
+                        size += request.size
                     conn.send_many([(r.api, r.body) for r in group], expects_response=expects)
                     for _ in group:
                         pending.popleft()

@@ -31,7 +31,8 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from broker.client.accumulator import ProducerBatch, RecordAccumulator
+from broker.client.accumulator import RecordAccumulator
+from broker.client.batch import ProducerBatch
 from broker.client.cluster import LEADER_MOVED, ConnectionPool, ensure_topic
 from broker.client.metadata import ClusterMetadata
 from broker.client.errors import PartitionUnavailable
@@ -309,8 +310,9 @@ class Sender:
         self.report.delivered(sum(len(b.records) for b, _ in user))
         try:
             for batch, base_offset in delivered:
-                for result in batch.results:
-                    result.succeed(batch.partition, base_offset)
+                batch.result.succeed(batch.partition, base_offset)
+                for rider in batch.riders:
+                    rider.succeed(batch.partition, base_offset)
             if self.on_delivery is not None:
                 for batch, base_offset in user:
                     count = len(batch.records)
