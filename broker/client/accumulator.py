@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 from broker.client.metadata import ClusterMetadata, available
 from broker.client.errors import ProducerClosed, QueueFull
 from broker.client.partitioner import choose_partition
-from broker.client.batch import ProducerBatch, Record, record_size
+from broker.client.batch import ProducerBatch, Record, internal_batches
 from broker.client.results import BatchResult, ManyFuture, RecordFuture
 from broker.common.message import HEADER_SIZE
 
@@ -79,11 +79,9 @@ class RecordAccumulator:
         self._ready: deque[ProducerBatch] = deque()
         self._in_flight: list[ProducerBatch] = []
         self._live: dict[str, list[int]] = {}  # per topic, partitions with a leader at the last drain
-        self._woken = False
-        self._napping = False  # the sender waits in `wait_for_work`: appends must notify `_work`
+        self._woken, self._napping = False, False  # napping: the sender waits on `_work`, appends notify it
         self.outstanding = 0  # messages appended and not yet delivered or failed
-        self.flushing = 0  # flushes in progress (or a close): open batches are ready at once
-        self.closed = False
+        self.flushing, self.closed = 0, False  # flushing: flushes in progress (or a close), open batches ready at once
 
     # ------------------------------------------------------------------ appending
 
@@ -91,8 +89,7 @@ class RecordAccumulator:
                partition: int | None) -> RecordFuture:
         """Add one message; `partition` is explicit or the key's (None: sticky). Every
         `send`'s path: the lock taken by hand (a `with` costs twice as much)."""
-        size = HEADER_SIZE + len(value) if key is None else HEADER_SIZE + len(key) + len(value)
-        lock = self._lock
+        size, lock = HEADER_SIZE + len(value) if key is None else HEADER_SIZE + len(key) + len(value), self._lock
         lock.acquire()
         try:
             if self.outstanding >= self._admit_at:
@@ -145,15 +142,9 @@ class RecordAccumulator:
     def append_internal(self, topic: str, records: Iterable[tuple[int, Record]]) -> None:
         """Add the producer's own (partition, record)s as ready batches of their own;
         they count as outstanding (a flush waits for them) but not against the queue."""
-        batches: dict[int, ProducerBatch] = {}
-        for partition, (key, value, timestamp) in records:
-            batch = batches.get(partition)
-            if batch is None:
-                batch = batches[partition] = ProducerBatch(topic, partition, False, self.exact_offsets, internal=True)
-            batch.records.append((key, value, timestamp))
-            batch.bytes += record_size(key, value)
+        batches = internal_batches(topic, records, self.exact_offsets)
         with self._lock:
-            for batch in batches.values():
+            for batch in batches:
                 self.outstanding += len(batch.records)
                 self._ready.append(batch)
             self._wake_sender()
@@ -207,8 +198,7 @@ class RecordAccumulator:
         self._wake_sender()
 
     def _wake_sender(self) -> None:
-        """Under the lock: a napping sender wakes (a busy one drains before it naps;
-        `Condition.notify` with no waiter costs more than appending a message)."""
+        """Under the lock: a napping sender wakes (a busy one drains before it naps)."""
         if self._napping:
             self._work.notify()
 
@@ -351,11 +341,9 @@ class RecordAccumulator:
             for batch in [*self._sticky.values(), *self._open.values()]:
                 due = min(due, batch.created + self.linger)
             if due > now:
-                self._napping = True
-                try:
-                    self._work.wait(due - now)
-                finally:
-                    self._napping = False
+                self._napping = True  # left True if the wait raised: callers then notify for nothing
+                self._work.wait(due - now)
+                self._napping = False
 
     def wait_until_idle(self, deadline: float, busy: Callable[[], bool] = lambda: False) -> bool:
         """A flush's wait: until nothing is outstanding and `busy()` is false, or the

@@ -5,6 +5,7 @@ sender and idempotence need to know of it (docs/clients.md, "Producer"). The
 from __future__ import annotations
 
 import time
+from typing import Iterable
 
 from broker.client.results import BatchResult
 from broker.common.message import HEADER_SIZE
@@ -28,7 +29,8 @@ class ProducerBatch:
         self.movable, self.internal = movable, internal
         self.attempts, self.not_before, self.finished = 0, 0.0, False
         self.result = BatchResult(topic, exact)
-        self.riders: list[BatchResult] = []  # results of batches merged into this one (`absorb`)
+        self.riders: tuple[BatchResult, ...] = ()  # results of batches merged into this one (`absorb`); no list
+        # per batch: at batch 1 every object a message makes is the cyclic GC's work
         self.producer_id: int | None = None  # idempotence: the identity it was first sent with
         self.epoch = 0
         self.sequence: int | None = None
@@ -56,10 +58,21 @@ class ProducerBatch:
             result.shift_bytes += self.bytes
         self.records.extend(other.records)
         self.bytes += other.bytes
-        self.riders.append(other.result)
-        self.riders.extend(other.riders)
+        self.riders = (*self.riders, other.result, *other.riders)
         self.movable = self.movable and other.movable
 
 
 def record_size(key: bytes | None, value: bytes) -> int:
     return HEADER_SIZE + len(value) + (len(key) if key is not None else 0)
+
+
+def internal_batches(topic: str, records: Iterable[tuple[int, Record]], exact: bool) -> list[ProducerBatch]:
+    """The producer's own (partition, record)s as `internal` batches, one per partition."""
+    batches: dict[int, ProducerBatch] = {}
+    for partition, (key, value, timestamp) in records:
+        batch = batches.get(partition)
+        if batch is None:
+            batch = batches[partition] = ProducerBatch(topic, partition, False, exact, internal=True)
+        batch.records.append((key, value, timestamp))
+        batch.bytes += record_size(key, value)
+    return list(batches.values())

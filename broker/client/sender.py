@@ -39,7 +39,7 @@ from broker.client.errors import PartitionUnavailable
 from broker.client.idempotence import ProducerIdentity
 from broker.client.monitoring import MonitoringCounter
 from broker.client.partitioner import partition_for_key
-from broker.client.pipeline import Outgoing, Pipeline
+from broker.client.pipeline import Pipeline, new_outgoing
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook
 from broker.common.errors import (
     BrokerShuttingDown, DuplicateSequence, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
@@ -258,7 +258,7 @@ class Sender:
 
     def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:
         outcomes = self.pipeline.send([
-            Outgoing(batch, batch.topic, batch.partition, leader, self._encode(batch)) for batch, leader in drained
+            new_outgoing((batch, batch.topic, batch.partition, leader, self._encode(batch))) for batch, leader in drained
         ])
         now = time.monotonic()
         delivered: list[tuple[ProducerBatch, int]] = []
