@@ -32,67 +32,30 @@ from typing import Callable, Iterable
 from broker.client.metadata import ClusterMetadata, available
 from broker.client.errors import ProducerClosed, QueueFull
 from broker.client.partitioner import choose_partition
+from broker.client.batch import ProducerBatch, Record, internal_batches
 from broker.client.results import BatchResult, ManyFuture, RecordFuture
 from broker.common.message import HEADER_SIZE
 
-Record = tuple  # (key: bytes | None, value: bytes, timestamp: int)
 # At most this much goes into one sender round: the round's requests are written and
 # answered before the next drain, and `drain` holds the lock callers append under.
 DRAIN_BYTES = 4 << 20
+# And at most this many batches: at batch 1, 4 MiB are 18,000 batches, and the round's
+# objects (a batch, its request and outcome, ...) lived long enough for the cyclic GC
+# to move them to its oldest generation, whose full collections then took half the
+# producer's CPU. A round of 500 batches dies young.
+DRAIN_BATCHES = 500
 Leaders = dict[int, int]
 
 
-class ProducerBatch:
-    """Messages bound for one partition, in send order. `internal` batches carry the
-    producer's own monitoring events."""
-
-    __slots__ = ("topic", "partition", "records", "bytes", "created", "movable", "internal", "attempts",
-                 "not_before", "finished", "result", "riders", "producer_id", "epoch", "sequence")
-
-    def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.records: list[Record] = []
-        self.bytes = 0  # encoded size without compression: HEADER_SIZE + key + value per message
-        self.created = time.monotonic()
-        self.movable, self.internal = movable, internal
-        self.attempts, self.not_before, self.finished = 0, 0.0, False
-        self.result = BatchResult(topic, exact)
-        self.riders: list[BatchResult] = []  # results of batches merged into this one (`absorb`)
-        self.producer_id: int | None = None  # idempotence: the identity it was first sent with
-        self.epoch = 0
-        self.sequence: int | None = None
-
-    def __repr__(self) -> str:
-        return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
-
-    @property
-    def results(self) -> list[BatchResult]:
-        """Every result this batch settles: its own and those of the batches it absorbed."""
-        return [self.result, *self.riders]
-
-    def can_absorb(self, other: "ProducerBatch", max_bytes: int) -> bool:
-        """`other` may join this batch: same partition and kind, neither sent yet (no
-        sequence), and the sum within `max_bytes`."""
-        return (other.topic == self.topic and other.partition == self.partition and other.internal == self.internal
-                and self.sequence is None and other.sequence is None and not other.attempts
-                and self.bytes + other.bytes <= max_bytes)
-
-    def absorb(self, other: "ProducerBatch") -> None:
-        """Take `other`'s messages (after this batch's) and the duty to settle its result;
-        its messages' offsets now count from this batch's start."""
-        for result in other.results:
-            result.shift_records += len(self.records)
-            result.shift_bytes += self.bytes
-        self.records.extend(other.records)
-        self.bytes += other.bytes
-        self.riders.append(other.result)
-        self.riders.extend(other.riders)
-        self.movable = self.movable and other.movable
-
-
-def record_size(key: bytes | None, value: bytes) -> int:
-    return HEADER_SIZE + len(value) + (len(key) if key is not None else 0)
+def _within_bytes(filled: int, values: list[bytes], per_record: int, limit: int) -> tuple[list[bytes], int]:
+    """The first of `values` that fill a batch holding `filled` bytes to `limit` (at
+    least one, as `append` would), and their size."""
+    size = 0
+    for count, value in enumerate(values, 1):
+        size += per_record + len(value)
+        if filled + size >= limit:
+            return values[:count], size
+    return values, size
 
 
 class RecordAccumulator:
@@ -105,9 +68,11 @@ class RecordAccumulator:
                  retry_backoff: float = 0.1, max_in_flight_per_partition: int = 0) -> None:
         self.metadata = metadata
         self.batch_size = max(1, batch_size)
+        self._last_index = self.batch_size - 1  # a batch is full once a message gets this index
         self.batch_bytes = batch_bytes
         self.linger = linger
         self.queue_size, self.queue_full, self.max_block = queue_size, queue_full, max_block  # back-pressure
+        self._admit_at = queue_size  # `append` asks `_admit` from this many outstanding on: queue_size, 0 once closed
         self.exact_offsets = exact_offsets
         self.retry_backoff = retry_backoff
         self.max_in_flight_per_partition = max_in_flight_per_partition  # 0: no limit
@@ -119,32 +84,37 @@ class RecordAccumulator:
         self._ready: deque[ProducerBatch] = deque()
         self._in_flight: list[ProducerBatch] = []
         self._live: dict[str, list[int]] = {}  # per topic, partitions with a leader at the last drain
-        self._woken = False
+        self._woken, self._napping = False, False  # napping: the sender waits on `_work`, appends notify it
         self.outstanding = 0  # messages appended and not yet delivered or failed
-        self.flushing = 0  # flushes in progress (or a close): open batches are ready at once
-        self.closed = False
+        self.flushing, self.closed = 0, False  # flushing: flushes in progress (or a close), open batches ready at once
 
     # ------------------------------------------------------------------ appending
 
     def append(self, topic: str, key: bytes | None, value: bytes, timestamp: int,
                partition: int | None) -> RecordFuture:
-        """Add one message; `partition` is explicit or the key's (None: sticky)."""
-        with self._lock:
-            if self.outstanding >= self.queue_size or self.closed:
+        """Add one message; `partition` is explicit or the key's (None: sticky). Every
+        `send`'s path: the lock taken by hand (a `with` costs twice as much)."""
+        size, lock = HEADER_SIZE + len(value) if key is None else HEADER_SIZE + len(key) + len(value), self._lock
+        lock.acquire()
+        try:
+            if self.outstanding >= self._admit_at:
                 self._admit(1)
             batch = self._sticky.get(topic) if partition is None else self._open.get((topic, partition))
             opened = batch is None
             if opened:
                 batch = self._new_batch(topic, partition)
-            position = batch.bytes
-            batch.records.append((key, value, timestamp))
-            batch.bytes += HEADER_SIZE + len(value) + (len(key) if key is not None else 0)
+            records = batch.records
+            index, position = len(records), batch.bytes
+            records.append((key, value, timestamp))
+            batch.bytes = position + size
             self.outstanding += 1
-            if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
+            if index >= self._last_index or position + size >= self.batch_bytes:
                 self._close(batch)
             elif opened:
-                self._work.notify()  # the sender times this batch's linger
-        return RecordFuture(batch.result, position, len(batch.records) - 1)
+                self._wake_sender()  # to time this batch's linger
+        finally:
+            lock.release()
+        return RecordFuture(batch.result, position, index)
 
     def append_many(self, topic: str, values: list[bytes], timestamp: int, key: bytes | None = None,
                     partition: int | None = None) -> ManyFuture:
@@ -159,11 +129,11 @@ class RecordAccumulator:
                 batch = self._sticky.get(topic) if partition is None else self._open.get((topic, partition))
                 if batch is None:
                     batch = self._new_batch(topic, partition)
-                    self._work.notify()
+                    self._wake_sender()
                 take = values[done:done + self.batch_size - len(batch.records)]
                 size = per_record * len(take) + sum(map(len, take))
                 if batch.bytes + size > self.batch_bytes and len(take) > 1:
-                    take, size = self._within_bytes(batch.bytes, take, per_record)
+                    take, size = _within_bytes(batch.bytes, take, per_record, self.batch_bytes)
                 batch.records.extend(zip(repeat(key), take, repeat(timestamp)))
                 batch.bytes += size
                 self.outstanding += len(take)
@@ -174,31 +144,15 @@ class RecordAccumulator:
             done += len(take)
         return ManyFuture(results, len(values))
 
-    def _within_bytes(self, filled: int, values: list[bytes], per_record: int) -> tuple[list[bytes], int]:
-        """The first of `values` that fill a batch holding `filled` bytes to
-        `batch_bytes` (at least one, as `append` would), and their size."""
-        size = 0
-        for count, value in enumerate(values, 1):
-            size += per_record + len(value)
-            if filled + size >= self.batch_bytes:
-                return values[:count], size
-        return values, size
-
     def append_internal(self, topic: str, records: Iterable[tuple[int, Record]]) -> None:
         """Add the producer's own (partition, record)s as ready batches of their own;
         they count as outstanding (a flush waits for them) but not against the queue."""
-        batches: dict[int, ProducerBatch] = {}
-        for partition, (key, value, timestamp) in records:
-            batch = batches.get(partition)
-            if batch is None:
-                batch = batches[partition] = ProducerBatch(topic, partition, False, self.exact_offsets, internal=True)
-            batch.records.append((key, value, timestamp))
-            batch.bytes += record_size(key, value)
+        batches = internal_batches(topic, records, self.exact_offsets)
         with self._lock:
-            for batch in batches.values():
+            for batch in batches:
                 self.outstanding += len(batch.records)
                 self._ready.append(batch)
-            self._work.notify()
+            self._wake_sender()
 
     def _admit(self, count: int) -> None:
         """Wait (or raise) until `count` more messages fit in `queue_size`."""
@@ -246,7 +200,12 @@ class RecordAccumulator:
     def _close(self, batch: ProducerBatch) -> None:
         self._detach(batch)
         self._ready.append(batch)
-        self._work.notify()
+        self._wake_sender()
+
+    def _wake_sender(self) -> None:
+        """Under the lock: a napping sender wakes (a busy one drains before it naps)."""
+        if self._napping:
+            self._work.notify()
 
     # -------------------------------------------------------------------- draining
 
@@ -269,10 +228,9 @@ class RecordAccumulator:
             per_partition: dict[tuple[str, int], int] = {}
             out_of_slots: dict[tuple[str, int], ProducerBatch] = {}  # a partition's last batch this round
             limit = self.max_in_flight_per_partition
-            for batch in self._ready:
-                if taken >= DRAIN_BYTES:
-                    keep.append(batch)
-                    continue
+            ready = self._ready  # taken from the front: the rest of a long queue is not walked every round
+            while ready and taken < DRAIN_BYTES and len(out) < DRAIN_BATCHES:
+                batch = ready.popleft()
                 if batch.topic not in leaders:
                     leaders[batch.topic] = leaders_of(batch.topic) or {}
                     self._live[batch.topic] = available(leaders[batch.topic])
@@ -303,7 +261,7 @@ class RecordAccumulator:
                         out_of_slots[key] = batch
                 out.append((batch, leader))
                 taken += batch.bytes
-            self._ready = keep
+            ready.extendleft(reversed(keep))
             self._in_flight = [b for b, _ in out]
             return out
 
@@ -349,7 +307,7 @@ class RecordAccumulator:
     def abandon(self) -> list[ProducerBatch]:
         """Close: take every batch not finished yet, in flight or not."""
         with self._lock:
-            self.closed = True
+            self.closed, self._admit_at = True, 0
             batches = [*self._in_flight, *self._ready, *self._sticky.values(), *self._open.values()]
             self._in_flight, self._ready = [], deque()
             self._sticky.clear()
@@ -364,7 +322,7 @@ class RecordAccumulator:
         with self._lock:
             self.flushing += 1
             self._woken = True
-            self._work.notify()
+            self._wake_sender()
 
     def end_flush(self) -> None:
         with self._lock:
@@ -373,7 +331,7 @@ class RecordAccumulator:
     def wake(self) -> None:
         with self._lock:
             self._woken = True
-            self._work.notify()
+            self._wake_sender()
 
     def wait_for_work(self, now: float, longest: float) -> None:
         """The sender's nap: until a batch is ready or opened, a linger or back-off
@@ -387,7 +345,9 @@ class RecordAccumulator:
             for batch in [*self._sticky.values(), *self._open.values()]:
                 due = min(due, batch.created + self.linger)
             if due > now:
+                self._napping = True  # left True if the wait raised: callers then notify for nothing
                 self._work.wait(due - now)
+                self._napping = False
 
     def wait_until_idle(self, deadline: float, busy: Callable[[], bool] = lambda: False) -> bool:
         """A flush's wait: until nothing is outstanding and `busy()` is false, or the

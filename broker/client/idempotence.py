@@ -12,7 +12,7 @@ Used by the sender thread only."""
 
 from __future__ import annotations
 
-from broker.client.accumulator import ProducerBatch
+from broker.client.batch import ProducerBatch
 from broker.common.message import SEQUENCE_LIMIT, BatchIdentity
 
 MAX_IN_FLIGHT_PER_PARTITION = 5  # the batches a partition's producer state remembers

@@ -105,8 +105,8 @@ def produce_error(topic: str, error: BaseException) -> ProduceError:
     return failure
 
 
-# Guards every BatchResult's `_done` and `_event`: an Event is made only for a batch
-# someone waits on (making one costs more than the rest of a batch's bookkeeping).
+# Guards the making of a BatchResult's `_event`: an Event is made only for a batch someone
+# waits on (making one costs more than the rest of a batch's bookkeeping).
 _WAITERS = threading.Lock()
 
 
@@ -138,9 +138,12 @@ class BatchResult:
         self._set()
 
     def _set(self) -> None:
-        with _WAITERS:
-            self._done = True
-            event = self._event
+        """Without a lock (the sender settles every batch): `_done` is written before
+        `_event` is read, and `wait` writes `_event` before it reads `_done` again, so
+        either the setter sees the event or the waiter sees the batch done (the GIL
+        orders the two threads' steps)."""
+        self._done = True
+        event = self._event
         if event is not None:
             event.set()
 
@@ -151,11 +154,11 @@ class BatchResult:
         if self._done:
             return
         with _WAITERS:
-            if self._done:
-                return
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
+        if self._done:  # set before the event existed: its setter may not have seen it
+            return
         if not event.wait(timeout):
             raise TimeoutError(f"no outcome for a batch to {self.topic} within {timeout:g}s")
 

@@ -31,14 +31,15 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from broker.client.accumulator import ProducerBatch, RecordAccumulator
+from broker.client.accumulator import RecordAccumulator
+from broker.client.batch import ProducerBatch
 from broker.client.cluster import LEADER_MOVED, ConnectionPool, ensure_topic
 from broker.client.metadata import ClusterMetadata
 from broker.client.errors import PartitionUnavailable
 from broker.client.idempotence import ProducerIdentity
 from broker.client.monitoring import MonitoringCounter
 from broker.client.partitioner import partition_for_key
-from broker.client.pipeline import Outgoing, Pipeline
+from broker.client.pipeline import Pipeline, new_outgoing
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook
 from broker.common.errors import (
     BrokerShuttingDown, DuplicateSequence, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
@@ -257,7 +258,7 @@ class Sender:
 
     def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:
         outcomes = self.pipeline.send([
-            Outgoing(batch, batch.topic, batch.partition, leader, self._encode(batch)) for batch, leader in drained
+            new_outgoing((batch, batch.topic, batch.partition, leader, self._encode(batch))) for batch, leader in drained
         ])
         now = time.monotonic()
         delivered: list[tuple[ProducerBatch, int]] = []
@@ -309,8 +310,9 @@ class Sender:
         self.report.delivered(sum(len(b.records) for b, _ in user))
         try:
             for batch, base_offset in delivered:
-                for result in batch.results:
-                    result.succeed(batch.partition, base_offset)
+                batch.result.succeed(batch.partition, base_offset)
+                for rider in batch.riders:
+                    rider.succeed(batch.partition, base_offset)
             if self.on_delivery is not None:
                 for batch, base_offset in user:
                     count = len(batch.records)

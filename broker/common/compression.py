@@ -23,6 +23,8 @@ class Codec(enum.IntEnum):
     @classmethod
     def parse(cls, name: "str | int | Codec | None") -> "Codec":
         """Accepts 'gzip', 1, Codec.GZIP or None, so configuration can use names."""
+        if type(name) is cls:  # the encoders' per-batch call
+            return name
         if name is None:
             return cls.NONE
         if isinstance(name, str):

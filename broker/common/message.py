@@ -23,7 +23,8 @@ are its position plus offsetDelta, and its identity is the batch header's
 builds Python objects per message: it validates a set with `scan`, which walks the
 buffer with `struct.unpack_from` and checks CRCs over memoryview slices, and looks
 inside compressed entries (`validate_message_set`) so that nothing it acknowledges is
-undecodable. Clients decode with `iter_messages`, which yields one `Message` per
+undecodable. The writers (`append_entry`, `encode_message_set`, `encode_batch`) are
+`broker.common.encoding`'s, re-exported here. Clients decode with `iter_messages`, which yields one `Message` per
 (possibly decompressed) message and raises `CorruptEntry` — naming the entry's offset
 and size, so a reader can step past it — at the first entry it cannot decode.
 """
@@ -33,89 +34,19 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
-from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compress, decompress
+from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, decompress
 from broker.common.entry import (  # the entry header's names, imported from here by every reader and writer
     BATCH_FIELDS, BATCH_HEADER_SIZE, CODEC_MASK, CRC_END, FIELDS_AT, HEADER, HEADER_SIZE, KAFKA_FIELDS_AT,
     KAFKA_HEADER_SIZE, MAGIC, MAGIC_BATCH, MAGIC_KAFKA, MAGIC_V1, MAGICS, MIN_ENTRY_SIZE, SEEDS, SEQUENCE_LIMIT,
     SIZE_FIELD, V2_SEEDS, V3_SEEDS, V4_SEEDS, BatchIdentity, batch_identity, checksum, crc32c, entry_crc,
     header_error, iter_batches, kafka_entry_error, now_ms,
 )
+from broker.common.encoding import append_entry, encode_batch, encode_message_set  # the writers, re-exported
 from broker.common.errors import InvalidMessage, MessageTooLarge
 
 _SIZE = struct.Struct(">i")
-
-_ENTRY_HEAD = struct.Struct(">ibbI")  # size, magic, attributes, crc
-_ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first bytes after the crc
-
-
-def append_entry(out: bytearray, value: bytes, key: bytes | None = None, timestamp: int | None = None,
-                 attributes: int = 0, magic: int = MAGIC) -> None:
-    """Encode one entry at the end of `out` (covered bytes built and checksummed once)."""
-    covered = _ENTRY_TAIL.pack(now_ms() if timestamp is None else timestamp, -1 if key is None else len(key))
-    if key:
-        covered += key
-    covered += value
-    out += _ENTRY_HEAD.pack(len(covered) + 6, magic, attributes, checksum(covered, SEEDS[magic][attributes & 0xFF]))
-    out += covered
-
-
-def encode_message_set(messages: Iterable[tuple[bytes | None, bytes, int | None]],
-                       codec: Codec | str | None = Codec.NONE) -> bytes:
-    """(key, value, timestamp) tuples as one set; with a codec, one wrapper entry of the
-    largest inner timestamp (docs/protocol.md), unless it would span fewer bytes than it
-    holds messages, which the broker refuses (docs/architecture.md, "Offsets")."""
-    codec = Codec.parse(codec)
-    parts, largest, count = _inner_parts(messages)
-    inner = b"".join(parts)
-    if codec is Codec.NONE or not inner:
-        return inner
-    wrapper = bytearray()
-    append_entry(wrapper, compress(codec, inner), None, largest, int(codec))
-    return inner if len(wrapper) < count else bytes(wrapper)
-
-
-def _inner_parts(messages: Iterable[tuple[bytes | None, bytes, int | None]]) -> tuple[list[bytes], int, int]:
-    """Magic-2 entries as pieces for one join, their largest timestamp and count: the
-    producer's inner loop, one header `pack` and a CRC continued over the header's
-    tail, key and value per message, no copy before the join."""
-    parts: list[bytes] = []
-    add = parts.append
-    largest, now, keyed, seed = -1, None, 0, V2_SEEDS[0]
-    crc, tail, header = checksum, _ENTRY_TAIL.pack, HEADER.pack
-    for key, value, timestamp in messages:
-        if timestamp is None:
-            timestamp = now = now or now_ms()
-        if timestamp > largest:
-            largest = timestamp
-        if key is None:
-            add(header(len(value) + 18, MAGIC, 0, crc(value, crc(tail(timestamp, -1), seed)), timestamp, -1))
-        else:
-            add(header(len(key) + len(value) + 18, MAGIC, 0,
-                       crc(value, crc(key, crc(tail(timestamp, len(key)), seed))), timestamp, len(key)))
-            add(key)
-            keyed += 1
-        add(value)
-    return parts, largest, (len(parts) - keyed) // 2  # two pieces a message, three with a key
-
-
-def encode_batch(messages: list[tuple[bytes | None, bytes, int | None]], identity: BatchIdentity,
-                 codec: Codec | str | None = Codec.NONE) -> bytes:
-    """An idempotent producer's batch: one magic-3 entry of `messages` (their count in
-    `identity`), uncompressed when compressed it would break encode_message_set's rule."""
-    if identity.count != len(messages) or not messages:
-        raise ValueError(f"a batch of {len(messages)} messages cannot carry count {identity.count}")
-    codec = Codec.parse(codec)
-    parts, largest, _ = _inner_parts(messages)
-    fields, inner, out = BATCH_FIELDS.pack(*identity), b"".join(parts), bytearray()
-    if codec is not Codec.NONE:
-        append_entry(out, fields + compress(codec, inner), None, largest, int(codec), MAGIC_BATCH)
-        if len(out) >= len(messages):
-            return bytes(out)
-        out.clear()
-    append_entry(out, fields + inner, None, largest, 0, MAGIC_BATCH)
-    return bytes(out)
 
 
 class ScanStop(enum.Enum):

@@ -321,3 +321,18 @@ def test_new_sticky_batches_pick_among_the_partitions_the_last_drain_saw_live():
         acc.append("t", None, b"v", 1, None)
     placed = {batch.partition for batch, _ in drain(acc, 0.0)}
     assert placed == {0, 2}  # the drain before saw partition 1 without a leader
+
+
+def test_a_round_takes_at_most_500_batches_from_the_front_and_the_rest_keep_their_order():
+    """At batch 1 a round of 4 MiB was 18,000 batches, long-lived enough for the cyclic
+    GC's full collections; a round now takes 500, and a partition waiting for its
+    leader keeps its place in front of the batches behind it."""
+    metadata = Leaders(t={0: 7, 1: -1})
+    acc = accumulator(metadata, batch_size=1, queue_size=2000)
+    acc.append("t", None, b"waits", 1, 1)
+    for i in range(1200):
+        acc.append("t", None, b"%d" % i, 1, 0)
+    rounds = [[b.records[0][1] for b, _ in drain(acc, 0.0)] for _ in range(3)]
+    assert [len(r) for r in rounds] == [500, 500, 200]
+    assert sum(rounds, []) == [b"%d" % i for i in range(1200)]
+    assert [b.records[0][1] for b in acc._ready] == [b"waits"]

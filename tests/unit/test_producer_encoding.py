@@ -77,6 +77,33 @@ def test_a_batch_decodes_to_exactly_the_messages_sent(codec, idempotent, count):
     assert len({m.offset for m in decoded}) == count
 
 
+def sharing_timestamps(seed: int, count: int) -> list[tuple[bytes | None, bytes, int]]:
+    """What a producer's batch looks like: runs of messages in one millisecond, keys
+    absent, empty or of changing lengths within a run (the encoder reuses a header
+    tail's CRC while timestamp and key length stay, and must notice each change)."""
+    rng = random.Random(seed)
+    stamp, records = 1_700_000_000_000, []
+    for i in range(count):
+        stamp += rng.choice([0, 0, 0, 1, -1])
+        key = rng.choice([None, None, b"", b"k", b"k" * rng.randrange(2, 9)])
+        records.append((key, rng.randbytes(rng.choice([0, 1, 200])), stamp))
+    return records
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize("codec", list(Codec))
+def test_messages_sharing_timestamps_encode_as_entries_one_by_one(codec, idempotent):
+    installed(codec)
+    for seed in range(20):
+        records = sharing_timestamps(seed, 60)
+        assert encode_message_set(records) == entry_by_entry(records)
+        payload = (encode_batch(records, BatchIdentity(9, 0, 5, 60), codec) if idempotent
+                   else encode_message_set(records, codec))
+        decoded = list(iter_messages(payload, 0))
+        assert [(m.key, m.value, m.timestamp) for m in decoded] == records
+        assert HEADER.unpack_from(payload)[4] == max(t for _, _, t in records) or not codec and not idempotent
+
+
 @pytest.mark.parametrize("codec", [Codec.GZIP, Codec.ZSTD])
 @pytest.mark.parametrize("idempotent", [False, True])
 def test_a_set_that_compresses_below_its_message_count_goes_uncompressed(codec, idempotent):
@@ -114,4 +141,5 @@ def test_a_produce_request_built_from_its_cached_head_is_the_protocols_encoding(
     for topic, partition, payload in [("clicks", 0, b""), ("clicks", 0, b"x" * 300), ("clicks", 3, b"y"),
                                       ("é-topic", 0, encode_message_set(messages(1, 5)))]:
         request = pipeline._produce(Outgoing(None, topic, partition, 0, payload), acks)
-        assert request.body == ProduceRequest(acks, 1234, topic, partition, payload).encode()
+        assert b"".join(request.body) == ProduceRequest(acks, 1234, topic, partition, payload).encode()
+        assert request.size == len(b"".join(request.body))

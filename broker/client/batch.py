@@ -1,0 +1,78 @@
+"""A producer batch: messages bound for one partition, in send order, and what the
+sender and idempotence need to know of it (docs/clients.md, "Producer"). The
+`RecordAccumulator` (accumulator.py) fills and hands them over."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from broker.client.results import BatchResult
+from broker.common.message import HEADER_SIZE
+
+Record = tuple  # (key: bytes | None, value: bytes, timestamp: int)
+
+
+class ProducerBatch:
+    """Messages bound for one partition, in send order. `internal` batches carry the
+    producer's own monitoring events."""
+
+    __slots__ = ("topic", "partition", "records", "bytes", "created", "movable", "internal", "attempts",
+                 "not_before", "finished", "result", "riders", "producer_id", "epoch", "sequence")
+
+    def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.records: list[Record] = []
+        self.bytes = 0  # encoded size without compression: HEADER_SIZE + key + value per message
+        self.created = time.monotonic()
+        self.movable, self.internal = movable, internal
+        self.attempts, self.not_before, self.finished = 0, 0.0, False
+        self.result = BatchResult(topic, exact)
+        self.riders: tuple[BatchResult, ...] = ()  # results of batches merged into this one (`absorb`); no list
+        # per batch: at batch 1 every object a message makes is the cyclic GC's work
+        self.producer_id: int | None = None  # idempotence: the identity it was first sent with
+        self.epoch = 0
+        self.sequence: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
+
+    @property
+    def results(self) -> list[BatchResult]:
+        """Every result this batch settles: its own and those of the batches it absorbed."""
+        return [self.result, *self.riders]
+
+    def can_absorb(self, other: "ProducerBatch", max_bytes: int) -> bool:
+        """`other` may join this batch: same partition and kind, neither sent yet (no
+        sequence), and the sum within `max_bytes`."""
+        return (other.topic == self.topic and other.partition == self.partition and other.internal == self.internal
+                and self.sequence is None and other.sequence is None and not other.attempts
+                and self.bytes + other.bytes <= max_bytes)
+
+    def absorb(self, other: "ProducerBatch") -> None:
+        """Take `other`'s messages (after this batch's) and the duty to settle its result;
+        its messages' offsets now count from this batch's start."""
+        for result in other.results:
+            result.shift_records += len(self.records)
+            result.shift_bytes += self.bytes
+        self.records.extend(other.records)
+        self.bytes += other.bytes
+        self.riders = (*self.riders, other.result, *other.riders)
+        self.movable = self.movable and other.movable
+
+
+def record_size(key: bytes | None, value: bytes) -> int:
+    return HEADER_SIZE + len(value) + (len(key) if key is not None else 0)
+
+
+def internal_batches(topic: str, records: Iterable[tuple[int, Record]], exact: bool) -> list[ProducerBatch]:
+    """The producer's own (partition, record)s as `internal` batches, one per partition."""
+    batches: dict[int, ProducerBatch] = {}
+    for partition, (key, value, timestamp) in records:
+        batch = batches.get(partition)
+        if batch is None:
+            batch = batches[partition] = ProducerBatch(topic, partition, False, exact, internal=True)
+        batch.records.append((key, value, timestamp))
+        batch.bytes += record_size(key, value)
+    return list(batches.values())
