@@ -241,3 +241,28 @@ def test_a_field_a_new_version_adds_mid_day_becomes_a_column_at_the_next_load(sp
     with pytest.raises(SchemaError, match=r"field 'c' \(bigint NOT NULL\) is added as required"):
         load.run(day + timedelta(hours=14))  # the load refuses it too, before Spark
     assert len(table_rows(target)) == 9
+
+
+def test_a_directory_table_is_checked_against_the_schema_its_latest_batch_declared(registry, tmp_path):
+    """A directory table's files carry their own schema: the check compares with the
+    declaration its latest batch recorded (an inferred one is no declaration)."""
+    from airflow_provider_logbus.targets.base import BatchRecord
+    from airflow_provider_logbus.targets.directory import BATCH_RECORD, DirectoryTarget
+
+    target = DirectoryTarget(tmp_path, "dir_events")
+    for batch_id, committed_at, schema, source in (("b1", "2026-01-01T10:00:00", "`a` string", "declared"),
+                                                   ("b2", "2026-01-01T11:00:00", "`a` int NOT NULL", "declared"),
+                                                   ("b3", "2026-01-01T12:00:00", "`z` string", "inferred")):
+        record = BatchRecord("dir_events", batch_id, "", committed_at, "run", [], [], 0, committed_at=committed_at,
+                             schema=schema, schema_source=source)
+        target.batch_dir(batch_id).mkdir(parents=True)
+        (target.batch_dir(batch_id) / BATCH_RECORD).write_text(json.dumps(record.to_dict()))
+    register(registry, "dir-value", s.ADD_OPTIONAL)
+    checked = LogbusSchemaCheckOperator(task_id="check_schema", table="dir_events", schema_subject="dir-value",
+                                        registry_url=registry.url, warehouse=str(tmp_path)).execute({})
+    assert checked["columns_to_add"] == ["b"]
+    register(registry, "dir-value", s.A_AS_STRING, level="NONE")
+    with pytest.raises(LogbusSchemaIncompatibleError, match="table 'dir_events': field 'a' changes type from int to "
+                                                            "string"):
+        LogbusSchemaCheckOperator(task_id="check_schema", table="dir_events", schema_subject="dir-value",
+                                  registry_url=registry.url, warehouse=str(tmp_path)).execute({})
