@@ -251,7 +251,8 @@ class IcebergTables:
 
     def evolve(self, identifier: str, declared) -> None:
         """Add to the table the optional fields `declared` has and it lacks (tables written
-        before a column existed — `headers` — gain it this way; their rows read null)."""
+        before a column existed — `headers` — gain it this way; their rows read null), and
+        widen or make optional the columns `declared` widens or makes optional."""
         import pyarrow as pa
         from pyiceberg.exceptions import CommitFailedException
 
@@ -265,7 +266,8 @@ class IcebergTables:
             try:
                 with table.update_schema() as update:
                     update.union_by_name(pa.schema([declared.field(n) for n in added]))
-                logger.info("Iceberg table %s gained optional field(s) %s", identifier, ", ".join(added))
+                logger.info("Iceberg table %s gained, widened or made optional field(s) %s", identifier,
+                            ", ".join(added))
                 return
             except CommitFailedException:
                 continue  # a concurrent load evolved it: look again
