@@ -19,7 +19,7 @@ def get_provider_info() -> dict:
         "operators": [{"integration-name": "logbus", "python-modules": [
             "airflow_provider_logbus.operators.snapshot", "airflow_provider_logbus.operators.spark_load",
             "airflow_provider_logbus.operators.commit", "airflow_provider_logbus.operators.audit",
-            "airflow_provider_logbus.operators.maintenance"]}],
+            "airflow_provider_logbus.operators.maintenance", "airflow_provider_logbus.operators.schema_check"]}],
         "sensors": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.sensors.lag"]}],
         "triggers": [{"integration-name": "logbus", "python-modules": ["airflow_provider_logbus.triggers.lag"]}],
         "connection-types": [form.provider_info() for form in FORMS],

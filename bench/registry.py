@@ -11,6 +11,11 @@ keep-alive connection per client thread, as a serializer without its cache would
 With HTTPS + Basic (`--secured`) each request also checks the password (SCRAM's
 8192 iterations of PBKDF2, twice: every mechanism is tried) and reads the ACLs.
 
+And (open registry only) the writer-schema lookups of a load's executor
+(`spark/decode_avro.py`, `writer_schema`, one per framed value): with the executor's
+cache, and without it (the cache emptied before each lookup: a `GET /schemas/ids/{id}`
+on a new connection, and the schema parsed, per value).
+
     .venv/bin/python -m bench.registry --requests 2000 --threads 1 4 [--secured]
 """
 
@@ -55,6 +60,27 @@ def ok(response: httpx.Response) -> None:
         raise RuntimeError(f"{response.status_code} {response.text}")
 
 
+def executor_lookups(url: str, ids: list[int], requests: int) -> None:
+    """Writer schemas found per second by a load's executor, one thread, with and
+    without its cache."""
+    from airflow_provider_logbus.spark import decode_avro
+
+    def uncached(i: int) -> None:
+        decode_avro._WRITER_SCHEMAS.clear()
+        decode_avro.writer_schema(url, ids[i % len(ids)])
+
+    def cached(i: int) -> None:
+        decode_avro.writer_schema(url, ids[i % len(ids)])
+
+    rates = {}
+    for name, lookup, count in (("without", uncached, requests), ("with", cached, requests * 100)):
+        start = time.perf_counter()
+        for i in range(count):
+            lookup(i)
+        rates[name] = count / (time.perf_counter() - start)
+    print(f"executor writer-schema lookups: with the cache {rates['with']:,.0f}/s, without {rates['without']:,.0f}/s")
+
+
 def run(args: argparse.Namespace, workdir: Path) -> None:
     with ZooKeeperServer(workdir / "zookeeper") as zookeeper:
         connect = zookeeper.connect_string + "/bench"
@@ -88,6 +114,8 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                       f"register known {again:,.0f}/s, register new {new:,.0f}/s")
                 for client in clients:
                     client.close()
+            if not args.secured:
+                executor_lookups(registry.url, ids, args.requests)
         finally:
             registry.stop()
 

@@ -28,6 +28,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Callable
 
 from broker.client.connection import BrokerConnection
 from broker.common.message import encode_message_set
@@ -48,15 +49,19 @@ def value(i: int, ts: int) -> bytes:
     return out
 
 
-def produce(conn: BrokerConnection, topic: str, count: int, partitions: int = 2, lines: Path | None = None) -> None:
+def produce(conn: BrokerConnection, topic: str, count: int, partitions: int = 2, lines: Path | None = None,
+            encode: Callable[[int, int], bytes] = value) -> int:
     """`count` messages round-robin over `partitions`, stamped within the last hour, in
-    sets of 2,000; each value also as a line of `lines` when given."""
+    sets of 2,000; each value also as a line of `lines` when given. `encode(i, ts)`: the
+    value (by default `value`'s JSON). Returns the bytes of the values."""
     t0 = int(time.time() * 1000) - HOUR_MS
     batch: dict[int, list] = {p: [] for p in range(partitions)}
+    produced = 0
     with open(lines or os.devnull, "wb") as f:
         for i in range(count):
             ts = t0 + i % HOUR_MS
-            v = value(i, ts)
+            v = encode(i, ts)
+            produced += len(v)
             f.write(v + b"\n")
             p = i % partitions
             batch[p].append((None, v, ts))
@@ -66,6 +71,7 @@ def produce(conn: BrokerConnection, topic: str, count: int, partitions: int = 2,
     for p, rest in batch.items():
         if rest:
             conn.produce(topic, p, encode_message_set(rest))
+    return produced
 
 
 LOCAL, PLAIN, S3 = "load job from logbus", "plain Spark from JSON-lines", "load job into S3"

@@ -135,7 +135,10 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
 
     `schema`: Spark DDL or the path of a .json schema file (JSON Schema or an Avro record),
     read here and passed to the job as DDL; without it the job infers one from a sample
-    and records it. `value_format`: "json", "raw", or "confluent" (registry-framed Avro
+    and records it. `schema_subject` (instead of `schema`): a subject of the registry
+    whose latest version, read here at each load, is the declared schema — a field a
+    producer's new version adds becomes a column at the next load (docs/schemas.md,
+    "Loads"). `value_format`: "json", "raw", or "confluent" (registry-framed Avro
     and JSON Schema values, decoded into the declared `schema` with writer schemas from
     the registry of `registry_conn_id` (a `logbus_schema_registry` connection: URL, CA,
     Basic credentials) or `registry_url` (an open registry; it overrides the
@@ -154,7 +157,8 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
     (`LOCAL_CONF`) unless `conf` says otherwise."""
 
     template_fields: Sequence[str] = ("warehouse", "table", "value_format", "schema", "conf", "target",
-                                      "max_reject_rate", "leader_wait", "registry_url", "registry_conn_id")
+                                      "max_reject_rate", "leader_wait", "registry_url", "registry_conn_id",
+                                      "schema_subject")
     template_fields_renderers = {"conf": "json"}
 
     def __init__(self, *, table: str, warehouse: str | None = None, snapshot_task_id: str = "snapshot",
@@ -163,8 +167,13 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
                  fetch_bytes: int = 8 << 20, split_bytes: int = 256 << 20, target: str = "directory",
                  catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, layout: str | None = None,
                  max_reject_rate: float | str = 1.0, leader_wait: float | str = LOAD_LEADER_WAIT_S,
-                 registry_url: str | None = None, registry_conn_id: str | None = None, **kwargs: Any) -> None:
+                 registry_url: str | None = None, registry_conn_id: str | None = None,
+                 schema_subject: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if schema and schema_subject:
+            raise ValueError(f"give the load's schema or its schema_subject, not both (schema={schema!r}, "
+                             f"schema_subject={schema_subject!r})")
+        self.schema_subject = schema_subject  # the declared schema is this subject's latest version
         self.layout, self.max_reject_rate, self.leader_wait = layout, max_reject_rate, leader_wait
         self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
@@ -184,7 +193,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             args += ["--zookeeper", address["zookeeper"]]
         else:
             args += ["--brokers", address["brokers"]]
-        if self.schema:
+        if self.declares:
             args += ["--schema", self.value_schema().to_ddl()]  # a bad schema fails here, before Spark
         args += ["--layout", layout or self.layout or "directory",
                  "--max-reject-rate", str(float(self.max_reject_rate)),
@@ -200,13 +209,23 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
             args += ["--log-file", log_file]
         return args
 
+    @property
+    def declares(self) -> bool:
+        return bool(self.schema or self.schema_subject)
+
     def value_schema(self):
         """The declared schema, parsed once per task (a .json schema file is read here,
-        on the worker)."""
+        on the worker; a subject's latest version is asked for here)."""
         from airflow_provider_logbus.schema import load_schema
+        from airflow_provider_logbus.schema.registry import latest_version
 
         if getattr(self, "_value_schema", None) is None:
-            self._value_schema = load_schema(self.schema)
+            if self.schema_subject:
+                version = latest_version(self.registry_url or "", self.schema_subject)
+                self.log.info("declared schema: %s: %s", version.describe(), version.value_schema.to_ddl())
+                self._value_schema = version.value_schema
+            else:
+                self._value_schema = load_schema(self.schema)
         return self._value_schema
 
     def execute(self, context) -> dict:
@@ -221,7 +240,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         try:
             # create or evolve the table from the declared schema; an incompatible change
             # stops here, before Spark starts and before anything is written
-            target.ensure_schema(self.value_schema().to_arrow() if self.schema else None)
+            target.ensure_schema(self.value_schema().to_arrow() if self.declares else None)
             staging = target.prepare_staging(plan.batch_id, context["ti"].try_number)
             layout = self.layout or target.layout
             table = target.dataset()
@@ -276,7 +295,7 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         """A batch with nothing in its ranges: the counts file the job would write, without
         starting Spark (40-50 s of a start-up for no row). The commit records the batch as
         any other, so a re-run is a no-op and its ranges (and any loss) are on record."""
-        declared = self.value_format in ("json", "confluent") and self.schema
+        declared = self.value_format in ("json", "confluent") and self.declares
         write_result(staging, load_result(plan.ranges, value_format=self.value_format, layout=layout,
                                           schema=self.value_schema().to_ddl() if declared else None,
                                           schema_source="declared" if declared else None), storage)

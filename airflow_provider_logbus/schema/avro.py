@@ -13,12 +13,19 @@ _AVRO_PRIMITIVES = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64()
                     "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
 
 
-def _avro_type(node: Any, path: str) -> pa.DataType:
-    """The arrow type of an Avro type at `path` (dotted field names; "" at the top)."""
+def _avro_type(node: Any, path: str, defaults_optional: bool = False) -> pa.DataType:
+    """The arrow type of an Avro type at `path` (dotted field names; "" at the top).
+    A record field is optional when its type is a union with "null" — and, with
+    `defaults_optional` (a registry subject's schema, `schema/registry.py`), also when it
+    has a default: a reader fills a missing field with its default, so a version may
+    add one, but the table's rows loaded before it have no value there."""
     if isinstance(node, str):
         if node in _AVRO_PRIMITIVES:
             return _AVRO_PRIMITIVES[node]
         raise SchemaError(f"{path or 'the record'}: unknown or unsupported Avro type {node!r}")
+    def inner(child: Any, where: str) -> pa.DataType:
+        return _avro_type(child, where, defaults_optional)
+
     if isinstance(node, list):
         raise SchemaError(f"{path or 'the record'}: a union is only supported as a record field's type ([\"null\", T])")
     if not isinstance(node, dict):
@@ -48,15 +55,16 @@ def _avro_type(node: Any, path: str) -> pa.DataType:
                 if len(rest) != 1:
                     raise SchemaError(f"{where}: union {t!r} must be [\"null\", T]")
                 nullable, t = len(rest) < len(t), rest[0]
-            out.append(pa.field(name, _avro_type(t, where), nullable=nullable))
+            nullable = nullable or (defaults_optional and "default" in f)
+            out.append(pa.field(name, inner(t, where), nullable=nullable))
         names = [f.name for f in out]
         if len(set(names)) != len(names):
             raise SchemaError(f"{path or 'the record'}: a field name appears twice")
         return pa.struct(out)
     if kind == "array":
-        return pa.list_(pa.field("element", _avro_type(node.get("items"), f"{path}.items")))
+        return pa.list_(pa.field("element", inner(node.get("items"), f"{path}.items")))
     if kind == "map":
-        return pa.map_(pa.string(), _avro_type(node.get("values"), f"{path}.values"))
+        return pa.map_(pa.string(), inner(node.get("values"), f"{path}.values"))
     if kind == "enum":
         return pa.string()
     if kind == "fixed":

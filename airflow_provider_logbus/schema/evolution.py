@@ -1,5 +1,6 @@
 """Whether a table written with one schema may be written with another: added
-nullable fields and widenings (int to long, float to double) only."""
+nullable fields, widenings (int to long, float to double) and required fields made
+optional only — and which top-level fields the table must take for it."""
 
 from __future__ import annotations
 
@@ -62,7 +63,10 @@ def _compare_types(name: str, old: pa.DataType, new: pa.DataType, added: list[st
         _compare_types(f"{name}.value", old.item_type, new.item_type, added)
     else:
         o, n = _normal(old), _normal(new)
-        if o == n or _widens(o, n):
+        if o == n:
+            return
+        if _widens(o, n):
+            added.append(name)  # the column's type must widen with it
             return
         what = "a narrowing" if _widens(n, o) else "not a widening"
         raise SchemaError(f"field {name!r} changes type from {_show(old)} to {_show(new)}: {what} "
@@ -83,15 +87,21 @@ def _compare_fields(prefix: str, current: list[pa.Field], declared: list[pa.Fiel
         if old.nullable and not f.nullable:
             raise SchemaError(f"field {name!r} ({_show(old.type)} -> {_show(f.type)} NOT NULL) is made required: "
                               "rows already in the table may hold nulls; keep it optional")
+        if f.nullable and not old.nullable:
+            added.append(name)  # the column must become optional: new rows may be null there
         _compare_types(name, old.type, f.type, added)
 
 
 def check_evolution(current: pa.Schema, declared: pa.Schema) -> list[str]:
     """May a table whose schema is `current` take rows of the `declared` schema?
 
-    Returns the top-level fields to add by union by name: new optional fields, and
-    existing struct/list/map fields that gain optional fields inside (`geo` when
-    `geo.lon` is new), so `declared.field(name)` is what to union. Raises `SchemaError`
+    Returns the top-level fields to union by name into the table: new optional fields,
+    and existing fields that change in an allowed way — that widen (`n` int -> bigint,
+    also inside: `items` when its elements widen), become optional, or gain optional
+    fields inside (`geo` when `geo.lon` is new) — so `declared.field(name)` is what to
+    union. Without the union, files written with the declared types would not fit the
+    table's columns (a bigint file column in an int column, an optional one in a
+    required column). Raises `SchemaError`
     naming the field (a dotted path when nested) and both types for a type change that
     is not a widening, a narrowing, a required field added or an optional field made
     required. Fields of `current` absent from `declared` are fine: they stay and read as

@@ -60,9 +60,12 @@ class ValueSchema:
         return cls(_schema_from_document(document, str(path)), source=str(path))
 
     @classmethod
-    def from_document(cls, document: dict, source: str = "<json schema>") -> "ValueSchema":
-        """A JSON-Schema or Avro-record document already loaded."""
-        return cls(_schema_from_document(document, source), source=source)
+    def from_document(cls, document: dict, source: str = "<json schema>",
+                      avro_defaults_optional: bool = False) -> "ValueSchema":
+        """A JSON-Schema or Avro-record document already loaded; `avro_defaults_optional`:
+        an Avro field with a default is optional too (a registry subject's versions,
+        `schema/registry.py`)."""
+        return cls(_schema_from_document(document, source, avro_defaults_optional), source=source)
 
     @classmethod
     def from_arrow(cls, schema: pa.Schema, source: str = "arrow") -> "ValueSchema":
@@ -98,12 +101,12 @@ def load_schema(spec: str | Path) -> ValueSchema:
     return ValueSchema.from_ddl(text)
 
 
-def _schema_from_document(document: Any, source: str) -> pa.Schema:
+def _schema_from_document(document: Any, source: str, avro_defaults_optional: bool = False) -> pa.Schema:
     if not isinstance(document, dict):
         raise SchemaError(f"{source}: a schema document is a JSON object, found {type(document).__name__}")
     try:
         if document.get("type") == "record" or "fields" in document:
-            struct = _avro_type(document, "")
+            struct = _avro_type(document, "", avro_defaults_optional)
         elif document.get("type") == "object" or "properties" in document:
             struct = _json_schema_type(document, "", required=False)[0]
         else:

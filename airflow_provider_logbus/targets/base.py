@@ -196,6 +196,17 @@ class CommitTarget(ABC):
         incompatible change raises `schema.SchemaError` naming the field. A target whose
         files carry their own schema (the directory target) has nothing to do."""
 
+    def check_schema(self, value_schema: Any) -> list[str]:
+        """Whether the table could take `value_schema` (a `pyarrow.Schema`) by the rules of
+        `ensure_schema`, changing nothing: the columns it would add, or `SchemaError`
+        naming the field. A target whose files carry their own schema compares with the
+        declaration of its latest batch that recorded one (none: anything goes)."""
+        from airflow_provider_logbus.schema import check_evolution, load_schema
+
+        declared = [r.schema for r in sorted(self.batches(), key=lambda r: r.committed_at)
+                    if r.schema and r.schema_source == "declared"]
+        return check_evolution(load_schema(declared[-1]).to_arrow(), value_schema) if declared else []
+
     def finish(self, record: BatchRecord) -> None:
         """After the commit point (also on a retry that finds the batch committed):
         complete what follows it, idempotently — e.g. publish the batch's rejects."""

@@ -110,7 +110,8 @@ class IcebergTarget(CommitTarget):
                               f"{self.dataset()[0]} ({exc}); check that the location (and, on an object store, "
                               "the bucket) exists and that the connection's credentials may write there") from exc
 
-    # ----------------------------------------------------------------- reading
+    def check_schema(self, value_schema) -> list[str]:
+        return self.tables.check_schema(value_schema)
 
     def state(self) -> TableState:
         table = self._load()
@@ -153,8 +154,6 @@ class IcebergTarget(CommitTarget):
 
     def snapshot(self, snapshot_id: int) -> dict | None:
         return snapshot_info(self._load(), snapshot_id)
-
-    # ----------------------------------------------------------------- writing
 
     @staticmethod
     def _staging_root(table) -> str:
@@ -221,8 +220,6 @@ class IcebergTarget(CommitTarget):
         committed = self.batch(record.batch_id)
         if committed is not None and committed.extra.get("snapshot_id"):
             self.ledger.append([ledger_entry(committed)], dedupe=False)  # no read: a commit stays cheap
-
-    # ----------------------------------------------------------------- audit
 
     def write_audit(self, audit_id: str, report: dict) -> str:
         root = self.warehouse or local_path(self.table_or_fail().location())

@@ -73,6 +73,14 @@ def table_value_fields(value_schema):
     return [f.with_name(f"value_{f.name}") if f.name in taken else f for f in value_schema]
 
 
+def table_schema(value_schema):
+    """The table's schema for a declared value schema (a `pyarrow.Schema`), as the load
+    creates or evolves it."""
+    import pyarrow as pa
+
+    return nested_optional(pa.schema([*logbus_columns(), *table_value_fields(value_schema)]))
+
+
 def rejects_schema():
     import pyarrow as pa
 
@@ -214,13 +222,10 @@ class IcebergTables:
                 raise
 
     def ensure_schema(self, value_schema) -> None:
-        import pyarrow as pa
-
-
         if value_schema is None:
             raise TargetError(f"the Iceberg table {self.identifier} needs a declared value schema (Spark DDL or a "
                               "JSON schema file): a table's schema is not inferred from a sample")
-        declared = nested_optional(pa.schema([*logbus_columns(), *table_value_fields(value_schema)]))
+        declared = table_schema(value_schema)
         if self.load() is None:
             self.create(self.identifier, declared, partitioned=True, properties={**TABLE_PROPERTIES, **ROW_KEY})
         self._check_headers_column()
@@ -233,9 +238,21 @@ class IcebergTables:
         for identifier in (self.identifier, self.rejects_identifier):
             self.document_offset(identifier)
 
+    def check_schema(self, value_schema) -> list[str]:
+        """What `ensure_schema` would add for `value_schema`, changing nothing: the
+        columns to add ([] also for a table not created yet); `SchemaError` if the table
+        cannot take it."""
+        from airflow_provider_logbus.schema import check_evolution
+
+        table = self.load()
+        if table is None:
+            return []
+        return check_evolution(small_types(table.schema().as_arrow()), table_schema(value_schema))
+
     def evolve(self, identifier: str, declared) -> None:
         """Add to the table the optional fields `declared` has and it lacks (tables written
-        before a column existed — `headers` — gain it this way; their rows read null)."""
+        before a column existed — `headers` — gain it this way; their rows read null), and
+        widen or make optional the columns `declared` widens or makes optional."""
         import pyarrow as pa
         from pyiceberg.exceptions import CommitFailedException
 
@@ -249,7 +266,8 @@ class IcebergTables:
             try:
                 with table.update_schema() as update:
                     update.union_by_name(pa.schema([declared.field(n) for n in added]))
-                logger.info("Iceberg table %s gained optional field(s) %s", identifier, ", ".join(added))
+                logger.info("Iceberg table %s gained, widened or made optional field(s) %s", identifier,
+                            ", ".join(added))
                 return
             except CommitFailedException:
                 continue  # a concurrent load evolved it: look again

@@ -158,6 +158,16 @@ SMOKES: dict[str, Smoke] = {
         r"^\| 24 \| never \| 2\.000 \| "]),
     "commit_transaction": Smoke(["--batches", "4", "--checkpoints", "4"], [
         r"^ +4 +[\d.]+ s +[\d.]+ s +[\d.]+$", r"both tables: 3200 rows, 4 batch records"]),
+    "registry": Smoke(["--requests", "40", "--threads", "1"], [
+        r"^threads=1: GET /schemas/ids [\d,]+/s, GET latest [\d,]+/s, register known [\d,]+/s, register new [\d,]+/s$",
+        r"^executor writer-schema lookups: with the cache [\d,]+/s, without [\d,]+/s$"]),
+    "avro_decode": Smoke(["--messages", "500", "--rounds", "1", "--repeat", "1"], [
+        r"^500 records: JSON 200 bytes, framed Avro \d+ bytes a record$",
+        r"^decode alone: Avro decode_value \(per value\) +[\d,]+ records/s$",
+        r"^decode alone: JSON parse_values \(pyarrow\) +[\d,]+ records/s$",
+        r"^whole load, local\[1\]: json +[\d.]+ s +[\d,]+ records/s$",
+        r"^whole load, local\[1\]: confluent +[\d.]+ s +[\d,]+ records/s$",
+        r"^ratio Avro / JSON, whole load = [\d.]+$"], timeout=420),
     "ui_page": Smoke(["--batches", "4", "--rounds", "1"], [
         r"^directory +hours, last 48 h +[\d.]+ +[\d.]+ +[\d,]+$",
         r"^iceberg +hours, all 4 h +[\d.]+ +[\d.]+ +[\d,]+$",

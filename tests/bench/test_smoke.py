@@ -11,7 +11,7 @@ import pytest
 from tests.bench.smoke import SMOKES, check_runs_at_a_tiny_size, run_bench, timed
 
 
-SPARK = ("spark_load", "spark_stages", "iceberg")  # tests/bench/test_smoke_spark_load.py, test_smoke_iceberg.py
+SPARK = ("spark_load", "spark_stages", "avro_decode", "iceberg")  # test_smoke_spark_load.py, test_smoke_iceberg.py
 
 
 @pytest.mark.slow
