@@ -1,7 +1,7 @@
 """Benchmark (not a test): registry-framed Avro against JSON in the load, for the same
 records (issue 37). Records per second on one core:
 
-1. the decoding alone, in this process: `decode_avro.decode_value` per framed value
+1. the decoding alone, in this process: `decode_framed.decode_value` per framed value
    (what the load's Python UDF does for `--format confluent`, the writer schema cached)
    against `reader_json.parse_values` over the JSON values (the data source's pyarrow
    parse, one call per fetch of values) and, for reference, `json.loads` per value;
@@ -75,21 +75,23 @@ def decode_alone(registry_url: str, framing: Framing, count: int, repeat: int) -
     import pyarrow as pa
 
     from airflow_provider_logbus.schema import load_schema
-    from airflow_provider_logbus.spark.decode_avro import decode_value
+    from airflow_provider_logbus.registry_access import RegistryAccess
+    from airflow_provider_logbus.spark.decode_fit import TableFit
+    from airflow_provider_logbus.spark.decode_framed import decode_value
     from airflow_provider_logbus.spark.reader_json import parse_values
 
     records = [value(i, 1_700_000_000_000 + i) for i in range(count)]
     framed = [framing(i, 1_700_000_000_000 + i) for i in range(count)]
     arrow = load_schema(SCHEMA).to_arrow()
-    fields = [(f.name, {"string": "string", "int64": "bigint"}[str(f.type)], True) for f in arrow]
     value_type = pa.struct([f.with_nullable(True) for f in arrow])
     fetch = (8 << 20) // 200  # values per 8 MiB fetch: the data source parses a fetch at a time
     batches = [pa.array(records[i:i + fetch], pa.binary()) for i in range(0, count, fetch)]
-    decode_value(framed[0], registry_url, fields)  # the writer schema into the process's cache
+    registry, table = RegistryAccess(registry_url), TableFit(arrow)
+    decode_value(framed[0], registry, table)  # the writer schema into the process's cache
 
     def avro() -> None:
         for v in framed:
-            decode_value(v, registry_url, fields)
+            decode_value(v, registry, table)
 
     def pyarrow_json() -> None:
         for batch in batches:

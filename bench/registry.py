@@ -12,7 +12,7 @@ With HTTPS + Basic (`--secured`) each request also checks the password (SCRAM's
 8192 iterations of PBKDF2, twice: every mechanism is tried) and reads the ACLs.
 
 And (open registry only) the writer-schema lookups of a load's executor
-(`spark/decode_avro.py`, `writer_schema`, one per framed value): with the executor's
+(`spark/registry_schemas.py`, `writer_schema`, one per framed value): with the executor's
 cache, and without it (the cache emptied before each lookup: a `GET /schemas/ids/{id}`
 on a new connection, and the schema parsed, per value).
 
@@ -63,14 +63,17 @@ def ok(response: httpx.Response) -> None:
 def executor_lookups(url: str, ids: list[int], requests: int) -> None:
     """Writer schemas found per second by a load's executor, one thread, with and
     without its cache."""
-    from airflow_provider_logbus.spark import decode_avro
+    from airflow_provider_logbus.registry_access import RegistryAccess
+    from airflow_provider_logbus.spark import registry_schemas
+
+    access = RegistryAccess(url)
 
     def uncached(i: int) -> None:
-        decode_avro._WRITER_SCHEMAS.clear()
-        decode_avro.writer_schema(url, ids[i % len(ids)])
+        registry_schemas._WRITER_SCHEMAS.clear()
+        registry_schemas.writer_schema(access, ids[i % len(ids)])
 
     def cached(i: int) -> None:
-        decode_avro.writer_schema(url, ids[i % len(ids)])
+        registry_schemas.writer_schema(access, ids[i % len(ids)])
 
     rates = {}
     for name, lookup, count in (("without", uncached, requests), ("with", cached, requests * 100)):

@@ -20,6 +20,17 @@ from typing import Any
 from airflow.providers.common.compat.sdk import AirflowException, BaseHook
 
 from airflow_provider_logbus.connections import SCHEMA_REGISTRY
+from airflow_provider_logbus.registry_access import RegistryAccess
+
+
+def registry_access(registry_url: str | None, registry_conn_id: str | None) -> RegistryAccess:
+    """The registry of an operator's `registry_conn_id` (URL, CA, Basic credentials), its
+    URL overridden by `registry_url` when both are given; an open registry at
+    `registry_url` without a connection."""
+    if not registry_conn_id:
+        return RegistryAccess(registry_url or "")
+    config = SchemaRegistryHook(registry_conn_id).client_config()
+    return RegistryAccess.from_properties(registry_url or config["url"], config)
 
 
 class SchemaRegistryHook(BaseHook):
@@ -66,8 +77,6 @@ class SchemaRegistryHook(BaseHook):
         return self.client_config()["url"]
 
     def test_connection(self) -> tuple[bool, str]:
-        from airflow_provider_logbus.spark.registry_schemas import RegistryAccess
-
         try:
             config = self.client_config()
             RegistryAccess.from_properties(config["url"], config).check()

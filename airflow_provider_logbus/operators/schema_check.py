@@ -16,7 +16,8 @@ class LogbusSchemaIncompatibleError(AirflowException):
 
 
 class LogbusSchemaCheckOperator(BaseOperator):
-    """Checks `schema_subject`'s latest version (in the registry at `registry_url`)
+    """Checks `schema_subject`'s latest version (in the registry of `registry_conn_id`, a
+    `logbus_schema_registry` connection, or at `registry_url`)
     against `table`'s current schema by the rules a load evolves the table with
     (`schema.check_evolution`): new optional fields — Avro fields that are nullable or
     have a default — would become columns; a changed type that is not a widening, a new
@@ -30,20 +31,24 @@ class LogbusSchemaCheckOperator(BaseOperator):
     compares with the table's columns; the directory target with the declared schema its
     latest batch recorded."""
 
-    template_fields: Sequence[str] = ("table", "warehouse", "target", "registry_url", "schema_subject")
+    template_fields: Sequence[str] = ("table", "warehouse", "target", "registry_url", "registry_conn_id",
+                                      "schema_subject")
 
-    def __init__(self, *, table: str, schema_subject: str, registry_url: str, warehouse: str | None = None,
-                 target: str = "directory", catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, **kwargs: Any) -> None:
+    def __init__(self, *, table: str, schema_subject: str, registry_url: str | None = None,
+                 registry_conn_id: str | None = None, warehouse: str | None = None, target: str = "directory",
+                 catalog_conn_id: str = DEFAULT_CATALOG_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.table, self.schema_subject, self.registry_url = table, schema_subject, registry_url
+        self.registry_conn_id = registry_conn_id
         self.warehouse, self.target, self.catalog_conn_id = warehouse, target, catalog_conn_id
 
     def execute(self, context) -> dict:
+        from airflow_provider_logbus.hooks.registry import registry_access
         from airflow_provider_logbus.schema import SchemaError
         from airflow_provider_logbus.schema.registry import latest_version
 
         try:
-            version = latest_version(self.registry_url, self.schema_subject)
+            version = latest_version(registry_access(self.registry_url, self.registry_conn_id), self.schema_subject)
         except SchemaError as exc:
             raise LogbusSchemaIncompatibleError(str(exc)) from None
         target = resolve_target(self.target, self.table, warehouse=self.warehouse,

@@ -16,13 +16,13 @@ from airflow.sdk import Connection
 
 from airflow_provider_logbus.cluster import LOAD_LEADER_WAIT_S, SECURITY_ENV, leader_wait_seconds
 from airflow_provider_logbus.hooks.logbus import LogbusHook
-from airflow_provider_logbus.hooks.registry import SchemaRegistryHook
+from airflow_provider_logbus.hooks.registry import SchemaRegistryHook, registry_access
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.decode_avro import reader_schema
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
-from airflow_provider_logbus.spark.registry_schemas import REGISTRY_ENV
+from airflow_provider_logbus.registry_access import REGISTRY_ENV
 from airflow_provider_logbus.staged import load_result, write_result
 from airflow_provider_logbus.storage import STORAGE_ENV, Storage, join, name_of
 from airflow_provider_logbus.targets.base import describe
@@ -221,7 +221,8 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
 
         if getattr(self, "_value_schema", None) is None:
             if self.schema_subject:
-                version = latest_version(self.registry_url or "", self.schema_subject)
+                version = latest_version(registry_access(self.registry_url, self.registry_conn_id),
+                                         self.schema_subject)
                 self.log.info("declared schema: %s: %s", version.describe(), version.value_schema.to_ddl())
                 self._value_schema = version.value_schema
             else:

@@ -18,7 +18,8 @@ import struct
 
 from airflow_provider_logbus.spark.decode_avro import read_avro
 from airflow_provider_logbus.spark.decode_fit import RejectedValue, TableFit, fit_record
-from airflow_provider_logbus.spark.registry_schemas import RegistryAccess, WriterSchema, writer_schema
+from airflow_provider_logbus.registry_access import RegistryAccess
+from airflow_provider_logbus.spark.registry_schemas import WriterSchema, writer_schema
 
 MAGIC = 0
 HEADER = 5

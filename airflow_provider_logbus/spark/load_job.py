@@ -55,7 +55,7 @@ from airflow_provider_logbus.spark.decode import (
     ERROR, META_COLUMNS, RAW, REJECT, JsonSchema, decode_json, explain_rejects, json_schema, non_null_default,
     required_fields,
 )
-from airflow_provider_logbus.spark.registry_schemas import REGISTRY_ENV, RegistryAccess, RegistryUnavailable
+from airflow_provider_logbus.registry_access import REGISTRY_ENV, RegistryAccess, RegistryUnavailable
 from airflow_provider_logbus.staged import COUNTS_FILE, REJECTS_DIR, load_result, write_result  # noqa: F401
 from airflow_provider_logbus.storage import Storage, join, name_of, properties_from_environment
 

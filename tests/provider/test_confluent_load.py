@@ -18,7 +18,7 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from airflow_provider_logbus.spark.load_job import COUNTS_FILE, REJECTS_DIR, arguments, run_load
-from airflow_provider_logbus.spark.registry_schemas import REGISTRY_ENV, RegistryUnavailable
+from airflow_provider_logbus.registry_access import REGISTRY_ENV, RegistryUnavailable
 from harness.registry import RegistryProcess
 from harness.secured import ZOOKEEPER_AUTH, SecuredCluster
 from tests.provider.test_schema_and_rejects import ranges_of, rows, send_raw

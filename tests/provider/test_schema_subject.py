@@ -20,7 +20,8 @@ from airflow_provider_logbus.operators.snapshot import LogbusOffsetSnapshotOpera
 from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
 from airflow_provider_logbus.schema import SchemaError
 from airflow_provider_logbus.plan import ranges_from_json
-from airflow_provider_logbus.schema.registry import RegistryUnavailable, latest_version
+from airflow_provider_logbus.registry_access import RegistryAccess, RegistryUnavailable
+from airflow_provider_logbus.schema.registry import latest_version
 from airflow_provider_logbus.spark.load_job import arguments, run_load
 from airflow_provider_logbus.targets.iceberg import IcebergTarget
 from broker.client.producer import Producer
@@ -72,7 +73,7 @@ def test_a_subjects_latest_version_declares_every_avro_type_as_its_column(regist
         {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}}]})
     schema_id = register(registry, "orders-value", schema)
 
-    found = latest_version(registry.url, "orders-value")
+    found = latest_version(RegistryAccess(registry.url), "orders-value")
 
     assert (found.subject, found.version, found.schema_id, found.schema_type) == ("orders-value", 1, schema_id, "AVRO")
     assert found.value_schema.to_ddl() == (
@@ -84,19 +85,21 @@ def test_a_subjects_latest_version_declares_every_avro_type_as_its_column(regist
 
 def test_a_subject_the_registry_cannot_give_is_refused_with_the_reason(registry):
     register(registry, "scalar-value", json.dumps("string"))
-    with pytest.raises(SchemaError, match=r"no latest version of subject 'nobody-value': HTTP 404 \(error 40401"):
-        latest_version(registry.url, "nobody-value")
+    with pytest.raises(SchemaError,
+                       match=r"no latest version of subject 'nobody-value': HTTP 404: error 40401: Subject 'nobody-value' not"):
+        latest_version(RegistryAccess(registry.url), "nobody-value")
     with pytest.raises(SchemaError, match="is not a record; a table's columns are a record's fields"):
-        latest_version(registry.url, "scalar-value")
+        latest_version(RegistryAccess(registry.url), "scalar-value")
     register(registry, "two-types-value", s.record({"name": "x", "type": ["null", "int", "string"]}))
     with pytest.raises(SchemaError, match=r"x: union \['null', 'int', 'string'\] must be \[\"null\", T\]"):
-        latest_version(registry.url, "two-types-value")
+        latest_version(RegistryAccess(registry.url), "two-types-value")
     dead = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(RegistryUnavailable, match=f"no schema registry answered for subject 'nobody-value': {dead}"):
-        latest_version(dead, "nobody-value")
+    with pytest.raises(RegistryUnavailable, match=f"schema registry {dead} is unreachable"):
+        latest_version(RegistryAccess(dead), "nobody-value")
     # a list of registries (as confluent_kafka takes one): the first that answers
     register(registry, "good-value", s.V1)
-    assert latest_version(f"{dead},{registry.url}", "good-value").value_schema.to_ddl() == "`a` int NOT NULL"
+    found = latest_version(RegistryAccess(f"{dead},{registry.url}"), "good-value")
+    assert found.value_schema.to_ddl() == "`a` int NOT NULL"
 
 
 def test_the_load_takes_its_schema_or_its_subject_not_both():
@@ -112,9 +115,9 @@ def test_a_version_that_widens_a_field_or_gives_it_a_default_changes_its_column(
     target = IcebergTarget("widening", warehouse=str(tmp_path / "wh"))
     try:
         register(registry, "widening-value", s.V1)
-        target.ensure_schema(latest_version(registry.url, "widening-value").value_schema.to_arrow())
+        target.ensure_schema(latest_version(RegistryAccess(registry.url), "widening-value").value_schema.to_arrow())
         register(registry, "widening-value", s.record(A_LONG))
-        latest = latest_version(registry.url, "widening-value").value_schema.to_arrow()
+        latest = latest_version(RegistryAccess(registry.url), "widening-value").value_schema.to_arrow()
         assert target.check_schema(latest) == ["a"]
         target.ensure_schema(latest)
         a = target.catalog.load_table(target.identifier).schema().find_field("a")

@@ -24,7 +24,7 @@ from airflow_provider_logbus.schema import load_schema
 from airflow_provider_logbus.spark import registry_schemas
 from airflow_provider_logbus.spark.decode_fit import RejectedValue
 from airflow_provider_logbus.spark.decode_framed import decode_value as decode
-from airflow_provider_logbus.spark.registry_schemas import RegistryAccess
+from airflow_provider_logbus.registry_access import RegistryAccess
 from tests.registry import schemas as s
 
 TABLE = load_schema("a int NOT NULL, b string").to_arrow()  # the table after ADD_OPTIONAL

@@ -8,11 +8,12 @@ from __future__ import annotations
 import struct
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from airflow_provider_logbus.spark.registry_schemas import RegistryAccess, RegistryUnavailable, writer_schema
+from airflow_provider_logbus.registry_access import RegistryAccess, RegistryUnavailable
+from airflow_provider_logbus.spark.registry_schemas import writer_schema
 from harness.process import free_port
 from tests.registry import schemas as s
 from tests.registry.test_secured_registry import registry, secured  # noqa: F401 (fixtures)
@@ -47,3 +48,29 @@ def test_the_right_credentials_read_a_schema_by_id_past_a_dead_registry(registry
     access = RegistryAccess.from_properties(f"https://127.0.0.1:{free_port()},{registry.url}", {
         "basic.auth.user.info": "admin:admin-secret", "ssl.ca.location": str(secured.ca.cafile)})
     assert writer_schema(access, schema_id).kind == "AVRO"
+
+
+def test_the_schema_check_reads_a_secured_registry_through_its_connection(registry, secured, tmp_path,  # noqa: F811
+                                                                          monkeypatch):
+    """`schema_subject`'s lookup and `LogbusSchemaCheckOperator` reach the registry as the
+    load does (docs/schemas.md, "Loads"): through a `logbus_schema_registry` connection's
+    CA and credentials; a wrong password fails the task as the registry's refusal, not as
+    an incompatible schema."""
+    import json
+
+    from airflow_provider_logbus.operators.schema_check import LogbusSchemaCheckOperator
+
+    admin = SchemaRegistryClient({"url": registry.url, "ssl.ca.location": str(secured.ca.cafile),
+                                  "basic.auth.user.info": "admin:admin-secret"})
+    admin.register_schema("checked-value", Schema(s.V1, "AVRO"))
+
+    def check(password: str) -> dict:
+        monkeypatch.setenv("AIRFLOW_CONN_CHECKED_REGISTRY", json.dumps({
+            "conn_type": "logbus_schema_registry", "host": registry.url, "login": "admin", "password": password,
+            "extra": {"ssl_cafile": str(secured.ca.cafile)}}))
+        return LogbusSchemaCheckOperator(task_id="check_schema", table="new_table", schema_subject="checked-value",
+                                         registry_conn_id="checked_registry", warehouse=str(tmp_path)).execute({})
+
+    assert check("admin-secret")["version"] == 1  # read with the connection's CA and credentials
+    with pytest.raises(RegistryUnavailable, match="refused the load's credentials .HTTP 401, user 'admin'"):
+        check("wrong")
