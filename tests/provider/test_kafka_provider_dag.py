@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from kazoo.client import KazooClient
 
 from broker.common.zklayout import decode_offset, offset_path
@@ -18,6 +19,7 @@ from tests.integration.brokerutil import connect, read_partition
 
 from .conftest import load_dag, new_chroot
 
+pytestmark = pytest.mark.long  # a DAG run under dag.test(): about a minute of one worker
 TOPIC = "kafka_clients_example"
 EVENTS = 30
 

@@ -182,6 +182,7 @@ def table_rows(target: IcebergTarget) -> list[tuple]:
                       table["b"].to_pylist() if "b" in table.column_names else [None] * table.num_rows))
 
 
+@pytest.mark.long  # four loads on the shared SparkSession (1-2 min idle); the check's rules are unit-tested here
 @pytest.mark.timeout(900)  # four loads on the shared SparkSession; minutes on a loaded machine
 def test_a_field_a_new_version_adds_mid_day_becomes_a_column_at_the_next_load(spark, module_cluster, registry,
                                                                             airflow_db, tmp_path):

@@ -250,6 +250,7 @@ def play_secured_history(ensemble, tmp_path, topic: str, faults: int) -> None:
         secured.stop()
 
 
+@pytest.mark.long  # `make soak` plays it with fresh seeds; `make test` plays thirty faults
 def test_acknowledged_writes_survive_faults_on_a_secured_cluster(zookeeper_ensemble, tmp_path):
     """Issue 20: the checker's faults (one seed, 20 faults) with TLS, SCRAM and ACLs on
     every connection, replication included: security must not cost an acknowledged
@@ -266,6 +267,7 @@ def test_acknowledged_writes_survive_thirty_faults(zookeeper_ensemble, tmp_path)
     play_history(zookeeper_ensemble, tmp_path, "history")
 
 
+@pytest.mark.long  # `make soak` plays it with fresh seeds; `make test` plays thirty faults
 def test_acknowledged_writes_survive_leadership_ping_pong(zookeeper_ensemble, tmp_path):
     """Issue 18's schedule: leaderships moved to followers and handed back by the
     controller's preferred-leader rebalance every 3 s, while followers are paused
