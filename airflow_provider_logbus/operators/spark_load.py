@@ -178,8 +178,8 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         self.target, self.catalog_conn_id = target, catalog_conn_id
         self.warehouse, self.table, self.snapshot_task_id = warehouse, table, snapshot_task_id
         self.value_format, self.schema, self.conn_id = value_format, schema, conn_id
-        self.registry_url = registry_url  # the schema registry of value_format="confluent"
-        self.registry_conn_id = registry_conn_id  # ... or its connection (HTTPS, Basic auth)
+        # value_format="confluent"'s schema registry: a URL, or a connection (HTTPS, Basic auth)
+        self.registry_url, self.registry_conn_id = registry_url, registry_conn_id
         self.logbus_conn_id, self.conf = logbus_conn_id, conf or {}
         self.fetch_bytes, self.split_bytes = fetch_bytes, split_bytes
         self._hook: SparkSubmitHook | None = None
@@ -198,10 +198,8 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         args += ["--layout", layout or self.layout or "directory",
                  "--max-reject-rate", str(float(self.max_reject_rate)),
                  "--leader-wait", str(leader_wait_seconds(self.leader_wait))]  # a bad value fails before Spark
-        registry_url = self.registry_url or (SchemaRegistryHook(self.registry_conn_id).url()
-                                             if self.registry_conn_id else None)
-        if registry_url:
-            args += ["--registry-url", registry_url]
+        if self.registry_url or self.registry_conn_id:
+            args += ["--registry-url", registry_access(self.registry_url, self.registry_conn_id).url]
         avro = reader_schema(self.schema) if self.value_format == "confluent" else None
         if avro:
             args += ["--avro-schema", avro]  # the reader schema Avro values resolve to
