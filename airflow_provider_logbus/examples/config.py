@@ -18,6 +18,10 @@ the DAGs (scheduler, dag-processor, workers, triggerer); unset means the default
 | LOGBUS_WAREHOUSE | /tmp/logbus-warehouse | the directory target's root; the embedded Iceberg catalog's home |
 | LOGBUS_CATALOG_CONN_ID | logbus_iceberg_default | the Iceberg catalog's connection; without it an embedded SQLite catalog under the warehouse |
 | LOGBUS_VALUE_SCHEMA | the simulator's events | Spark DDL or a .json schema file; `infer` (directory target only) infers it from a sample |
+| LOGBUS_VALUE_FORMAT | json | `json` (JSON values) or `confluent` (registry-framed Avro and JSON Schema values, docs/schemas.md) |
+| LOGBUS_SCHEMA_SUBJECT | (none) | the table's schema is this registry subject's latest version (instead of LOGBUS_VALUE_SCHEMA); a `check_schema` task checks it against the table before the load |
+| LOGBUS_REGISTRY_URL | (none) | an open schema registry's URL (comma-separated: several); it overrides the connection's URL |
+| LOGBUS_REGISTRY_CONN_ID | logbus_schema_registry_default | the registry's `logbus_schema_registry` connection (HTTPS, Basic); unused when only LOGBUS_REGISTRY_URL is set |
 | LOGBUS_CONN_ID | logbus_default | the logbus connection |
 | LOGBUS_GROUP | warehouse_loader | the group the commit mirrors offsets into (lag monitoring) |
 | LOGBUS_SENSOR_GRACE_MINUTES | 5 | late data the sensor waits for past an interval's end |
@@ -51,6 +55,8 @@ from airflow_provider_logbus.targets import KINDS
 WEB_ACTIVITY_SCHEMA = ("event_id string, server string, ts_ms bigint, user_id bigint, session string, "
                        "action string, page string, status int, latency_ms double")
 INFER = "infer"  # LOGBUS_VALUE_SCHEMA: no declared schema (the directory target infers one per batch)
+VALUE_FORMATS = ("json", "confluent")
+DEFAULT_REGISTRY_CONN_ID = "logbus_schema_registry_default"  # SchemaRegistryHook's (not imported: parse-time cost)
 
 
 class ExampleConfigError(ValueError):
@@ -67,6 +73,10 @@ class ExampleConfig:
     warehouse: str = "/tmp/logbus-warehouse"
     catalog_conn_id: str = "logbus_iceberg_default"
     value_schema: str | None = WEB_ACTIVITY_SCHEMA
+    value_format: str = "json"
+    schema_subject: str | None = None
+    registry_url: str | None = None
+    registry_conn_id: str | None = None
     logbus_conn_id: str = "logbus_default"
     group: str = "warehouse_loader"
     sensor_grace_minutes: float = 5.0
@@ -91,6 +101,13 @@ class ExampleConfig:
         if schema == INFER and target == "iceberg":
             raise ExampleConfigError("LOGBUS_VALUE_SCHEMA=infer needs LOGBUS_TARGET=directory: an Iceberg table is "
                                      "created from a declared schema (Spark DDL or a .json schema file)")
+        value_format = env.text("LOGBUS_VALUE_FORMAT", cls.value_format)
+        if value_format not in VALUE_FORMATS:
+            raise ExampleConfigError(f"LOGBUS_VALUE_FORMAT={value_format!r}: use one of {', '.join(VALUE_FORMATS)}")
+        subject = env.text("LOGBUS_SCHEMA_SUBJECT", "") or None
+        if subject and env.text("LOGBUS_VALUE_SCHEMA", ""):
+            raise ExampleConfigError(f"LOGBUS_SCHEMA_SUBJECT={subject!r} and LOGBUS_VALUE_SCHEMA are both set: the "
+                                     "table's schema is the subject's latest version or the declared one, not both")
         on_data_loss = env.text("LOGBUS_ON_DATA_LOSS", cls.on_data_loss)
         if on_data_loss not in ("fail", "skip"):
             raise ExampleConfigError(f"LOGBUS_ON_DATA_LOSS={on_data_loss!r}: use fail or skip")
@@ -101,7 +118,8 @@ class ExampleConfig:
             topic=env.text("LOGBUS_TOPIC", cls.topic), table=env.text("LOGBUS_TABLE", cls.table), target=target,
             warehouse=env.text("LOGBUS_WAREHOUSE", cls.warehouse),
             catalog_conn_id=env.text("LOGBUS_CATALOG_CONN_ID", cls.catalog_conn_id),
-            value_schema=None if schema == INFER else schema,
+            value_schema=None if schema == INFER or subject else schema,
+            value_format=value_format, schema_subject=subject, **registry(env),
             logbus_conn_id=env.text("LOGBUS_CONN_ID", cls.logbus_conn_id), group=env.text("LOGBUS_GROUP", cls.group),
             sensor_grace_minutes=env.number("LOGBUS_SENSOR_GRACE_MINUTES", cls.sensor_grace_minutes),
             deferrable=deferrable == "true", on_data_loss=on_data_loss,
@@ -119,6 +137,21 @@ class ExampleConfig:
         commit, audit): the same four arguments in every example DAG."""
         return {"table": self.table, "warehouse": self.warehouse, "target": self.target,
                 "catalog_conn_id": self.catalog_conn_id}
+
+    def registry_args(self) -> dict[str, str | None]:
+        """The schema registry, for the load and the schema check: none when neither
+        decodes framed values nor reads a subject (a JSON load has no registry to reach)."""
+        if self.value_format != "confluent" and not self.schema_subject:
+            return {}
+        return {"registry_url": self.registry_url, "registry_conn_id": self.registry_conn_id}
+
+
+def registry(env: Settings) -> dict[str, str | None]:
+    """The registry's URL and connection: the connection named, or the default one
+    unless a URL alone is given (an open registry needs no connection)."""
+    url = env.text("LOGBUS_REGISTRY_URL", "") or None
+    conn_id = env.text("LOGBUS_REGISTRY_CONN_ID", "") or (None if url else DEFAULT_REGISTRY_CONN_ID)
+    return {"registry_url": url, "registry_conn_id": conn_id}
 
 
 class Settings:

@@ -1,6 +1,6 @@
 """Hourly load of a logbus topic into a table, exactly once, with an audit.
 
-    sensor ─► snapshot ─► load (Spark) ─► commit ─► audit
+    sensor ─► [check_schema ─►] snapshot ─► load (Spark) ─► commit ─► audit
 
 Configuration: `airflow_provider_logbus.examples.config` (environment variables, read
 when the DAG is parsed, shared with `logbus_daily_audit` and `logbus_complete_hours` so
@@ -8,6 +8,13 @@ the three always name the same topic, table, target, catalog and schema). By def
 Iceberg table `logbus.web_activity` of the simulator's events on an embedded SQLite
 catalog under /tmp/logbus-warehouse; `LOGBUS_TARGET=directory` writes Parquet
 directories instead. Per run, `params` override on_data_loss and max_bytes_per_partition.
+
+Registry-framed values (docs/schemas.md): `LOGBUS_VALUE_FORMAT=confluent` decodes
+Confluent-framed Avro and JSON Schema values with the registry of LOGBUS_REGISTRY_URL or
+LOGBUS_REGISTRY_CONN_ID; `LOGBUS_SCHEMA_SUBJECT` makes the subject's latest version the
+table's schema (a field a new version adds becomes a column at the next load), and adds
+`check_schema`, which fails the run before the snapshot and Spark when that version is
+one the table cannot take.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetabl
 from airflow_provider_logbus.examples.config import example_config
 from airflow_provider_logbus.operators.audit import LogbusAuditOperator
 from airflow_provider_logbus.operators.commit import LogbusCommitOperator
+from airflow_provider_logbus.operators.schema_check import LogbusSchemaCheckOperator
 from airflow_provider_logbus.operators.snapshot import LogbusOffsetSnapshotOperator
 from airflow_provider_logbus.operators.spark_load import LogbusSparkLoadOperator
 from airflow_provider_logbus.sensors.lag import LogbusLagSensor
@@ -50,7 +58,8 @@ with DAG(
         logbus_conn_id=config.logbus_conn_id, **config.table_args(),
     )
     load = LogbusSparkLoadOperator(
-        task_id="load", snapshot_task_id="snapshot", value_format="json", schema=config.value_schema,
+        task_id="load", snapshot_task_id="snapshot", value_format=config.value_format, schema=config.value_schema,
+        schema_subject=config.schema_subject, **config.registry_args(),
         max_reject_rate=config.max_reject_rate, leader_wait=config.leader_wait_seconds,
         logbus_conn_id=config.logbus_conn_id, conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"},
         **config.table_args(),
@@ -64,4 +73,12 @@ with DAG(
         grace=timedelta(minutes=config.audit_grace_minutes), logbus_conn_id=config.logbus_conn_id, retries=0,
         **config.table_args(),
     )
-    wait >> snapshot >> load >> commit >> audit
+    if config.schema_subject:
+        check = LogbusSchemaCheckOperator(
+            task_id="check_schema", schema_subject=config.schema_subject, **config.registry_args(),
+            **config.table_args(),
+        )
+        wait >> check >> snapshot
+    else:
+        wait >> snapshot
+    snapshot >> load >> commit >> audit

@@ -73,7 +73,37 @@ def test_the_simulators_events_are_what_the_default_schema_declares():
     ({"LOGBUS_LEADER_WAIT_SECONDS": "a minute"}, "LOGBUS_LEADER_WAIT_SECONDS='a minute' is not a number"),
     ({"LOGBUS_RETRY_DELAY_SECONDS": "-5"}, "LOGBUS_RETRY_DELAY_SECONDS='-5' must not be negative"),
     ({"LOGBUS_ON_DATA_LOSS": "ignore"}, "LOGBUS_ON_DATA_LOSS='ignore': use fail or skip"),
+    ({"LOGBUS_VALUE_FORMAT": "avro"}, "LOGBUS_VALUE_FORMAT='avro': use one of json, confluent"),
+    ({"LOGBUS_SCHEMA_SUBJECT": "clicks-value", "LOGBUS_VALUE_SCHEMA": "a int"},
+     "LOGBUS_SCHEMA_SUBJECT='clicks-value' and LOGBUS_VALUE_SCHEMA are both set"),
 ])
 def test_a_bad_example_setting_is_refused_naming_the_variable(env, named):
     with pytest.raises(ExampleConfigError, match=named):
         ExampleConfig.from_environment(env)
+
+
+def test_a_schema_subject_adds_a_check_before_the_snapshot_and_reaches_the_registry(tmp_path, monkeypatch):
+    """The registry-framed load of the hourly DAG (docs/schemas.md): the subject's check
+    runs before the snapshot and Spark; a URL alone needs no connection; without a
+    subject or framed values the DAG is as before, with no registry to reach."""
+    env = {"LOGBUS_WAREHOUSE": str(tmp_path), "LOGBUS_VALUE_FORMAT": "confluent",
+           "LOGBUS_SCHEMA_SUBJECT": "clicks-value", "LOGBUS_REGISTRY_URL": "http://registry:8081"}
+    dag = example_dags(env, monkeypatch)["logbus_hourly_load.py"]
+    load, check = dag.get_task("load"), dag.get_task("check_schema")
+    assert (load.value_format, load.schema, load.schema_subject) == ("confluent", None, "clicks-value")
+    assert (load.registry_url, load.registry_conn_id) == ("http://registry:8081", None)
+    assert (check.schema_subject, check.registry_url, check.registry_conn_id) == ("clicks-value",
+                                                                                  "http://registry:8081", None)
+    assert dag.get_task("snapshot").upstream_task_ids == {"check_schema"}
+    assert check.upstream_task_ids == {"wait_for_data"}
+    assert tables_opened(dag) == {("web_activity", str(tmp_path), "iceberg", "logbus_iceberg_default")}
+
+    framed = example_dags({"LOGBUS_VALUE_FORMAT": "confluent"}, monkeypatch)["logbus_hourly_load.py"]
+    load = framed.get_task("load")
+    assert (load.schema, load.registry_url, load.registry_conn_id) == (WEB_ACTIVITY_SCHEMA, None,
+                                                                       "logbus_schema_registry_default")
+    assert "check_schema" not in framed.task_ids
+
+    plain = example_dags({}, monkeypatch)["logbus_hourly_load.py"].get_task("load")
+    assert (plain.value_format, plain.registry_url, plain.registry_conn_id, plain.schema_subject) == (
+        "json", None, None, None)
