@@ -1,10 +1,8 @@
 """What every harness server shares: free ports on 127.0.0.1, polling until a condition
-holds, a log's tail for error messages, stopping a process group, and servers that die
-with the test process that started them."""
+holds, a log's tail for error messages, and stopping a process group."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import signal
@@ -66,17 +64,6 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def dies_with_parent() -> None:
-    """`preexec_fn` for a server: Linux kills it (SIGKILL) when the thread that started it
-    exits, so a test process killed -9 (a pytest worker a timeout or a person ended)
-    leaves no ZooKeeper or broker running for hours; its `stop()` never ran. Servers are
-    started from tests' main threads."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def stop_process(process: subprocess.Popen | None, sig: int, timeout: float) -> int | None:

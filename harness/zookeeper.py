@@ -19,7 +19,7 @@ from typing import Iterator
 
 from kazoo.client import KazooClient
 
-from harness.process import ClusterError, dies_with_parent, free_port, stop_process, tail, wait_until
+from harness.process import ClusterError, free_port, stop_process, tail, wait_until
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -136,7 +136,6 @@ class ZooKeeperServer:
                 [java, "-Xmx256m", "-cp", ":".join(classpath),
                  "-Dzookeeper.4lw.commands.whitelist=*", main, str(config)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=dies_with_parent,
             )
 
     def wait_serving(self, timeout: float = 60) -> None:
