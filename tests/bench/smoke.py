@@ -286,6 +286,8 @@ def check_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
     print(f"bench.{module}: {run.seconds:.1f} s")
 
 
-def timed(modules: list[str]) -> list:
-    """`modules` as parameters, each with a pytest timeout past its own."""
-    return [pytest.param(m, marks=pytest.mark.timeout(SMOKES[m].timeout + 60)) for m in modules]
+def timed(modules: list[str], long: tuple[str, ...] = ()) -> list:
+    """`modules` as parameters, each with a pytest timeout past its own; those in `long`
+    run in `make test-long` only."""
+    return [pytest.param(m, marks=[pytest.mark.timeout(SMOKES[m].timeout + 60)]
+                         + ([pytest.mark.long] if m in long else [])) for m in modules]

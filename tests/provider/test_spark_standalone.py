@@ -30,7 +30,7 @@ from harness.spark import SparkStandalone
 from .conftest import ROOT
 from .helpers import all_offsets, fill_last_hour, table_rows
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # a master and a worker: two minutes of one worker
 HOUR = 3_600_000
 TOPIC = TABLE = "views"
 MESSAGES = 40
