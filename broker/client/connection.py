@@ -17,14 +17,13 @@ from collections import deque
 from broker.client.security import OPEN, ClientSecurity
 from broker.common.errors import InvalidRequest, LogbusError
 from broker.common.protocol import (
-    API_VERSION, REQUEST_HEADER, Writer, FETCH_VERSION, METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
+    FETCH_VERSION, METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
     MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult,
-    ProduceRequest, ProduceResponse, ProducerIdResponse, Reader, RecordCount, RecordCountRequest, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request,
+    ProduceRequest, ProduceResponse, ProducerIdResponse, Reader, RecordCount, RecordCountRequest, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request, client_id_field, request_head,
     raise_for_error,
 )
 
 _SIZE = struct.Struct(">i")
-_FRAME_HEAD = struct.Struct(">i" + REQUEST_HEADER.format.lstrip(">"))  # size, then the request header before client_id
 MAX_RESPONSE_BYTES = 1 << 30
 
 
@@ -34,7 +33,7 @@ class BrokerConnection:
         self.host, self.port = host, port
         self.security = security
         self.client_id = client_id
-        self._client_field = bytes(Writer().string(client_id).buf)  # a request header's client_id, encoded once
+        self._client_field = client_id_field(client_id)  # encoded once
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
@@ -96,18 +95,15 @@ class BrokerConnection:
     def send_many(self, requests: list[tuple[ApiKey, bytes | tuple[bytes, ...]]], expects_response: bool = True) -> None:
         """Several requests written at once: one syscall instead of one per request, and
         one join: a body may be a tuple of pieces (a PRODUCE's fields, its set), copied
-        once, into the frame. The frame's header is `encode_request`'s."""
-        head, client, fixed = _FRAME_HEAD.pack, self._client_field, _FRAME_HEAD.size - 4 + len(self._client_field)
-        ids, pieces, sent = self._ids, [], []
-        add, extend = pieces.append, pieces.extend
+        once, into the frame (`request_head`, as `encode_request`'s)."""
+        client, ids, pieces, sent = self._client_field, self._ids, [], []
         for api, body in requests:
             correlation_id = next(ids) & 0x7FFFFFFF
             if type(body) is tuple:
-                add(head(fixed + sum(map(len, body)), api, API_VERSION, correlation_id))
-                add(client)
-                extend(body)
+                pieces.append(request_head(api, correlation_id, client, sum(map(len, body))))
+                pieces.extend(body)
             else:
-                extend((head(fixed + len(body), api, API_VERSION, correlation_id), client, body))
+                pieces += (request_head(api, correlation_id, client, len(body)), body)
             sent.append(correlation_id)
         self.send_frame(b"".join(pieces))
         if expects_response:

@@ -6,7 +6,7 @@ writes), `frames` (request and response headers), `requests` (what clients send)
 It knows nothing of sockets or logs. Everything public is importable from here."""
 
 from broker.common.protocol.frames import (
-    Body, REQUEST_HEADER, RESPONSE_HEADER, RequestHeader, decode_request_header, decode_response_header, encode_request, error_response, raise_for_error, response_frame, response_header,
+    Body, REQUEST_HEADER, RESPONSE_HEADER, RequestHeader, client_id_field, decode_request_header, decode_response_header, encode_request, error_response, raise_for_error, request_head, response_frame, response_header,
 )
 from broker.common.protocol.primitives import (
     API_VERSION, AUTO_PARTITIONS, Acks, ApiKey, EARLIEST, LATEST, Reader, SIZE, Writer, check_topic_name,
@@ -81,6 +81,8 @@ __all__ = [
     "decode_response_header",
     "encode_offsets",
     "encode_request",
+    "client_id_field",
+    "request_head",
     "encode_results",
     "error_response",
     "raise_for_error",

@@ -25,15 +25,25 @@ class RequestHeader:
     client_id: str
 
 
+_FRAME_HEAD = struct.Struct(">i" + REQUEST_HEADER.format.lstrip(">"))  # size, then the header before client_id
+
+
+def client_id_field(client_id: str) -> bytes:
+    """A request header's client_id as encoded: a client encodes it once."""
+    return bytes(Writer().string(client_id).buf)
+
+
+def request_head(api_key: ApiKey, correlation_id: int, client_field: bytes, body_size: int,
+                 api_version: int = API_VERSION) -> bytes:
+    """A request frame's bytes before its body (size, header, `client_field`), so a
+    sender can join the head and the body's pieces once, into the frame."""
+    size = _FRAME_HEAD.size - 4 + len(client_field) + body_size
+    return _FRAME_HEAD.pack(size, api_key, api_version, correlation_id) + client_field
+
+
 def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: bytes | bytearray,
                    api_version: int = API_VERSION) -> bytes:
-    w = Writer()
-    w.buf += SIZE.pack(0)
-    w.buf += REQUEST_HEADER.pack(api_key, api_version, correlation_id)
-    w.string(client_id)
-    w.raw(body)
-    SIZE.pack_into(w.buf, 0, len(w.buf) - 4)
-    return bytes(w.buf)
+    return request_head(api_key, correlation_id, client_id_field(client_id), len(body), api_version) + body
 
 
 def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, Reader]:
