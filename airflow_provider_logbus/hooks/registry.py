@@ -29,8 +29,7 @@ def registry_access(registry_url: str | None, registry_conn_id: str | None) -> R
     `registry_url` without a connection."""
     if not registry_conn_id:
         return RegistryAccess(registry_url or "")
-    config = SchemaRegistryHook(registry_conn_id).client_config()
-    return RegistryAccess.from_properties(registry_url or config["url"], config)
+    return SchemaRegistryHook(registry_conn_id).access(registry_url)
 
 
 class SchemaRegistryHook(BaseHook):
@@ -73,13 +72,16 @@ class SchemaRegistryHook(BaseHook):
             config["ssl.ca.location"] = str(cafile)
         return config
 
-    def url(self) -> str:
-        return self.client_config()["url"]
+    def access(self, url: str | None = None) -> RegistryAccess:
+        """How the provider's own requests reach the registry (`url` overrides the
+        connection's)."""
+        config = self.client_config()
+        return RegistryAccess.from_properties(url or config["url"], config)
 
     def test_connection(self) -> tuple[bool, str]:
         try:
-            config = self.client_config()
-            RegistryAccess.from_properties(config["url"], config).check()
-            return True, f"schema registry {config['url']} answers"
+            access = self.access()
+            access.check()
+            return True, f"schema registry {access.url} answers"
         except Exception as exc:  # test_connection reports, never raises
             return False, f"{type(exc).__name__}: {exc}"
