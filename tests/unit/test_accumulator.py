@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.client.accumulator import ProducerBatch, RecordAccumulator
+from broker.client.accumulator import EXPIRY_CHECK, ProducerBatch, RecordAccumulator
 from broker.client.errors import ProduceError, QueueFull
 from broker.client.results import RecordMetadata
 from broker.client.sender import retriable
@@ -229,6 +229,17 @@ def test_batches_older_than_the_delivery_timeout_expire():
     [batch] = acc._open.values()
     assert acc.expire(batch.created + 5, delivery_timeout=10) == []
     assert acc.expire(batch.created + 11, delivery_timeout=10) == [batch]
+
+
+def test_expired_batches_are_looked_for_at_most_every_expiry_check():
+    """The sender's every round asked; each look scans every queued batch (at batch 1,
+    50,000 of them), so a due batch waits up to EXPIRY_CHECK for the next look."""
+    acc = accumulator(metadata=Leaders(t={0: -1}))
+    acc.append("t", b"k", b"v", 1, 0)
+    [batch] = acc._open.values()
+    assert acc.expire(batch.created + 9.99, delivery_timeout=10) == []
+    assert acc.expire(batch.created + 10.0 + EXPIRY_CHECK / 2, delivery_timeout=10) == []  # due, not looked at
+    assert acc.expire(batch.created + 9.99 + EXPIRY_CHECK, delivery_timeout=10) == [batch]
 
 
 @pytest.mark.parametrize("code, again", [
