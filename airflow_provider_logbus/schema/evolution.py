@@ -1,5 +1,5 @@
 """Whether a table written with one schema may be written with another: added
-nullable fields, widenings (int to long, float to double) and required fields made
+nullable fields, widenings (an integer to a wider one, float to double) and required fields made
 optional only — and which top-level fields the table must take for it."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from airflow_provider_logbus.schema.ddl import ddl_type
 from airflow_provider_logbus.schema.types import SchemaError
 
 
-_WIDENINGS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
+_INTEGERS = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+_WIDENINGS = {(a, b) for i, a in enumerate(_INTEGERS) for b in _INTEGERS[i + 1:]} | {(pa.float32(), pa.float64())}
+
+
+_ALLOWED = "(allowed: an integer to a wider one, float -> double, decimal precision up with the same scale)"
 
 
 def _normal(t: pa.DataType) -> pa.DataType:
@@ -51,8 +55,7 @@ def _show(t: pa.DataType) -> str:
 def _compare_types(name: str, old: pa.DataType, new: pa.DataType, added: list[str]) -> None:
     kind = _kind(old)
     if kind != _kind(new):
-        raise SchemaError(f"field {name!r} changes type from {_show(old)} to {_show(new)}: not a widening "
-                          "(allowed: int -> bigint, float -> double, decimal precision up with the same scale)")
+        raise SchemaError(f"field {name!r} changes type from {_show(old)} to {_show(new)}: not a widening {_ALLOWED}")
     if kind == "struct":
         _compare_fields(name, [old.field(i) for i in range(old.num_fields)],
                         [new.field(i) for i in range(new.num_fields)], added)
@@ -69,8 +72,7 @@ def _compare_types(name: str, old: pa.DataType, new: pa.DataType, added: list[st
             added.append(name)  # the column's type must widen with it
             return
         what = "a narrowing" if _widens(n, o) else "not a widening"
-        raise SchemaError(f"field {name!r} changes type from {_show(old)} to {_show(new)}: {what} "
-                          "(allowed: int -> bigint, float -> double, decimal precision up with the same scale)")
+        raise SchemaError(f"field {name!r} changes type from {_show(old)} to {_show(new)}: {what} {_ALLOWED}")
 
 
 def _compare_fields(prefix: str, current: list[pa.Field], declared: list[pa.Field], added: list[str]) -> None:

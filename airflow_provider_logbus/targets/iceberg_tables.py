@@ -78,7 +78,27 @@ def table_schema(value_schema):
     creates or evolves it."""
     import pyarrow as pa
 
-    return nested_optional(pa.schema([*logbus_columns(), *table_value_fields(value_schema)]))
+    return nested_optional(stored_types(pa.schema([*logbus_columns(), *table_value_fields(value_schema)])))
+
+
+def stored_types(schema):
+    """`schema` with the types Iceberg stores: it has no 8- or 16-bit integers, and
+    pyiceberg makes a tinyint or smallint column int. Compared as declared, such a
+    table refused its second load ("changes type from int to smallint")."""
+    import pyarrow as pa
+
+    def stored(t):
+        if pa.types.is_int8(t) or pa.types.is_int16(t):
+            return pa.int32()
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(stored(f.type)) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.list_(t.value_field.with_type(stored(t.value_type)))
+        if pa.types.is_map(t):
+            return pa.map_(t.key_field.with_type(stored(t.key_type)), t.item_field.with_type(stored(t.item_type)))
+        return t
+
+    return pa.schema([f.with_type(stored(f.type)) for f in schema])
 
 
 def rejects_schema():

@@ -232,3 +232,18 @@ def test_a_table_made_by_an_earlier_version_gets_todays_properties_from_the_next
     assert {k: properties.get(k) for k in {**TABLE_PROPERTIES, **ROW_KEY}} == {**TABLE_PROPERTIES, **ROW_KEY}
     assert target.table_or_fail().schema().find_field("offset").doc == OFFSET_DOC
     assert "commit.manifest.target-size-bytes" in TABLE_PROPERTIES
+
+
+def test_a_table_declared_with_small_integers_takes_its_next_loads(tmp_path):
+    """Iceberg stores tinyint and smallint as int: compared as declared, the second load
+    refused the table's own columns ("changes type from int to smallint")."""
+    target = target_for(embedded_catalog(str(tmp_path / "wh")), tmp_path)
+    declared = pa.schema([pa.field("s", pa.int16()), pa.field("geo", pa.struct([pa.field("b", pa.int8())])),
+                          pa.field("ids", pa.list_(pa.int16()))])
+    target.ensure_schema(declared)
+    assert target.check_schema(declared) == []
+    target.ensure_schema(declared)
+    widened = pa.schema([pa.field("s", pa.int64()), *list(declared)[1:]])
+    assert target.check_schema(widened) == ["s"]
+    target.ensure_schema(widened)
+    assert str(target.table_or_fail().schema().find_field("s").field_type) == "long"

@@ -182,7 +182,7 @@ def test_fields_dropped_from_the_declared_schema_are_fine():
 @pytest.mark.parametrize("old, new", [
     ("n int", "n long"), ("x float", "x double"), ("p decimal(9,2)", "p decimal(12,2)"),
     ("t array<int>", "t array<long>"), ("m map<string, float>", "m map<string, double>"),
-    ("n long NOT NULL", "n long"),
+    ("n long NOT NULL", "n long"), ("n smallint", "n int"), ("n tinyint", "n long"),
 ])
 def test_widenings_and_relaxing_required_are_allowed_and_returned_to_union(old, new):
     """The table's column must change with them: a file of the declared types would not
@@ -193,6 +193,7 @@ def test_widenings_and_relaxing_required_are_allowed_and_returned_to_union(old, 
 
 @pytest.mark.parametrize("old, new, message", [
     ("n long", "n int", "field 'n' changes type from bigint to int: a narrowing"),
+    ("n int", "n smallint", "field 'n' changes type from int to smallint: a narrowing"),
     ("n long", "n string", "field 'n' changes type from bigint to string: not a widening"),
     ("x double", "x float", "field 'x' changes type from double to float: a narrowing"),
     ("p decimal(9,2)", "p decimal(12,3)", "from decimal(9,2) to decimal(12,3): not a widening"),
