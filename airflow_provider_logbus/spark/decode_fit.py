@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import uuid
 from typing import Callable
 
 import pyarrow as pa
@@ -115,14 +116,17 @@ def _converter(t: pa.DataType, path: str, from_json: bool) -> Convert:
 
 def _primitive(t: pa.DataType, from_json: bool) -> Convert:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return _exactly(str)
+        return _string
     if pa.types.is_boolean(t):
         return _exactly(bool)
     if t in _INT_BITS:
-        low, high = -(1 << (_INT_BITS[t] - 1)), 1 << (_INT_BITS[t] - 1)
+        bits = _INT_BITS[t]
+        low, high = -(1 << (bits - 1)), 1 << (bits - 1)
 
         def integer(v, _):
-            if type(v) is not int or not low <= v < high:
+            if type(v) is not int:
+                v = _time_of_day(v, bits)
+            if not low <= v < high:
                 raise _Mismatch
             return v
         return integer
@@ -141,6 +145,26 @@ def _primitive(t: pa.DataType, from_json: bool) -> Convert:
     if pa.types.is_date(t):
         return lambda v, _: _date(v, from_json)
     return _never
+
+
+def _string(v, _):
+    """A string; or a UUID, as fastavro reads Avro's `uuid` logical type (its column is
+    the underlying string, as in Spark's Avro reader)."""
+    if type(v) is str:
+        return v
+    if type(v) is uuid.UUID:
+        return str(v)
+    raise _Mismatch
+
+
+def _time_of_day(v, bits: int) -> int:
+    """Avro's `time-millis` (an int) and `time-micros` (a long), which fastavro reads as
+    a `datetime.time`, back to their numbers: the column is the underlying integer, as in
+    Spark's Avro reader (Spark has no time type). Anything else is a mismatch."""
+    if type(v) is not datetime.time:
+        raise _Mismatch
+    micros = ((v.hour * 60 + v.minute) * 60 + v.second) * 1_000_000 + v.microsecond
+    return micros // 1000 if bits == 32 else micros
 
 
 def _never(v, _):
