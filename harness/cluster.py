@@ -30,7 +30,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from broker.common.zklayout import broker_path
 from broker.server.config import SECRET_KEYS
-from harness.process import ClusterError, free_port, stop_process, tail, wait_until
+from harness.process import ClusterError, free_port, stop_process, tail, unwind_on_sigterm, wait_until
 from harness.zookeeper import ZooKeeperServer
 
 
@@ -104,6 +104,7 @@ class BrokerProcess:
         self._write_secrets()
         self._started_ms = int(time.time() * 1000)
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0  # this run's lines follow
+        unwind_on_sigterm()
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

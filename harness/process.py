@@ -8,6 +8,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -64,6 +65,20 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def unwind_on_sigterm() -> None:
+    """Called as a server starts: from then on SIGTERM (a `kill`, a runner's timeout)
+    raises SystemExit in the main thread, so the `finally` blocks and context managers
+    that stop the servers run. By default the signal ended Python at once, and the
+    servers, in sessions of their own, ran on: two killed benchmarks left four. A handler
+    someone installed (bench.paper's) is kept, and so is the default in other threads."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_unwinding)
+
+
+def _exit_unwinding(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def stop_process(process: subprocess.Popen | None, sig: int, timeout: float) -> int | None:

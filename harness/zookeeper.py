@@ -19,7 +19,7 @@ from typing import Iterator
 
 from kazoo.client import KazooClient
 
-from harness.process import ClusterError, free_port, stop_process, tail, wait_until
+from harness.process import ClusterError, free_port, stop_process, tail, unwind_on_sigterm, wait_until
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -131,6 +131,7 @@ class ZooKeeperServer:
             lines += [f"server.{i}=127.0.0.1:{peer}:{election}" for i, (peer, election) in sorted(self.peers.items())]
             main = QUORUM_MAIN
         config.write_text("\n".join(lines) + "\n")
+        unwind_on_sigterm()
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [java, "-Xmx256m", "-cp", ":".join(classpath),

@@ -228,11 +228,11 @@ def describe(pids: list[int]) -> str:
 
 
 def run_bench(module: str, args: list[str], scratch: Path, timeout: float, env: dict[str, str] | None = None,
-              watch: str | None = None, after_watch: float | None = None) -> Run:
+              watch: str | None = None, after_watch: float | None = None, terminate: bool = False) -> Run:
     """`python -m bench.<module> args` with its own TMPDIR and token; fails the test when
-    it outlives `timeout` (or `after_watch` seconds after printing `watch`), leaves a
-    process or a file in its TMPDIR. Output goes to a file, not a pipe, whose end would
-    wait for every process holding it."""
+    it outlives `timeout` (or `after_watch` seconds after printing `watch`, SIGTERM sent
+    then with `terminate`), leaves a process or a file in its TMPDIR. Output goes to a
+    file, not a pipe, whose end would wait for every process holding it."""
     tmp = scratch / "tmp"
     tmp.mkdir()
     token = uuid.uuid4().hex
@@ -250,6 +250,8 @@ def run_bench(module: str, args: list[str], scratch: Path, timeout: float, env: 
         now = time.monotonic()
         if seen is None and watch is not None and watch in log.read_text(errors="replace"):
             seen = now
+            if terminate:
+                process.terminate()
         if now - start > timeout:
             hang = f"did not exit within {timeout:.0f} s"
         elif seen is not None and now - seen > after_watch:

@@ -35,3 +35,13 @@ def test_failing_benchmark_exits_at_once_and_stops_what_it_started(tmp_path: Pat
     assert run.code != 0, run.output[-4000:]
     assert "200 messages, " in run.output, f"it failed before producing its data:\n{run.output[-4000:]}"
     assert "ImportError: pyspark made unimportable by the smoke test" in run.output, run.output[-4000:]
+
+
+@pytest.mark.slow
+def test_a_benchmark_terminated_midway_stops_what_it_started(tmp_path: Path) -> None:
+    """SIGTERM (a `kill`, a runner's timeout) ended Python at once: ZooKeeper and the
+    broker, in sessions of their own, ran on with their scratch directory — two killed
+    `bench.spark_load` runs left four servers. `scratch_cluster` makes it unwind."""
+    run = run_bench("raw", ["--messages", "300000"], tmp_path, 180, watch="produce batch  1", after_watch=30,
+                    terminate=True)
+    assert run.code != 0 and "produce batch 50" not in run.output, run.output[-4000:]
