@@ -87,6 +87,7 @@ class ScanResult(NamedTuple):
 
 
 _new_scan_result = functools.partial(tuple.__new__, ScanResult)
+_MAX_CODEC, _BATCH_MIN_SIZE, _END = int(Codec.ZSTD), MIN_ENTRY_SIZE + BATCH_FIELDS.size, ScanStop.END  # plain loads in `scan`
 
 
 def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, max_message_bytes: int = 0,
@@ -105,11 +106,10 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     pos = count = 0
     min_ts, max_ts = 1 << 62, -1
     unpack, crc_of = HEADER.unpack_from, checksum
-    header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
-    error, stop = None, ScanStop.END
+    header_size, min_size, max_codec, batch_min_size = HEADER_SIZE, MIN_ENTRY_SIZE, _MAX_CODEC, _BATCH_MIN_SIZE
+    error, stop = None, _END
     compressed = batches = 0
     v2, v3, seeds, seeds3, top = MAGIC, MAGIC_BATCH, V2_SEEDS, V3_SEEDS, max_magic  # attributes: checked 0..4 first
-    batch_min_size = min_size + BATCH_FIELDS.size
     try:
         while pos < end:
             if end - pos < header_size:

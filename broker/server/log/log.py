@@ -17,7 +17,6 @@ writable again.
 from __future__ import annotations
 
 import bisect
-import functools
 import logging
 import threading
 import time
@@ -59,15 +58,10 @@ class LogConfig:
     dir_min_free_bytes: int = 1 << 20  # free space a probe needs before the directory goes back online
 
 
-class AppendResult(NamedTuple):
-    """Made in C (`_new_result`) on the produce path: one per append."""
-
+class AppendResult(NamedTuple):  # one per append: made in C (`tuple.__new__`) on the produce path
     base_offset: int
     next_offset: int
     duplicate: bool = False  # a producer batch the log already held: nothing was appended
-
-
-_new_result = functools.partial(tuple.__new__, AppendResult)
 
 
 class Log:
@@ -209,7 +203,7 @@ class Log:
             if not self._unflushed_messages:
                 self._first_unflushed = time.monotonic()
             self._unflushed_messages += count
-            return _new_result((base, end, False))
+            return tuple.__new__(AppendResult, (base, end, False))
 
     def append_replica(self, message_set: bytes | memoryview) -> AppendResult:
         """A follower's append of its leader's bytes: the whole entries at the front of
