@@ -197,7 +197,8 @@ class Connection(asyncio.BufferedProtocol):
         view = memoryview(buf)
         try:
             while end - start >= 4:
-                if (answers.pending or answers.out or self._unsent or pool.over or self._waiting_for_pool) and self._must_stop():
+                # immediate answers (`answers.out`) alone never stop it: written below once they reach max_out
+                if (answers.pending or self._unsent or pool.over or self._waiting_for_pool) and self._must_stop():
                     break
                 (size,) = _SIZE.unpack_from(buf, start)
                 if size < MIN_REQUEST_SIZE or size > limit:
