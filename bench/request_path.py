@@ -105,7 +105,10 @@ async def measure(workdir: Path, zookeeper: str, requests: int, rounds: int,
         for batch, acks in cases:
             topic = f"path-{batch}-{acks}"
             await broker.handler.topics.auto_create(topic)
+            deadline = time.monotonic() + 30
             while broker.handler.logs.get(topic, 0) is None:  # the assignment's watch creates the log
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no log of {topic}-0 30 s after its creation")
                 await asyncio.sleep(0.01)
         await asyncio.sleep(SETTLE_SECONDS)
         for _ in range(rounds):
@@ -129,9 +132,11 @@ async def measure(workdir: Path, zookeeper: str, requests: int, rounds: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20_000, help="requests per round at batch 1 (batch 50: a tenth)")
+    parser.add_argument("--requests", type=int, default=20_000,
+                        help="requests per round at batch 1 (batch 50: a tenth)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--case", action="append", metavar="BATCH:ACKS", help="only these (a profile's); default all four")
+    parser.add_argument("--case", action="append", metavar="BATCH:ACKS",
+                        help="only these (a profile's); default all four")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the broker's stop logs a lost ZooKeeper session: expected here
     with tempfile.TemporaryDirectory(prefix="logbus-bench-path-") as workdir:

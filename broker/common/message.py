@@ -87,7 +87,8 @@ class ScanResult(NamedTuple):
 
 
 _new_scan_result = functools.partial(tuple.__new__, ScanResult)
-_MAX_CODEC, _BATCH_MIN_SIZE, _END = int(Codec.ZSTD), MIN_ENTRY_SIZE + BATCH_FIELDS.size, ScanStop.END  # plain loads in `scan`
+# plain loads in `scan`, not an enum's attribute or a sum per call
+_MAX_CODEC, _BATCH_MIN_SIZE, _END = int(Codec.ZSTD), MIN_ENTRY_SIZE + BATCH_FIELDS.size, ScanStop.END
 
 
 def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, max_message_bytes: int = 0,
