@@ -32,8 +32,9 @@ and size, so a reader can step past it — at the first entry it cannot decode.
 from __future__ import annotations
 
 import enum
+import functools
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 from broker.common.compression import DEFAULT_MAX_DECOMPRESSED, Codec, decompress
@@ -60,10 +61,10 @@ class ScanStop(enum.Enum):
     TOO_LARGE = "too large"  # at a valid entry over `max_message_bytes`
 
 
-@dataclass(frozen=True, slots=True)
-class ScanResult:
+class ScanResult(NamedTuple):
     """What `scan` learnt of a buffer: the valid prefix, what it holds, and why the
-    walk stopped (`stop`; `error` says it to a person, None at a clean end)."""
+    walk stopped (`stop`; `error` says it to a person, None at a clean end). A tuple
+    made in C (`tuple.__new__`): one per produced set, on the produce path."""
 
     valid_bytes: int
     count: int
@@ -85,6 +86,11 @@ class ScanResult:
         return self.stop is ScanStop.TOO_LARGE
 
 
+_new_scan_result = functools.partial(tuple.__new__, ScanResult)
+# plain loads in `scan`, not an enum's attribute or a sum per call
+_MAX_CODEC, _BATCH_MIN_SIZE, _END = int(Codec.ZSTD), MIN_ENTRY_SIZE + BATCH_FIELDS.size, ScanStop.END
+
+
 def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, max_message_bytes: int = 0,
          max_magic: int = MAGIC_KAFKA) -> ScanResult:
     """Walk entries from the start; stop at the first one that is partial or invalid,
@@ -101,11 +107,10 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     pos = count = 0
     min_ts, max_ts = 1 << 62, -1
     unpack, crc_of = HEADER.unpack_from, checksum
-    header_size, min_size, max_codec = HEADER_SIZE, MIN_ENTRY_SIZE, int(Codec.ZSTD)
-    error, stop = None, ScanStop.END
+    header_size, min_size, max_codec, batch_min_size = HEADER_SIZE, MIN_ENTRY_SIZE, _MAX_CODEC, _BATCH_MIN_SIZE
+    error, stop = None, _END
     compressed = batches = 0
     v2, v3, seeds, seeds3, top = MAGIC, MAGIC_BATCH, V2_SEEDS, V3_SEEDS, max_magic  # attributes: checked 0..4 first
-    batch_min_size = min_size + BATCH_FIELDS.size
     try:
         while pos < end:
             if end - pos < header_size:
@@ -157,8 +162,8 @@ def scan(buf: bytes | bytearray | memoryview, max_entry_bytes: int = 1 << 31, ma
     finally:
         view.release()
     records = count if not (compressed or batches) else -1
-    return ScanResult(pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches, records,
-                      (min_ts, max_ts) if count and records >= 0 else None)
+    return _new_scan_result((pos, count, min_ts if count else -1, max_ts, stop, error, compressed, batches, records,
+                             (min_ts, max_ts) if count and records >= 0 else None))
 
 
 def validate_message_set(
@@ -170,14 +175,14 @@ def validate_message_set(
     Uncompressed sets, the common case, cost nothing more than the walk."""
     if len(buf) == 0:
         raise InvalidMessage("empty message set")
-    result = scan(buf, max_entry_bytes=1 << 31, max_message_bytes=max_message_bytes, max_magic=MAGIC_BATCH)
-    if result.too_large:
-        raise MessageTooLarge(result.error)
+    result = scan(buf, 1 << 31, max_message_bytes, MAGIC_BATCH)
     if result.stop is not ScanStop.END:
+        if result.stop is ScanStop.TOO_LARGE:
+            raise MessageTooLarge(result.error)
         raise InvalidMessage(f"invalid message set: {result.error}")
     if result.compressed or result.batches:
         records, times = _validate_wrappers(buf, max_decompressed_bytes)
-        return replace(result, records=records, record_times=times)
+        return result._replace(records=records, record_times=times)
     return result
 
 

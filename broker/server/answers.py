@@ -65,7 +65,8 @@ class Answers:
 
     def ready(self, parts: Body) -> None:
         """An answer known now: written after this read, or queued behind earlier ones."""
-        if not self.pending and all(isinstance(p, bytes) for p in parts):
+        if not self.pending and (len(parts) == 1 and type(parts[0]) is bytes  # most answers: no generator
+                                 or all(isinstance(p, bytes) for p in parts)):
             self.out += parts
             return
         self.pending.append(parts)

@@ -197,7 +197,7 @@ class Connection(asyncio.BufferedProtocol):
         view = memoryview(buf)
         try:
             while end - start >= 4:
-                if (answers.pending or answers.out or self._unsent or pool.over or self._waiting_for_pool) and self._must_stop():
+                if (answers.pending or self._unsent or pool.over or self._waiting_for_pool) and self._must_stop():
                     break
                 (size,) = _SIZE.unpack_from(buf, start)
                 if size < MIN_REQUEST_SIZE or size > limit:
@@ -223,7 +223,7 @@ class Connection(asyncio.BufferedProtocol):
                 if transport.is_closing():
                     return
                 if len(answers.out) >= max_out:
-                    self._flush_out()  # immediate answers count against max.in.flight too
+                    self._flush_out()  # immediate answers count against max.in.flight: written at it, never a stop
         finally:
             view.release()
             self._start, self._end = start, end

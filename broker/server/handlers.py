@@ -56,12 +56,15 @@ class Appended(NamedTuple):
     """One partition's append, as its acknowledgement needs it: where it ends, and for a
     replicated partition the leader epoch it was appended in (None: unreplicated). An
     acks=-1 answer is bound to that epoch (docs/replication.md). A tuple: one is built
-    per append, on the produce path."""
+    per append, on the produce path, by `_new_appended`."""
 
     log: Log
     base_offset: int
     next_offset: int
     epoch: int | None
+
+
+_new_appended = functools.partial(tuple.__new__, Appended)  # in C: NamedTuple's own __new__ is Python
 
 
 class RequestHandler:
@@ -180,9 +183,9 @@ class RequestHandler:
                 self._unwritten.add(log)
             self.scheduler.flusher(log).appended()
         if led is None:
-            return Appended(log, result.base_offset, result.next_offset, None)
+            return _new_appended((log, result.base_offset, result.next_offset, None))
         led.appended()
-        return Appended(log, result.base_offset, result.next_offset, led.epoch)
+        return _new_appended((log, result.base_offset, result.next_offset, led.epoch))
 
     def write_unwritten(self) -> None:
         """Called by connections after each socket read: one write per touched log."""

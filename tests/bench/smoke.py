@@ -134,6 +134,9 @@ SMOKES: dict[str, Smoke] = {
     "index_costs": Smoke(["--sets", "50", "--rounds", "1"], [
         r"^append plain batch 50 +median +[\d.]+ us/set",
         r"^FETCH v1 read at a record inside +median +[\d.]+ us"]),
+    "request_path": Smoke(["--requests", "200", "--rounds", "1"], [
+        r"^produce batch  1 acks 0 min +[\d.]+ median +[\d.]+ us/request",
+        r"^produce batch 50 acks 1 min +[\d.]+ median +[\d.]+ us/request"]),
     "recovery": Smoke(["--size", "0.003", "--segment-mib", "1", "--fetch-mib", "1", "--fetches", "5"], [
         r"\| recovery after kill -9, sidecars kept: start to logs loaded \| [\d.]+ s \|",
         r"\| recovery after kill -9, sidecars deleted: then RECORD_COUNT of the partition \| [\d.]+ s \|",

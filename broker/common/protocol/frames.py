@@ -4,8 +4,9 @@ error in place of the body — so a client can show the broker's reason."""
 
 from __future__ import annotations
 
+import functools
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.common.errors import ErrorCode, InvalidRequest, error_for
 from broker.common.protocol.primitives import API_VERSION, ApiKey, Reader, SIZE, Writer
@@ -17,8 +18,11 @@ REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id (
 RESPONSE_HEADER = struct.Struct(">iih")  # size, correlation_id, error_code
 
 
-@dataclass(frozen=True)
-class RequestHeader:
+class RequestHeader(NamedTuple):
+    """One per request: `decode_request_header` builds it with `tuple.__new__` (in C; the
+    frozen dataclasses' `__init__`s of the produce path were a seventh of the broker's
+    CPU per request at batch 1)."""
+
     api_key: int
     api_version: int
     correlation_id: int
@@ -46,8 +50,27 @@ def encode_request(api_key: ApiKey, correlation_id: int, client_id: str, body: b
     return request_head(api_key, correlation_id, client_id_field(client_id), len(body), api_version) + body
 
 
+_HEADER_FIELDS = struct.Struct(REQUEST_HEADER.format + "h")  # ... and client_id's length: one unpack
+_new_header = functools.partial(tuple.__new__, RequestHeader)
+
+
 def decode_request_header(frame: bytes | memoryview) -> tuple[RequestHeader, Reader]:
-    """Parse the header of a frame (without its size field)."""
+    """Parse the header of a frame (without its size field). The produce path's first
+    step, hence one unpack and a C-made tuple; a frame that does not fit that shape is
+    read field by field (`_read_header`), which says what is wrong with it."""
+    try:
+        api_key, api_version, correlation_id, n = _HEADER_FIELDS.unpack_from(frame)
+        end = _HEADER_FIELDS.size + n
+        if 0 <= n and end <= len(frame):
+            client_id = str(frame[_HEADER_FIELDS.size : end], "utf-8")
+            return _new_header((api_key, api_version, correlation_id, client_id)), Reader(frame, end)
+    except (struct.error, UnicodeDecodeError):
+        pass
+    return _read_header(frame)
+
+
+def _read_header(frame: bytes | memoryview) -> tuple[RequestHeader, Reader]:
+    """`decode_request_header` field by field: the clear error of a malformed header."""
     r = Reader(frame)
     api_key, api_version, correlation_id = r._unpack(REQUEST_HEADER)
     return RequestHeader(api_key, api_version, correlation_id, r.string()), r

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from broker.common.errors import ErrorCode, LogbusError, error_for
 from broker.common.protocol.frames import Body
 from broker.common.listeners import Endpoint
-from broker.common.protocol.primitives import Reader, Writer, _I64
+from broker.common.protocol.primitives import Reader, Writer
+
+_OFFSETS = struct.Struct(">qq")  # base_offset, next_offset
 
 
-@dataclass(frozen=True)
-class ProduceResponse:
+class ProduceResponse(NamedTuple):
+    """A tuple: one per acknowledged PRODUCE on the broker's produce path."""
+
     base_offset: int
     next_offset: int
 
     def encode(self) -> bytes:
-        return _I64.pack(self.base_offset) + _I64.pack(self.next_offset)
+        return _OFFSETS.pack(*self)
 
     def encode_parts(self) -> Body:
         return [self.encode()]

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from broker.common.errors import InvalidMessage, InvalidRequest, OffsetOutOfRange, StorageError
 from broker.common.kafka.records import ProducedBatch, decompressed_batch, kafka_entry
@@ -58,8 +58,7 @@ class LogConfig:
     dir_min_free_bytes: int = 1 << 20  # free space a probe needs before the directory goes back online
 
 
-@dataclass(frozen=True)
-class AppendResult:
+class AppendResult(NamedTuple):  # one per append: made in C (`tuple.__new__`) on the produce path
     base_offset: int
     next_offset: int
     duplicate: bool = False  # a producer batch the log already held: nothing was appended
@@ -185,7 +184,7 @@ class Log:
                 if held is not None:
                     return AppendResult(held.base_offset, held.next_offset, duplicate=True)
             try:
-                active = self.segments[-1]
+                active = self._view[0][-1]
                 if active.size and (active.size + size > self.config.segment_bytes
                                     or (time.monotonic() - self._rolled_at) * 1000 >= self.config.roll_ms):
                     active = self._roll()
@@ -195,15 +194,16 @@ class Log:
                 active.append(data, buffered)
             except OSError as exc:
                 raise self.log_dir.failed(exc, self.name, f"append of {size} bytes") from None
+            end = active.end_offset
             index.add_set(base - active.base_offset, data, records)
             active.note_timestamps(min_timestamp, max_timestamp)
-            self.tally.note(base, active.end_offset, records, times)
+            self.tally.note(base, end, records, times)
             if batch is not None:
-                self.producers.record(batch, base, active.end_offset)
+                self.producers.record(batch, base, end)
             if not self._unflushed_messages:
                 self._first_unflushed = time.monotonic()
             self._unflushed_messages += count
-            return AppendResult(base, active.end_offset)
+            return tuple.__new__(AppendResult, (base, end, False))
 
     def append_replica(self, message_set: bytes | memoryview) -> AppendResult:
         """A follower's append of its leader's bytes: the whole entries at the front of
