@@ -354,6 +354,8 @@ def write_partition_state(zk: KazooClient, topic: str, partition: int, state: Pa
     path = partition_state_path(topic, partition)
     try:
         if version == -1:
+            if zk.exists(topic_path(topic)) is None:
+                return None  # deleted: creating its parents would bring back an empty topic node
             zk.create(path, state.encode(), makepath=True)
             return 0
         return zk.set(path, state.encode(), version=version).version

@@ -38,6 +38,18 @@ logger = logging.getLogger(__name__)
 NODES_PER_TRANSACTION = 500  # ZooKeeper bounds a request (jute.maxbuffer)
 
 
+UNREADABLE = "(unreadable)"
+
+
+def readable_id(data: bytes) -> str | None:
+    """The topic node's id; UNREADABLE for a node that is no topic's (garbage is deleted
+    with the marker's topic rather than left to stop every controller pass)."""
+    try:
+        return decode_topic_id(data)
+    except (ValueError, AttributeError):
+        return UNREADABLE
+
+
 class TopicDeleter:
     def __init__(self, zk: KazooClient) -> None:
         self.zk = zk
@@ -56,7 +68,7 @@ class TopicDeleter:
             data, _ = self.zk.get(topic_path(topic))
         except NoNodeError:
             data = None
-        if data is not None and decode_topic_id(data) != marker.topic_id:
+        if data is not None and readable_id(data) not in (marker.topic_id, UNREADABLE):
             logger.warning("controller: the deletion of topic %s names topic id %s, but the topic now is %s: "
                            "dropping the stale marker", topic, marker.topic_id, decode_topic_id(data))
         else:

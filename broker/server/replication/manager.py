@@ -117,12 +117,15 @@ class ReplicaManager:
 
     def _state_watcher(self, topic: str, partition: int, replicas: list[int]):
         # exactly two parameters: kazoo passes a third (the event) to callbacks that take one
+        seen = []  # a node this watch has read: its absence now is a deletion, not a topic from before replication
+
         def watch(data: bytes | None, stat) -> bool | None:
-            if self._watched.get((topic, partition)) is not replicas:
+            if self._watched.get((topic, partition)) is not replicas or (data is None and seen):
                 return False  # its topic was deleted (a new incarnation has a watch of its own)
             if data is None:  # created before replication: the first replica leads alone
                 node = StateNode(PartitionState(replicas[0], 0, [replicas[0]]), -1)
             else:
+                seen.append(True)
                 try:
                     node = StateNode(PartitionState.decode(data), stat.version, stat.mzxid)
                 except (ValueError, KeyError, TypeError):
