@@ -27,7 +27,7 @@ import time
 from collections import deque
 from random import randrange
 from itertools import repeat
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 from broker.client.metadata import ClusterMetadata, available
 from broker.client.errors import ProducerClosed, QueueFull
@@ -276,15 +276,16 @@ class RecordAccumulator:
                     batch.partition = self._sticky_partition(batch.topic, batch.partition)
                 self._ready.appendleft(batch)
 
-    def expire(self, now: float, delivery_timeout: float) -> list[ProducerBatch]:
-        """Take the batches (ready or open) created more than `delivery_timeout` ago."""
+    def expire(self, now: float, delivery_timeout: float, topics: Collection[str] = ()) -> list[ProducerBatch]:
+        """Take the batches (ready or open) created more than `delivery_timeout` ago, and
+        those of `topics` (that cannot be delivered: deleted, and not to be created)."""
         limit = now - delivery_timeout
         with self._lock:
-            expired = [b for b in self._ready if b.created < limit]
+            expired = [b for b in self._ready if b.created < limit or b.topic in topics]
             if expired:
-                self._ready = deque(b for b in self._ready if b.created >= limit)
+                self._ready = deque(b for b in self._ready if b.created >= limit and b.topic not in topics)
             for batch in [*self._sticky.values(), *self._open.values()]:
-                if batch.created < limit:
+                if batch.created < limit or batch.topic in topics:
                     self._detach(batch)
                     expired.append(batch)
             return expired

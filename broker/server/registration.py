@@ -24,7 +24,7 @@ from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, Sessi
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker import __version__
-from broker.common.errors import TopicAlreadyExists, UnknownError
+from broker.common.errors import TopicAlreadyExists, UnknownError, UnknownTopic
 from broker.common.partitionstates import PartitionStates
 from broker.common.protocol import BrokerInfo
 from broker.common.zklayout import (
@@ -234,8 +234,11 @@ class BrokerRegistry:
         read what it wrote rather than wait for the watch to deliver it."""
         try:
             return self.create_topic(topic, partitions, replication_factor)
-        except TopicAlreadyExists:
-            data = self.zk.get(topic_path(topic))[0]
+        except TopicAlreadyExists as exc:
+            try:
+                data = self.zk.get(topic_path(topic))[0]
+            except NoNodeError:  # its deletion is under way: the name is free once it is complete
+                raise UnknownTopic(str(exc)) from None
             assignment = decode_assignment(data)
             self.apply_assignment(topic, assignment, decode_topic_id(data))
             return assignment
