@@ -1,8 +1,8 @@
 """The Kafka listener's administrative APIs (docs/kafka.md, "Administration") through
 the real clients: confluent-kafka's AdminClient (librdkafka) and kafka-python's
 KafkaAdminClient — CreateTopics (validate_only, an existing topic, bad partitions,
-replica assignments, configs), DeleteTopics refused, DescribeConfigs of a topic and
-of the broker. One broker with a Kafka listener, real ZooKeeper."""
+replica assignments, configs), DeleteTopics, DescribeConfigs of a topic and of the
+broker. One broker with a Kafka listener, real ZooKeeper."""
 
 from __future__ import annotations
 
@@ -105,18 +105,64 @@ def test_bad_requests_each_get_their_code_and_the_good_one_is_created(admin_brok
     assert [n for n in names.values() if n in listed] == [names["good"]]
 
 
-def test_delete_topics_is_refused_and_the_topic_kept(admin_broker):
+def delete(admin: AdminClient, *names: str, **options) -> dict[str, KafkaError | None]:
+    """Each topic's outcome: None, or the error the client raised for it."""
+    outcome = {}
+    for name, future in admin.delete_topics(list(names), request_timeout=TIMEOUT, **options).items():
+        try:
+            future.result(TIMEOUT)
+            outcome[name] = None
+        except KafkaException as exc:
+            outcome[name] = exc.args[0]
+    return outcome
+
+
+def test_delete_topics_deletes_and_the_name_starts_again_empty(admin_broker):
+    """librdkafka's DeleteTopics (v4 here): the topic is gone from list_topics when the
+    answer comes, an unknown one is UNKNOWN_TOPIC_OR_PART, and a topic created again
+    under the name has none of the old records."""
+    from confluent_kafka import Consumer, Producer
+
     admin = admin_client(admin_broker)
     name = f"d-{uuid.uuid4().hex[:8]}"
     assert create(admin, NewTopic(name, 1, 1)) == {name: None}
+    producer = Producer({"bootstrap.servers": admin_broker.kafka_bootstrap, "enable.idempotence": True})
+    for i in range(10):
+        producer.produce(name, b"old-%d" % i, partition=0)
+    assert producer.flush(TIMEOUT) == 0
     missing = f"missing-{uuid.uuid4().hex[:8]}"
-    errors = {}
-    for topic, future in admin.delete_topics([name, missing], request_timeout=TIMEOUT).items():
-        with pytest.raises(KafkaException) as refused:
-            future.result(TIMEOUT)
-        errors[topic] = refused.value.args[0]
-    assert errors[name].code() == KafkaError.TOPIC_DELETION_DISABLED
-    assert errors[missing].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    outcome = delete(admin, name, missing, operation_timeout=TIMEOUT)
+    assert outcome[name] is None
+    assert outcome[missing].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert topic_partitions(admin, name) is None
+
+    assert create(admin, NewTopic(name, 1, 1)) == {name: None}
+    producer.produce(name, b"new", partition=0)  # the same idempotent producer: its sequence goes on
+    assert producer.flush(TIMEOUT) == 0
+    consumer = Consumer({"bootstrap.servers": admin_broker.kafka_bootstrap, "group.id": f"g-{name}",
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    try:
+        consumer.subscribe([name])
+        values = []
+        while True:
+            message = consumer.poll(TIMEOUT)
+            assert message is not None, "no end of partition within the timeout"
+            if message.error():
+                assert message.error().code() == KafkaError._PARTITION_EOF
+                break
+            values.append((message.offset(), message.value()))
+    finally:
+        consumer.close()
+        producer.flush(TIMEOUT)
+    assert values == [(0, b"new")]
+
+
+def test_a_broker_with_deletion_disabled_answers_topic_deletion_disabled(cluster):
+    broker = cluster.start_broker(0, {"delete.topic.enable": "false"}, kafka=True)
+    admin = admin_client(broker)
+    name = f"kept-{uuid.uuid4().hex[:8]}"
+    assert create(admin, NewTopic(name, 1, 1)) == {name: None}
+    assert delete(admin, name)[name].code() == KafkaError.TOPIC_DELETION_DISABLED
     assert topic_partitions(admin, name) == 1
 
 
@@ -141,9 +187,9 @@ def test_describe_configs_of_a_topic_and_the_broker(admin_broker):
     assert refused.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
-def test_kafka_python_admin_creates_and_describes(admin_broker):
-    """kafka-python picks the highest versions (CreateTopics v7, DeleteTopics v5 with its
-    error message, DescribeConfigs v4)."""
+def test_kafka_python_admin_creates_describes_and_deletes(admin_broker):
+    """kafka-python picks the highest versions (CreateTopics v7, DeleteTopics v5,
+    DescribeConfigs v4)."""
     from kafka.admin import ConfigResource as KpResource, ConfigResourceType, KafkaAdminClient, NewTopic as KpTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -157,9 +203,8 @@ def test_kafka_python_admin_creates_and_describes(admin_broker):
         described = admin.describe_configs([KpResource(ConfigResourceType.TOPIC, name)], config_filter="all")
         assert described["topic"][name]["cleanup.policy"]["value"] == "delete"
         [deleted] = admin.delete_topics([name], raise_errors=False)["topics"]
-        assert deleted["error_code"] == KafkaError.TOPIC_DELETION_DISABLED
-        assert "logbus does not delete topics" in deleted["error_message"]
-        assert name in admin.list_topics()
+        assert deleted["error_code"] == 0
+        assert name not in admin.list_topics()
     finally:
         admin.close()
 
