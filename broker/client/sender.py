@@ -196,16 +196,14 @@ class Sender:
             accumulator.wait_for_work(now, longest)
 
     def _leaders(self, topic: str) -> Leaders | None:
-        """A batch's topic's leaders. A topic that is gone (deleted) is looked for again
-        — created again when the brokers auto-create topics, else its batches fail at
-        once with the refusal (TopicCreationDisabled, an UnknownTopic) — never left
-        waiting for a leader until the delivery timeout."""
-        leaders = self.metadata.partitions(topic)
-        if leaders is None and topic not in self._topic_errors:
+        """A batch's topic's leaders. A deleted topic is looked for again (`_find_topics`):
+        created anew if brokers auto-create, else its batches fail at once with the
+        refusal rather than wait for a leader until the delivery timeout."""
+        if (leaders := self.metadata.partitions(topic)) is None and topic not in self._topic_errors:
             with self._topics:
                 self._wanted.add(topic)
-        elif leaders is not None and topic in self._topic_errors:
-            self._topic_errors.pop(topic, None)  # it exists again
+        elif leaders is not None:
+            self._topic_errors.pop(topic, None)  # it exists (again)
         return leaders
 
     def _find_topics(self, now: float) -> None:

@@ -224,23 +224,21 @@ class BrokerRegistry:
         self.on_assignment(topic, assignment)
 
     def create_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
-        topic_id = uuid.uuid4().hex
-        assignment = create_topic(self.zk, topic, partitions, replication_factor, topic_id)
+        assignment = create_topic(self.zk, topic, partitions, replication_factor, topic_id := uuid.uuid4().hex)
         self.apply_assignment(topic, assignment, topic_id)
         return assignment
 
     def ensure_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
         """The topic's assignment, creating it if needed. When a concurrent creator won,
-        read what it wrote rather than wait for the watch to deliver it."""
+        read what it wrote rather than wait for the watch to deliver it; no node is a
+        deletion under way (UnknownTopic: the name is free once it is complete)."""
         try:
             return self.create_topic(topic, partitions, replication_factor)
         except TopicAlreadyExists as exc:
-            try:
-                data = self.zk.get(topic_path(topic))[0]
-            except NoNodeError:  # its deletion is under way: the name is free once it is complete
+            data = self.zk.exists(topic_path(topic)) and self.zk.get(topic_path(topic))[0]
+            if not data:
                 raise UnknownTopic(str(exc)) from None
-            assignment = decode_assignment(data)
-            self.apply_assignment(topic, assignment, decode_topic_id(data))
+            self.apply_assignment(topic, assignment := decode_assignment(data), decode_topic_id(data))
             return assignment
 
     def stop(self) -> None:

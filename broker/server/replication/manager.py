@@ -117,7 +117,7 @@ class ReplicaManager:
 
     def _state_watcher(self, topic: str, partition: int, replicas: list[int]):
         # exactly two parameters: kazoo passes a third (the event) to callbacks that take one
-        seen = []  # a node this watch has read: its absence now is a deletion, not a topic from before replication
+        seen = []  # once a node was read, its absence is a deletion, not a topic from before replication
 
         def watch(data: bytes | None, stat) -> bool | None:
             if self._watched.get((topic, partition)) is not replicas or (data is None and seen):
