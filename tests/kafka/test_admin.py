@@ -30,16 +30,20 @@ def admin_client(broker: BrokerProcess) -> AdminClient:
     return AdminClient({"bootstrap.servers": broker.kafka_bootstrap})
 
 
-def create(admin: AdminClient, *topics: NewTopic, **options) -> dict[str, KafkaError | None]:
+def outcomes(futures: dict) -> dict[str, KafkaError | None]:
     """Each topic's outcome: None, or the error the client raised for it."""
     outcome = {}
-    for name, future in admin.create_topics(list(topics), request_timeout=TIMEOUT, **options).items():
+    for name, future in futures.items():
         try:
             future.result(TIMEOUT)
             outcome[name] = None
         except KafkaException as exc:
             outcome[name] = exc.args[0]
     return outcome
+
+
+def create(admin: AdminClient, *topics: NewTopic, **options) -> dict[str, KafkaError | None]:
+    return outcomes(admin.create_topics(list(topics), request_timeout=TIMEOUT, **options))
 
 
 def topic_partitions(admin: AdminClient, name: str) -> int | None:
@@ -106,15 +110,7 @@ def test_bad_requests_each_get_their_code_and_the_good_one_is_created(admin_brok
 
 
 def delete(admin: AdminClient, *names: str, **options) -> dict[str, KafkaError | None]:
-    """Each topic's outcome: None, or the error the client raised for it."""
-    outcome = {}
-    for name, future in admin.delete_topics(list(names), request_timeout=TIMEOUT, **options).items():
-        try:
-            future.result(TIMEOUT)
-            outcome[name] = None
-        except KafkaException as exc:
-            outcome[name] = exc.args[0]
-    return outcome
+    return outcomes(admin.delete_topics(list(names), request_timeout=TIMEOUT, **options))
 
 
 def test_delete_topics_deletes_and_the_name_starts_again_empty(admin_broker):
