@@ -4,11 +4,15 @@ deletion request writes and the active controller acts on (Kafka 0.8.2's
 (KIP-516), so a marker never deletes a topic created again under the same name.
 
     /admin/delete_topics/<topic>    persistent {"topic_id": "<the incarnation's id>" | null}
+    /admin/deleted_topic_ids/<id>   persistent empty: that incarnation was deleted
 
 A marker is written by a broker that accepted a deletion (DELETE_TOPIC, Kafka's
 DeleteTopics) and removed by the controller once the topic's nodes and what refers to
 it are gone; while it exists the name cannot be created again
-(`broker.common.zklayout.create_topic`)."""
+(`broker.common.zklayout.create_topic`). The deleted incarnation's id stays as a
+tombstone: a broker that was down removes a partition directory of a topic that no
+longer exists only when its id is one of them — a broker started against the wrong
+ZooKeeper (a mistyped chroot) sees no topics, and must not take that for deletions."""
 
 from __future__ import annotations
 
@@ -20,6 +24,12 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from broker.common.errors import UnknownTopic
 from broker.common.zklayout import DELETE_TOPICS, decode_topic_id, deletion_path, topic_path
+
+DELETED_IDS = "/admin/deleted_topic_ids"
+
+
+def tombstone_path(topic_id: str) -> str:
+    return f"{DELETED_IDS}/{topic_id}"
 
 
 class Marker(NamedTuple):
@@ -64,6 +74,14 @@ def read_marker(zk: KazooClient, topic: str) -> Marker | None:
         return Marker(decode_marker(data), stat.version)
     except (ValueError, AttributeError):
         return Marker(None, stat.version)  # unreadable: it can only name a topic from before ids
+
+
+def deleted_ids(zk: KazooClient) -> set[str]:
+    """The ids of every topic incarnation deleted so far."""
+    try:
+        return set(zk.get_children(DELETED_IDS))
+    except NoNodeError:
+        return set()
 
 
 def marked_topics(zk: KazooClient) -> list[str]:

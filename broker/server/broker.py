@@ -17,6 +17,7 @@ from kazoo.retry import KazooRetry
 
 from broker.common.errors import UnknownTopic
 from broker.common.protocol import BrokerInfo
+from broker.common.topicdeletion import deleted_ids
 from broker.common.zkauth import NO_CHROOT, ZooKeeperAuth, protect_root
 from broker.common.zklayout import CONSUMERS, MIRRORS
 from broker.server.audit import RecordCounter, led_logs
@@ -147,7 +148,8 @@ class Broker:
         await loop.run_in_executor(None, self._prepare_zookeeper)
         await loop.run_in_executor(None, self.registry.start)
         # the topics are known now (the watches read them): a deletion missed while down is finished here
-        await loop.run_in_executor(None, lambda: self.logs.remove_strays(set(self.registry.view.topics)))
+        await loop.run_in_executor(None, lambda: self.logs.remove_strays(set(self.registry.view.topics),
+                                                                         deleted_ids(self.zk)))
         for listener in self.listeners:
             self._servers.append(await loop.create_server(
                 functools.partial(KafkaConnection if listener.kafka else Connection, self, listener), listener.bind.host or None, listener.bind.port,

@@ -11,7 +11,8 @@ For each marker, the active controller
    name start where the old one ended: the groups' committed offsets
    (`/consumers/<group>/offsets/<topic>`, native and Kafka groups alike) and the
    brokers' record counts (`/logbus_audit/<topic>`);
-3. removes the marker, which lets the name be created again.
+3. leaves the deleted incarnation's id as a tombstone (`/admin/deleted_topic_ids/<id>`)
+   and removes the marker, which lets the name be created again.
 
 Every step is idempotent, so a controller killed midway leaves the marker for the next
 one, which does the rest. A replica that was down does not hold the deletion up: when
@@ -25,9 +26,9 @@ from __future__ import annotations
 import logging
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
 
-from broker.common.topicdeletion import marked_topics, read_marker
+from broker.common.topicdeletion import DELETED_IDS, marked_topics, read_marker, tombstone_path
 from broker.common.zklayout import (
     AUDIT, CONSUMERS, CONTROLLER_EPOCH, decode_topic_id, deletion_path, partitions_path, topic_path,
 )
@@ -76,6 +77,12 @@ class TopicDeleter:
                 self._remove_nodes(topic, epoch_version)
                 logger.info("controller: deleted topic %s (topic id %s) from ZooKeeper", topic, marker.topic_id)
             self._remove_references(topic)
+        if marker.topic_id is not None:  # its tombstone: the id of an incarnation that is gone for good
+            self.zk.ensure_path(DELETED_IDS)
+            try:
+                self.zk.create(tombstone_path(marker.topic_id))
+            except NodeExistsError:
+                pass
         self._commit(epoch_version, [deletion_path(topic)], marker.version)
         logger.info("controller: deletion of topic %s is complete", topic)
 

@@ -137,3 +137,22 @@ def test_a_deletion_under_load_ends_its_writers_and_readers_and_other_topics_are
             for _ in range(1000):
                 consumer.fetch()
     assert served == [0]
+
+
+def test_a_broker_started_against_another_zookeeper_root_keeps_its_data(cluster, zk_connect):
+    """Its topics are unknown there, but no deletion of their ids is recorded: the data
+    stays on disk (unserved), and is served again once the broker is back on its root."""
+    broker = cluster.start_broker(0, {"log.flush.interval.ms": 20})
+    with connect(broker) as conn:
+        conn.create_topic("kept", 1)
+        produce(conn, "kept", 0, [b"precious"])
+    broker.stop()
+    broker.zookeeper = broker.broker_zookeeper = f"{zk_connect}_mistyped"
+    cluster.start_broker(0)
+    assert len(partition_dirs(broker, "kept")) == 1
+    assert broker.logged_since(0, "no deletion of its topic id")
+    broker.stop()
+    broker.zookeeper = broker.broker_zookeeper = zk_connect
+    cluster.start_broker(0)
+    with connect(broker) as conn:
+        assert [m.value for m in read_partition(conn, "kept", 0)] == [b"precious"]

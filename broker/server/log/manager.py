@@ -131,16 +131,18 @@ class LogManager:
         """The topic was deleted: remove its logs; the logs removed."""
         return self._remove([log for log in self if log.topic == topic], "topic deleted")
 
-    def remove_strays(self, topics: set[str]) -> list[Log]:
+    def remove_strays(self, topics: set[str], deleted: set[str]) -> list[Log]:
         """At start, once the cluster's topics are known: remove the logs of topics deleted
-        while this broker was down. A log without a topic id (from before ids) is left
-        on disk, unserved: nothing tells a deleted topic from a lost ZooKeeper."""
+        while this broker was down — those whose topic id is one of the `deleted` ids.
+        Any other log of a topic that does not exist is left on disk, unserved: nothing
+        tells it from a ZooKeeper that lost its data, or the wrong one."""
         strays = [log for log in self if log.topic not in topics]
+        gone = [log for log in strays if topic_id_of(log) in deleted]
         for log in strays:
-            if topic_id_of(log) is None:
-                logger.warning("%s: its topic does not exist and it has no topic id; left on disk, not served",
-                               log.name)
-        return self._remove([log for log in strays if topic_id_of(log) is not None], "topic deleted while down")
+            if log not in gone:
+                logger.warning("%s: its topic does not exist, and no deletion of its topic id %s is recorded; "
+                               "left on disk, not served", log.name, topic_id_of(log))
+        return self._remove(gone, "topic deleted while down")
 
     def _remove(self, logs: list[Log], why: str) -> list[Log]:
         removed = []
