@@ -6,7 +6,7 @@ import pytest
 
 from broker.common.errors import UnknownError
 from broker.common.protocol import BrokerInfo
-from broker.common.topicdeletion import decode_marker, encode_marker
+from broker.common.topicdeletion import decode_marker, encode_marker, tombstone_path
 from broker.common.zklayout import (
     assign_round_robin, broker_path, consumer_path, decode_assignment, decode_topic_id, deletion_path, decode_broker, decode_offset,
     decode_subscription, encode_assignment, encode_broker, encode_offset, encode_subscription, group_ids_path,
@@ -40,6 +40,7 @@ def test_a_topic_node_carries_its_id_and_a_marker_names_it():
     assert decode_topic_id(data) == "0f" * 16
     assert json.loads(encode_marker("0f" * 16)) == {"topic_id": "0f" * 16}
     assert decode_marker(encode_marker(None)) is None
+    assert tombstone_path("0f" * 16) == "/admin/deleted_topic_ids/" + "0f" * 16
 
 
 def test_broker_node_round_trips_and_carries_the_version():
