@@ -270,13 +270,14 @@ def test_delete_topic_needs_delete_on_the_topic_and_all_implies_it(secured):
     whether the topic exists or not; Read does not imply it; All does. The deletion is
     carried out by the controller, under the cluster's ZooKeeper identity."""
     topic, _, _ = new_topic(secured, replication_factor=2)
-    dave = secured.scram("dave", "dave-secret")
-    secured.allow("User:dave", Operation.READ, ResourceType.TOPIC, topic)
-    with BrokerConnection(*secured.address(0, "CLIENT"), security=dave, timeout=20).connect() as conn:
+    secured.add_user("delia", "delia-secret")  # a user no other test changes
+    delia = secured.scram("delia", "delia-secret")
+    secured.allow("User:delia", Operation.READ, ResourceType.TOPIC, topic)
+    with BrokerConnection(*secured.address(0, "CLIENT"), security=delia, timeout=20).connect() as conn:
         for name in (topic, f"t-{uuid.uuid4().hex[:8]}"):
             with pytest.raises(TopicAuthorizationFailed, match="may not Delete"):
                 conn.delete_topic(name)
-        secured.allow("User:dave", Operation.ALL, ResourceType.TOPIC, topic)
+        secured.allow("User:delia", Operation.ALL, ResourceType.TOPIC, topic)
         conn.delete_topic(topic, 20_000)
     with admin(secured) as conn:
         assert conn.metadata([topic]).topics[0].error_code == ErrorCode.UNKNOWN_TOPIC
