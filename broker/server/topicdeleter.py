@@ -26,7 +26,9 @@ from __future__ import annotations
 import logging
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.exceptions import (
+    BadVersionError, NoAuthError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError,
+)
 
 from broker.common.topicdeletion import DELETED_IDS, marked_topics, read_marker, tombstone_path
 from broker.common.zklayout import (
@@ -59,7 +61,12 @@ class TopicDeleter:
         """Carry out every pending deletion, as the controller whose epoch node is at
         `epoch_version` (Deposed once it is not)."""
         for topic in marked_topics(self.zk):
-            self.delete(topic, epoch_version)
+            try:
+                self.delete(topic, epoch_version)
+            except Deposed:
+                raise
+            except Exception as exc:  # one deletion that cannot go on must not stop leader elections
+                logger.warning("controller: deleting topic %s failed (%r); the next pass retries", topic, exc)
 
     def delete(self, topic: str, epoch_version: int) -> None:
         marker = read_marker(self.zk, topic)
@@ -110,6 +117,9 @@ class TopicDeleter:
             pass
         except NotEmptyError:  # a writer added a child meanwhile: once more
             self.zk.delete(path, recursive=True)
+        except NoAuthError:  # a client's node the cluster may not delete: the deletion goes on without it
+            logger.error("controller: cannot delete %s (its ZooKeeper ACL refuses the brokers); it stays, and a "
+                         "topic created again under the name would see it", path)
 
     def _commit(self, epoch_version: int, paths: list[str], last_version: int = -1) -> None:
         """Delete `paths` in one transaction guarded by the controller epoch (the last

@@ -223,3 +223,28 @@ def test_a_creation_zookeeper_does_not_finish_in_time_is_answered_timed_out(clus
             proxy.restore()
         assert refused.code() == KafkaError.REQUEST_TIMED_OUT
         wait_until(lambda: topic_partitions(admin, name) == 1, TIMEOUT, f"{name} to be created after all")
+
+
+def test_a_deletion_not_complete_within_timeout_ms_is_request_timed_out(cluster, zk):
+    """kafka-python's DeleteTopics v5 with timeout_ms=300 while the controller (the other
+    broker, paused) cannot carry it out: REQUEST_TIMED_OUT, and the deletion completes
+    once the controller runs again."""
+    from kafka.admin import KafkaAdminClient, NewTopic as KpTopic
+
+    holder = cluster.start_broker(1)
+    wait_until(lambda: zk.exists("/controller") is not None, TIMEOUT, "broker 1 to be the controller")
+    broker = cluster.start_broker(0, kafka=True)
+    admin = KafkaAdminClient(bootstrap_servers=broker.kafka_bootstrap, request_timeout_ms=TIMEOUT * 1000)
+    name = f"slow-{uuid.uuid4().hex[:8]}"
+    try:
+        admin.create_topics([KpTopic(name, 1, 1)])
+        holder.pause()
+        try:
+            [deleted] = admin.delete_topics([name], timeout_ms=300, raise_errors=False)["topics"]
+        finally:
+            holder.resume()
+        assert deleted["error_code"] == KafkaError.REQUEST_TIMED_OUT
+        assert "marked for deletion" in deleted["error_message"]
+        wait_until(lambda: name not in admin.list_topics(), TIMEOUT, "the deletion to complete")
+    finally:
+        admin.close()
