@@ -28,7 +28,7 @@ from collections import deque
 from random import randrange
 from itertools import repeat
 from operator import attrgetter
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 from broker.client.metadata import ClusterMetadata, available
 from broker.client.errors import ProducerClosed, QueueFull
@@ -54,12 +54,12 @@ _created = attrgetter("created")
 Leaders = dict[int, int]
 
 
-def _created_before(batches: deque[ProducerBatch], limit: float) -> list[ProducerBatch]:
-    """The batches created before `limit`; `min` over the queue runs in C, so a look
-    that finds none, nearly every look, costs little."""
-    if min(map(_created, batches), default=limit) >= limit:
+def _created_before(batches: deque[ProducerBatch], limit: float, topics: Collection[str]) -> list[ProducerBatch]:
+    """The batches created before `limit` or bound for `topics`; `min` over the queue
+    runs in C, so a look that finds none, nearly every look, costs little."""
+    if not topics and min(map(_created, batches), default=limit) >= limit:
         return []
-    return [b for b in batches if b.created < limit]
+    return [b for b in batches if b.created < limit or b.topic in topics]
 
 
 def _within_bytes(filled: int, values: list[bytes], per_record: int, limit: int) -> tuple[list[bytes], int]:
@@ -291,18 +291,18 @@ class RecordAccumulator:
                     batch.partition = self._sticky_partition(batch.topic, batch.partition)
                 self._ready.appendleft(batch)
 
-    def expire(self, now: float, delivery_timeout: float) -> list[ProducerBatch]:
-        """Take the batches (ready or open) created more than `delivery_timeout` ago,
-        looked for at most every EXPIRY_CHECK."""
-        if now < self._next_expiry:
+    def expire(self, now: float, delivery_timeout: float, topics: Collection[str] = ()) -> list[ProducerBatch]:
+        """Take the batches (ready or open) created more than `delivery_timeout` ago (looked
+        for every EXPIRY_CHECK), and at once those of `topics` (deleted, not to be created)."""
+        if now < self._next_expiry and not topics:
             return []
         self._next_expiry, limit = now + min(EXPIRY_CHECK, delivery_timeout / 10), now - delivery_timeout
         with self._lock:
-            expired = _created_before(self._ready, limit)
+            expired = _created_before(self._ready, limit, topics)
             if expired:
-                self._ready = deque(b for b in self._ready if b.created >= limit)
+                self._ready = deque(b for b in self._ready if b.created >= limit and b.topic not in topics)
             for batch in [*self._sticky.values(), *self._open.values()]:
-                if batch.created < limit:
+                if batch.created < limit or batch.topic in topics:
                     self._detach(batch)
                     expired.append(batch)
             return expired

@@ -17,7 +17,7 @@ from collections import deque
 from broker.client.security import OPEN, ClientSecurity
 from broker.common.errors import InvalidRequest, LogbusError
 from broker.common.protocol import (
-    FETCH_VERSION, METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
+    FETCH_VERSION, METADATA_VERSION, Acks, ApiKey, CreateTopicRequest, DeleteTopicRequest, FetchRequest, FetchResponse, InitProducerIdRequest,
     MetadataRequest, MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionResult,
     ProduceRequest, ProduceResponse, ProducerIdResponse, Reader, RecordCount, RecordCountRequest, decode_multifetch, decode_multiproduce, decode_offsets, decode_response_header, encode_request, client_id_field, request_head,
     raise_for_error,
@@ -203,6 +203,19 @@ class BrokerConnection:
 
     def create_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> None:
         self.call(ApiKey.CREATE_TOPIC, CreateTopicRequest(topic, partitions, replication_factor).encode())
+
+    def delete_topic(self, topic: str, timeout_ms: int = 30_000) -> None:
+        """Delete a topic: returns once the deletion is complete (its data gone from
+        every live replica's metadata, the name free again); RequestTimedOut when it is
+        not within `timeout_ms` (it goes on); <= 0 returns once it is marked. The
+        socket's timeout is stretched to cover the wait."""
+        self.connect()
+        self._sock.settimeout(max(self.timeout, timeout_ms / 1000 + 5))
+        try:
+            self.call(ApiKey.DELETE_TOPIC, DeleteTopicRequest(topic, timeout_ms).encode())
+        finally:
+            if self._sock is not None:
+                self._sock.settimeout(self.timeout)
 
 
 __all__ = ["BrokerConnection", "LogbusError"]

@@ -209,6 +209,8 @@ class ZooKeeperMetadata:
                 if assignment is not None:
                     self._assignments = {**self._assignments, topic: assignment}
                     self._states.reread(topic, assignment)
+                else:  # deleted meanwhile
+                    self._assignments = {t: a for t, a in self._assignments.items() if t != topic}
         except Exception as exc:  # ZooKeeper down: keep the last view, say why
             logger.warning("cannot refresh metadata from ZooKeeper: %s", exc)
 

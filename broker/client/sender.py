@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple
 from broker.client.accumulator import RecordAccumulator
 from broker.client.batch import ProducerBatch
 from broker.client.cluster import LEADER_MOVED, ConnectionPool, ensure_topic
-from broker.client.metadata import ClusterMetadata
+from broker.client.metadata import ClusterMetadata, Leaders
 from broker.client.errors import PartitionUnavailable
 from broker.client.idempotence import ProducerIdentity
 from broker.client.monitoring import MonitoringCounter
@@ -174,9 +174,9 @@ class Sender:
                 ready = self._init_producer_id(now)
             else:
                 ready = True
-            drained = accumulator.drain(now, self.metadata.partitions) if ready else []
-            for batch in accumulator.expire(now, self.delivery_timeout):
-                self.fail(batch, PartitionUnavailable(
+            drained = accumulator.drain(now, self._leaders) if ready else []
+            for batch in accumulator.expire(now, self.delivery_timeout, self._topic_errors):
+                self.fail(batch, self._topic_errors.get(batch.topic) or PartitionUnavailable(
                     f"not delivered within {self.delivery_timeout:g}s: no live leader for the partition, "
                     "or every attempt failed"))
             if drained:
@@ -194,6 +194,17 @@ class Sender:
                 continue
             longest = min(self.retry_backoff if self._wanted else 1.0, self._stop_at - now)
             accumulator.wait_for_work(now, longest)
+
+    def _leaders(self, topic: str) -> Leaders | None:
+        """A batch's topic's leaders. A deleted topic is looked for again (`_find_topics`):
+        created anew if brokers auto-create, else its batches fail at once with the
+        refusal rather than wait for a leader until the delivery timeout."""
+        if (leaders := self.metadata.partitions(topic)) is None and topic not in self._topic_errors:
+            with self._topics:
+                self._wanted.add(topic)
+        elif leaders is not None:
+            self._topic_errors.pop(topic, None)  # it exists (again)
+        return leaders
 
     def _find_topics(self, now: float) -> None:
         with self._topics:

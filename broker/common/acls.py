@@ -5,8 +5,8 @@ that decides. The broker's authorizer (`broker.server.auth.authorizer`) and
 
 An ACL entry allows or denies one principal one operation on resources named
 literally or by prefix. A request is allowed when some entry allows it and none
-denies it: deny beats allow; no entry is no permission. Read, Write and Alter imply
-Describe, as in Kafka, so a consumer with Read sees its topic in METADATA.
+denies it: deny beats allow; no entry is no permission. Read, Write, Delete and Alter
+imply Describe, as in Kafka, so a consumer with Read sees its topic in METADATA.
 
 Nodes: `/logbus_acls/<literal|prefixed>/<topic|group|cluster|subject>/<name>`, each a JSON
 list of entries. One node per resource keeps an ACL change one compare-and-set and
@@ -35,6 +35,7 @@ class Operation(str, enum.Enum):
     CREATE = "Create"
     DESCRIBE = "Describe"
     ALTER = "Alter"
+    DELETE = "Delete"  # deleting a topic (DELETE_TOPIC, Kafka's DeleteTopics)
     DESCRIBE_CONFIGS = "DescribeConfigs"  # a topic's or the broker's settings (the Kafka listener)
     CLUSTER_ACTION = "ClusterAction"
     ALL = "All"
@@ -57,7 +58,7 @@ class Permission(str, enum.Enum):
     DENY = "deny"
 
 
-_IMPLIES_DESCRIBE = {Operation.READ, Operation.WRITE, Operation.ALTER, Operation.ALL}
+_IMPLIES_DESCRIBE = {Operation.READ, Operation.WRITE, Operation.DELETE, Operation.ALTER, Operation.ALL}
 
 
 def parse_enum(kind: type[enum.Enum], text: str) -> enum.Enum:

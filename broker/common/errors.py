@@ -42,6 +42,7 @@ class ErrorCode(enum.IntEnum):
     SASL_AUTHENTICATION_FAILED = 27
     UNSUPPORTED_SASL_MECHANISM = 28
     ILLEGAL_SASL_STATE = 29
+    TOPIC_DELETION_DISABLED = 30
 
 
 class LogbusError(Exception):
@@ -217,6 +218,12 @@ class IllegalSaslState(AuthenticationError):
     code = ErrorCode.ILLEGAL_SASL_STATE
 
 
+class TopicDeletionDisabled(LogbusError):
+    """DELETE_TOPIC refused because `delete.topic.enable` is off on the broker asked."""
+
+    code = ErrorCode.TOPIC_DELETION_DISABLED
+
+
 class UnknownError(LogbusError):
     code = ErrorCode.UNKNOWN
 
@@ -230,7 +237,7 @@ _BY_CODE: dict[int, type[LogbusError]] = {
         NotEnoughReplicasAfterAppend, FencedLeaderEpoch, InvalidReplicationFactor, PartitionOffline,
         RequestTimedOut, OutOfOrderSequence, InvalidProducerEpoch, DuplicateSequence, TopicAuthorizationFailed,
         GroupAuthorizationFailed, ClusterAuthorizationFailed, SaslAuthenticationFailed, UnsupportedSaslMechanism,
-        IllegalSaslState, UnknownError,
+        IllegalSaslState, TopicDeletionDisabled, UnknownError,
     )
 }
 

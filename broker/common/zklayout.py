@@ -1,7 +1,7 @@
 """The ZooKeeper layout (docs/zookeeper.md, a contract): paths, node codecs, offsets.
 
     /brokers/ids/<id>                                ephemeral  {"host","port","version","endpoints","principal"}
-    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2, 0, 1], ...}}
+    /brokers/topics/<topic>                          persistent {"partitions": {"0": [2, 0, 1], ...}, "topic_id": "..."}
     /brokers/topics/<topic>/partitions/<p>/state     persistent {"leader","leader_epoch","isr",
                                                                  "controller_epoch","version"}
     /controller                                      ephemeral  {"broker_id": 1}
@@ -11,6 +11,7 @@
     /consumers/<group>/offsets/<topic>/<partition>   persistent next offset (decimal)
     /consumers/<group>/kafka                         persistent a Kafka group's {"generation","protocol_type","protocol"}
     /latest_producer_id_block                        persistent {"broker","block_start","block_end"}
+    /admin/delete_topics/<topic>                     persistent a deletion's marker (broker.common.topicdeletion)
     /logbus_mirror/<name>/<source>/<topic>/<p>       persistent a mirror's checkpoint (broker.client.mirror)
     /logbus_acls/<pattern>/<resource type>/<name>    persistent [ACL entries] (broker.common.acls)
     /logbus_users/<user>                             persistent salted SCRAM credentials (broker.common.credentials)
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -51,6 +53,7 @@ ACLS = "/logbus_acls"
 USERS = "/logbus_users"
 AUDIT = "/logbus_audit"
 SCHEMAS = "/logbus_schemas"
+DELETE_TOPICS = "/admin/delete_topics"  # Kafka's path for the markers of topics being deleted
 
 
 # --------------------------------------------------------------------------- paths
@@ -62,6 +65,10 @@ def broker_path(broker_id: int) -> str:
 
 def topic_path(topic: str) -> str:
     return f"{BROKER_TOPICS}/{topic}"
+
+
+def deletion_path(topic: str) -> str:
+    return f"{DELETE_TOPICS}/{topic}"
 
 
 def partitions_path(topic: str) -> str:
@@ -122,12 +129,20 @@ def offset_path(group: str, topic: str, partition: int) -> str:
 Assignment = dict[int, list[int]]  # partition -> replica broker ids, leader first
 
 
-def encode_assignment(assignment: Assignment) -> bytes:
-    return json.dumps({"partitions": {str(p): r for p, r in sorted(assignment.items())}}).encode()
+def encode_assignment(assignment: Assignment, topic_id: str | None = None) -> bytes:
+    node: dict[str, object] = {"partitions": {str(p): r for p, r in sorted(assignment.items())}}
+    return json.dumps(node | ({"topic_id": topic_id} if topic_id else {})).encode()
 
 
 def decode_assignment(data: bytes) -> Assignment:
     return {int(p): [int(b) for b in replicas] for p, replicas in json.loads(data)["partitions"].items()}
+
+
+def decode_topic_id(data: bytes) -> str | None:
+    """The incarnation of a topic (KIP-516): a name deleted and created again gets a new
+    id, so a replica that missed the deletion tells its old data from the new topic's.
+    None for topics created before ids."""
+    return json.loads(data).get("topic_id") or None
 
 
 @dataclass(frozen=True)
@@ -263,7 +278,8 @@ def read_assignment(zk: KazooClient, topic: str) -> Assignment | None:
 STATE_NODES_PER_TRANSACTION = 500  # ZooKeeper bounds a request (jute.maxbuffer, 1 MB)
 
 
-def create_topic(zk: KazooClient, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
+def create_topic(zk: KazooClient, topic: str, partitions: int, replication_factor: int = 1,
+                 topic_id: str | None = None) -> Assignment:
     """Write a topic's assignment and the first state node of each partition (leader =
     first replica, epoch 0, ISR = all replicas) in one transaction, so no reader sees
     the topic without its state; a concurrent creator gets TopicAlreadyExists. Past
@@ -274,12 +290,15 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
     live = sorted(read_brokers(zk))
     assignment = assign_round_robin(topic, partitions, live, replication_factor)
     zk.ensure_path(BROKER_TOPICS)
+    zk.ensure_path(DELETE_TOPICS)
     first = True
     items = sorted(assignment.items())
     for start in range(0, len(items), STATE_NODES_PER_TRANSACTION):
         transaction = zk.transaction()
-        if first:
-            transaction.create(topic_path(topic), encode_assignment(assignment))
+        if first:  # the marker created and deleted: the creation fails while a deletion of the name is pending
+            transaction.create(topic_path(topic), encode_assignment(assignment, topic_id or uuid.uuid4().hex))
+            transaction.create(deletion_path(topic))
+            transaction.delete(deletion_path(topic))
             transaction.create(partitions_path(topic))
         for partition, replicas in items[start:start + STATE_NODES_PER_TRANSACTION]:
             transaction.create(f"{partitions_path(topic)}/{partition}")
@@ -288,6 +307,8 @@ def create_topic(zk: KazooClient, topic: str, partitions: int, replication_facto
         failed = [r for r in results if isinstance(r, Exception)]
         if first and isinstance(results[0], NodeExistsError):
             raise TopicAlreadyExists(f"topic {topic!r} already exists") from None
+        if first and isinstance(results[1], NodeExistsError):
+            raise TopicAlreadyExists(f"topic {topic!r} is marked for deletion: create it once that is done") from None
         if failed:
             raise UnknownError(f"creating topic {topic!r} in ZooKeeper failed: {failed[0]!r}")
         first = False
@@ -333,6 +354,8 @@ def write_partition_state(zk: KazooClient, topic: str, partition: int, state: Pa
     path = partition_state_path(topic, partition)
     try:
         if version == -1:
+            if zk.exists(topic_path(topic)) is None:
+                return None  # deleted: creating its parents would bring back an empty topic node
             zk.create(path, state.encode(), makepath=True)
             return 0
         return zk.set(path, state.encode(), version=version).version
@@ -399,29 +422,3 @@ def advance_offset(zk: KazooClient, group: str, topic: str, partition: int, offs
             logger.info("group offset %s changed while advancing it to %d; reading it again", path, offset)
     logger.warning("gave up advancing group offset %s to %d after %d concurrent updates", path, offset, attempts)
     return False
-
-
-# ------------------------------------------------------------------ producer ids
-
-
-def claim_producer_id_block(zk: KazooClient, broker_id: int, attempts: int = 50) -> tuple[int, int]:
-    """Claim the next block of producer ids, [start, end), for `broker_id` (KIP-730):
-    rewrite the node by compare-and-set, the block starting at PRODUCER_ID_BLOCK_SIZE ×
-    the zxid of the node's last write. zxids only grow, one per write, so each claim
-    reads a larger one than the claim before: no id is handed out twice, whatever became
-    of the node (deleted: it is created empty, and that creation counts; rewritten: that
-    write counts). Its contents tell operators, and older brokers, the last block."""
-    for _ in range(attempts):
-        try:
-            _, stat = zk.get(PRODUCER_ID_BLOCK)
-        except NoNodeError:
-            zk.ensure_path(PRODUCER_ID_BLOCK)
-            continue
-        start, end = stat.mzxid * PRODUCER_ID_BLOCK_SIZE, (stat.mzxid + 1) * PRODUCER_ID_BLOCK_SIZE
-        block = json.dumps({"broker": broker_id, "block_start": start, "block_end": end}).encode()
-        try:
-            zk.set(PRODUCER_ID_BLOCK, block, version=stat.version)
-            return start, end
-        except BadVersionError:
-            continue
-    raise UnknownError(f"could not claim a block of producer ids after {attempts} concurrent claims")

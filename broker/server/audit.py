@@ -29,6 +29,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, N
 from broker.common.auditcounts import WINDOW_MS, PartitionCounts, audit_path
 from broker.common.errors import LogbusError
 from broker.common.message import first_entry_size, whole_entries
+from broker.common.zklayout import topic_path
 from broker.server.config import BrokerConfig
 from broker.server.log.log import Log
 from broker.server.log.lookups import chunks
@@ -65,13 +66,16 @@ class RecordCounter:
     nodes. `advance` runs in an executor thread, one round at a time (the broker's
     background job awaits it); `_known` keeps the node this broker last read or wrote,
     with its version, so a round with nothing new reads nothing from ZooKeeper — a stale
-    entry only costs one failed conditional write."""
+    entry only costs one failed conditional write. It is kept per `Log` object: a topic
+    deleted and created again is a new log, counted afresh. A partition's first node is
+    created only while its topic exists (one transaction), so a round that overlaps the
+    topic's deletion cannot leave its old counts behind for a new topic of that name."""
 
     def __init__(self, zk: KazooClient, retention_ms: int, max_bytes: int, excluded: tuple[str, ...] = (),
                  led: Callable[[], list[Log]] = list, clock: Clock = wall_ms, window_ms: int = WINDOW_MS) -> None:
         self.zk, self.retention_ms, self.max_bytes = zk, retention_ms, max_bytes
         self.excluded, self.led, self.clock, self.window_ms = frozenset(excluded), led, clock, window_ms
-        self._known: dict[tuple[str, int], tuple[PartitionCounts, int]] = {}
+        self._known: dict[Log, tuple[PartitionCounts, int]] = {}
 
     @classmethod
     def of(cls, config: BrokerConfig, zk: KazooClient, led: Callable[[], list[Log]]) -> "RecordCounter":
@@ -103,28 +107,43 @@ class RecordCounter:
         to another broker's re-reads and counts again from the winner's `upto`."""
         key = (log.topic, log.partition)
         visible = log.visible_offset
-        known = self._known.get(key)
+        known = self._known.get(log)
         if known is not None and known[0].upto >= visible:
             return False
         for _ in range(attempts):
             counts, version = known if known is not None else self._read(log)
             if counts.upto >= visible:
-                self._known[key] = (counts, version)
+                self._known[log] = (counts, version)
                 return False
             counts = self._counted(log, counts, visible)
             try:
                 if version < 0:
-                    self.zk.create(audit_path(*key), counts.encode(), makepath=True)
+                    if not self._create(key, counts):
+                        return False  # the topic was deleted
                     version = 0
                 else:
                     version = self.zk.set(audit_path(*key), counts.encode(), version=version).version
             except (BadVersionError, NodeExistsError, NoNodeError):
-                self._known.pop(key, None)  # another broker wrote first: read its node
+                self._known.pop(log, None)  # another broker wrote first: read its node
                 known = None
                 continue
-            self._known[key] = (counts, version)
+            self._known[log] = (counts, version)
             return True
         return False
+
+    def _create(self, key: tuple[str, int], counts: PartitionCounts) -> bool:
+        """Create the partition's node if its topic still exists; False if it does not."""
+        path = audit_path(*key)
+        self.zk.ensure_path(path.rsplit("/", 1)[0])
+        transaction = self.zk.transaction()
+        transaction.check(topic_path(key[0]), -1)
+        transaction.create(path, counts.encode())
+        topic, created = transaction.commit()
+        if isinstance(topic, NoNodeError):
+            return False
+        if isinstance(created, Exception):
+            raise created
+        return True
 
     def _read(self, log: Log) -> tuple[PartitionCounts, int]:
         """The node and its version; a new partition's counts start at the log's start

@@ -15,7 +15,9 @@ import warnings
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
+from broker.common.errors import UnknownTopic
 from broker.common.protocol import BrokerInfo
+from broker.common.topicdeletion import deleted_ids
 from broker.common.zkauth import NO_CHROOT, ZooKeeperAuth, protect_root
 from broker.common.zklayout import CONSUMERS, MIRRORS
 from broker.server.audit import RecordCounter, led_logs
@@ -92,6 +94,8 @@ class Broker:
         registered = BrokerInfo(config.broker_id, inter.advertised.host, inter.advertised.port,
                                 tuple(l.advertised for l in self.listeners), broker_principal(config))
         self.registry = BrokerRegistry(self.zk, registered, self._on_assignment, config.zookeeper_session_timeout_ms)
+        self.registry.on_removed = self._on_removed
+        self.logs.topic_id_of = lambda topic: self.registry.view.topic_ids.get(topic)
         self.authorizer = (Authorizer(self.zk, config.super_users, config.allow_everyone_if_no_acl_found)
                            if config.authorizer_enable else None)
         self.replicas = ReplicaManager(config, self.logs, self.scheduler, self.registry, self.zk,
@@ -111,15 +115,30 @@ class Broker:
         self.stalled: set[Connection] = set()  # connections not being read (back-pressure)
         self._servers: list[asyncio.AbstractServer] = []  # one per listener
         self._tasks: list[asyncio.Task] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _on_assignment(self, topic: str, assignment: dict[int, list[int]]) -> None:
+        """A topic seen or changed (kazoo's thread): logs of another incarnation of its
+        name go (docs/storage.md, "Deleted topics"), then the logs it needs are opened."""
+        self._forget_flushers(self.logs.adopt(topic, self.registry.view.topic_ids.get(topic)))
         for partition, replicas in assignment.items():
             if len(replicas) == 1 and replicas[0] == self.config.broker_id:
                 self.logs.get_or_create(topic, partition)
         self.replicas.on_assignment(topic, assignment)
 
+    def _on_removed(self, topic: str) -> None:
+        """A topic deleted (kazoo's thread): stop replicating it, remove its logs."""
+        self.replicas.forget_topic(topic)
+        self._forget_flushers(self.logs.remove_topic(topic))
+
+    def _forget_flushers(self, removed: list) -> None:
+        if removed and self._loop is not None:
+            error = UnknownTopic(f"topic {removed[0].topic!r} was deleted")
+            for log in removed:
+                self._loop.call_soon_threadsafe(self.scheduler.forget, log, error)
+
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.logs.load)
         self.replicas.start(loop)
         # kazoo warns when the chroot does not exist yet; a broker creates it itself
@@ -128,6 +147,9 @@ class Broker:
         await loop.run_in_executor(None, self.zk.start, self.config.zookeeper_connection_timeout_ms / 1000)
         await loop.run_in_executor(None, self._prepare_zookeeper)
         await loop.run_in_executor(None, self.registry.start)
+        # the topics are known now (the watches read them): a deletion missed while down is finished here
+        await loop.run_in_executor(None, lambda: self.logs.remove_strays(set(self.registry.view.topics),
+                                                                         deleted_ids(self.zk)))
         for listener in self.listeners:
             self._servers.append(await loop.create_server(
                 functools.partial(KafkaConnection if listener.kafka else Connection, self, listener), listener.bind.host or None, listener.bind.port,

@@ -90,6 +90,7 @@ class BrokerConfig:
     zookeeper_reconnect_backoff_max_ms: int = _setting("zookeeper.reconnect.backoff.max.ms", 1000, int, *_positive)
     num_partitions: int = _setting("num.partitions", 1, int, *_positive)
     auto_create_topics: bool = _setting("auto.create.topics", True, _bool)
+    delete_topic_enable: bool = _setting("delete.topic.enable", True, _bool)
     log_segment_bytes: int = _setting("log.segment.bytes", 1 * GiB, int, lambda v: v >= 1024, "must be >= 1024")
     log_roll_ms: int = _setting("log.roll.ms", 7 * DAY_MS, int, *_positive)
     log_flush_interval_messages: int = _setting("log.flush.interval.messages", 10_000, int, *_positive)

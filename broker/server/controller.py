@@ -37,19 +37,16 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker.common.zklayout import (
-    BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PartitionState, broker_path, decode_controller,
+    BROKER_IDS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, DELETE_TOPICS, PartitionState, broker_path, decode_controller,
     partition_state_path, read_assignment, read_partition_state,
 )
-from broker.server.controllernode import bump_controller_epoch, claim_controller_node, owns
+from broker.server.controllernode import Deposed, bump_controller_epoch, claim_controller_node, owns
 from broker.server.election import OFFLINE, bounced, elect, imbalanced, prefer, registered_after
+from broker.server.topicdeleter import TopicDeleter
 
 logger = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 20
-
-
-class Deposed(Exception):
-    """`/controller_epoch` moved on: another broker is the controller now."""
 
 
 def read_controller(zk: KazooClient) -> int | None:
@@ -119,6 +116,7 @@ class Controller:
         self._epoch_version = -1  # zk version of /controller_epoch when we bumped it
         self._live: dict[int, int] = {}  # broker id -> czxid of its registration, at the last pass
         self.grace = TakeoverGrace(session_timeout, broker_id)
+        self.deleter = TopicDeleter(zk)  # topics marked for deletion (broker.server.topicdeleter)
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="logbus-controller", daemon=True)
@@ -128,6 +126,7 @@ class Controller:
         DataWatch(self.zk, CONTROLLER, self._on_controller_node)
         ChildrenWatch(self.zk, BROKER_IDS, self._on_change)
         ChildrenWatch(self.zk, BROKER_TOPICS, self._on_change)
+        ChildrenWatch(self.zk, DELETE_TOPICS, self._on_change)
         self._thread.start()
 
     def stop(self) -> None:
@@ -172,6 +171,7 @@ class Controller:
                 if not self.active:
                     self._try_to_become_controller()
                 if self.active:
+                    self.deleter.delete_marked(self._epoch_version)
                     self._pass()
                     if self.rebalance_interval is not None and time.monotonic() >= self._next_rebalance:
                         self._rebalance()

@@ -22,6 +22,10 @@ from broker.common.zklayout import CONTROLLER, CONTROLLER_EPOCH, broker_path, de
 logger = logging.getLogger(__name__)
 
 
+class Deposed(Exception):
+    """`/controller_epoch` moved on: another broker is the controller now."""
+
+
 def owns(zk: KazooClient, path: str) -> bool:
     """Whether the node at `path` is an ephemeral node of our session."""
     stat = zk.exists(path)

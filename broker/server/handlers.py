@@ -90,7 +90,7 @@ class RequestHandler:
             ApiKey.OFFSETS: self.offsets,
             ApiKey.RECORD_COUNT: self.record_count,
             ApiKey.METADATA: self.topics.metadata,
-            ApiKey.CREATE_TOPIC: self.topics.create_topic,
+            ApiKey.CREATE_TOPIC: self.topics.create_topic, ApiKey.DELETE_TOPIC: self.topics.delete_topic,
             ApiKey.REPLICA_FETCH: self.replica_fetch,
             ApiKey.LEADER_EPOCH_END: self.leader_epoch_end,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,

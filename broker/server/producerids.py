@@ -11,7 +11,7 @@ import threading
 
 from kazoo.client import KazooClient
 
-from broker.common.zklayout import claim_producer_id_block
+from broker.common.produceridblocks import claim_producer_id_block
 
 
 class ProducerIdAllocator:

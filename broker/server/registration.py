@@ -3,8 +3,10 @@
 
 `BrokerRegistry` creates the broker's ephemeral node, creates it again after a session
 expiry, writes topic assignments (CREATE_TOPIC, auto-create) and keeps an in-memory
-`ClusterView` (live brokers, topic assignments) fed by kazoo watches; request handlers
-read it without locks because it is replaced whole. Broker-side only: clients never
+`ClusterView` (live brokers, topic assignments and ids) fed by kazoo watches; request
+handlers read it without locks because it is replaced whole. A topic whose node goes,
+or comes back with another topic id (deleted and created again), is reported to
+`on_removed` before anything of the new one. Broker-side only: clients never
 import this module.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,12 +24,12 @@ from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, Sessi
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from broker import __version__
-from broker.common.errors import TopicAlreadyExists, UnknownError
+from broker.common.errors import TopicAlreadyExists, UnknownError, UnknownTopic
 from broker.common.partitionstates import PartitionStates
 from broker.common.protocol import BrokerInfo
 from broker.common.zklayout import (
-    BROKER_IDS, BROKER_TOPICS, CONSUMERS, Assignment, broker_path, create_topic, decode_assignment, encode_broker,
-    read_brokers, topic_path,
+    BROKER_IDS, BROKER_TOPICS, CONSUMERS, DELETE_TOPICS, Assignment, broker_path, create_topic, decode_assignment,
+    decode_topic_id, encode_broker, read_brokers, topic_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -36,12 +39,18 @@ logger = logging.getLogger(__name__)
 class ClusterView:
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     topics: dict[str, Assignment] = field(default_factory=dict)
+    topic_ids: dict[str, str | None] = field(default_factory=dict)  # None: a topic from before ids
+
+    def without(self, topic: str) -> "ClusterView":
+        return ClusterView(self.brokers, {t: a for t, a in self.topics.items() if t != topic},
+                           {t: i for t, i in self.topic_ids.items() if t != topic})
 
 
 class BrokerRegistry:
     """Registers this broker, keeps the registration across session expiries, and
     watches brokers and topic assignments. `on_assignment(topic, assignment)` runs in
-    kazoo's thread for every topic seen or changed."""
+    kazoo's thread for every topic seen or changed, `on_removed(topic)` for every
+    topic deleted (or replaced by a new incarnation)."""
 
     def __init__(
         self,
@@ -65,9 +74,10 @@ class BrokerRegistry:
         # a state node written before it cannot make this broker a leader (KIP-101)
         self.registered_zxid: int | None = None
         self.on_registered: Callable[[], None] = lambda: None
+        self.on_removed: Callable[[str], None] = lambda topic: None
 
     def start(self) -> None:
-        for path in (BROKER_IDS, BROKER_TOPICS, CONSUMERS):
+        for path in (BROKER_IDS, BROKER_TOPICS, CONSUMERS, DELETE_TOPICS):
             self.zk.retry(self.zk.ensure_path, path)  # a lost connection must not end the start
         self.zk.add_listener(self._on_state)
         ChildrenWatch(self.zk, BROKER_TOPICS, self._on_topics)
@@ -164,7 +174,7 @@ class BrokerRegistry:
     def _on_brokers(self, children: list[str]) -> None:
         brokers = read_brokers(self.zk, children)
         with self._lock:
-            self.view = ClusterView(brokers, self.view.topics)
+            self.view = ClusterView(brokers, self.view.topics, self.view.topic_ids)
         logger.info("live brokers: %s", sorted(brokers))
 
     def _on_topics(self, children: list[str]) -> None:
@@ -186,37 +196,49 @@ class BrokerRegistry:
         if data is None:
             with self._lock:
                 self._watched_topics.discard(topic)
-                topics = dict(self.view.topics)
-                topics.pop(topic, None)
-                self.view = ClusterView(self.view.brokers, topics)
+                self.view = self.view.without(topic)
+            self.on_removed(topic)
             return False  # stop watching a deleted topic
         try:
-            assignment = decode_assignment(data)
+            assignment, topic_id = decode_assignment(data), decode_topic_id(data)
         except (ValueError, KeyError, TypeError):
             logger.error("ignoring unreadable assignment of topic %s: %r", topic, data[:200])
             return None
-        self.apply_assignment(topic, assignment)
+        self.apply_assignment(topic, assignment, topic_id)
         return None
 
-    def apply_assignment(self, topic: str, assignment: Assignment) -> None:
+    def apply_assignment(self, topic: str, assignment: Assignment, topic_id: str | None) -> None:
+        """Make the view show the topic. A topic known under another id was deleted and
+        created again while this broker did not look: the old one is removed first."""
         with self._lock:
-            self.view = ClusterView(self.view.brokers, {**self.view.topics, topic: assignment})
+            replaced = topic in self.view.topics and self.view.topic_ids.get(topic) != topic_id
+            if replaced:
+                self.view = self.view.without(topic)
+        if replaced:
+            logger.info("topic %s was deleted and created again (topic id %s)", topic, topic_id)
+            self.on_removed(topic)
+        with self._lock:
+            self.view = ClusterView(self.view.brokers, {**self.view.topics, topic: assignment},
+                                    {**self.view.topic_ids, topic: topic_id})
         self.states.watch(topic, assignment)
         self.on_assignment(topic, assignment)
 
     def create_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
-        assignment = create_topic(self.zk, topic, partitions, replication_factor)
-        self.apply_assignment(topic, assignment)
+        assignment = create_topic(self.zk, topic, partitions, replication_factor, topic_id := uuid.uuid4().hex)
+        self.apply_assignment(topic, assignment, topic_id)
         return assignment
 
     def ensure_topic(self, topic: str, partitions: int, replication_factor: int = 1) -> Assignment:
         """The topic's assignment, creating it if needed. When a concurrent creator won,
-        read what it wrote rather than wait for the watch to deliver it."""
+        read what it wrote rather than wait for the watch to deliver it; no node is a
+        deletion under way (UnknownTopic: the name is free once it is complete)."""
         try:
             return self.create_topic(topic, partitions, replication_factor)
-        except TopicAlreadyExists:
-            assignment = decode_assignment(self.zk.get(topic_path(topic))[0])
-            self.apply_assignment(topic, assignment)
+        except TopicAlreadyExists as exc:
+            data = self.zk.exists(topic_path(topic)) and self.zk.get(topic_path(topic))[0]
+            if not data:
+                raise UnknownTopic(str(exc)) from None
+            self.apply_assignment(topic, assignment := decode_assignment(data), decode_topic_id(data))
             return assignment
 
     def stop(self) -> None:

@@ -1,20 +1,27 @@
 """The requests about the cluster's topics rather than their data: METADATA (who
-leads what, at which address) and CREATE_TOPIC, with the auto-creation a first
-produce triggers. They read the registry's view of ZooKeeper, never a log's bytes.
+leads what, at which address), CREATE_TOPIC, with the auto-creation a first produce
+triggers, and DELETE_TOPIC (the Kafka listener's CreateTopics and DeleteTopics use the
+same checks and steps). They read the registry's view of ZooKeeper, never a log's bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from kazoo.client import KazooClient
+from kazoo.recipe.watchers import DataWatch
+
 from broker.common.errors import (
-    ErrorCode, InvalidReplicationFactor, InvalidRequest, LogbusError, TopicCreationDisabled,
+    ErrorCode, InvalidReplicationFactor, InvalidRequest, LogbusError, RequestTimedOut, TopicCreationDisabled,
+    TopicDeletionDisabled, UnknownTopic,
 )
 from broker.common.partitionstates import live_leader
 from broker.common.protocol import (
-    AUTO_PARTITIONS, Body, BrokerInfo, CreateTopicRequest, MetadataRequest, MetadataResponse, PartitionMetadata,
+    AUTO_PARTITIONS, Body, BrokerInfo, CreateTopicRequest, DeleteTopicRequest, MetadataRequest, MetadataResponse, PartitionMetadata,
     Reader, TopicMetadata, check_topic_name,
 )
+from broker.common.topicdeletion import mark_for_deletion
+from broker.common.zklayout import deletion_path
 from broker.server.auth.rules import RequestRules
 from broker.server.auth.session import Session
 from broker.server.config import BrokerConfig
@@ -118,3 +125,58 @@ class TopicRequests:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.registry.ensure_topic, topic, self.config.num_partitions,
                                    self.config.default_replication_factor)
+
+    def delete_topic(self, reader: Reader, session: Session) -> Reply:
+        req = DeleteTopicRequest.decode(reader)
+        self.check_deletion(session, req.topic)
+        return later(self._delete_topic(req))
+
+    async def _delete_topic(self, req: DeleteTopicRequest) -> Body:
+        await self.delete(req.topic, req.timeout_ms / 1000)
+        return []
+
+    def check_deletion(self, session: Session, topic: str) -> None:
+        """The refusals of a deletion, in the order that says the most and shows a topic
+        only to who may delete it: the name, Delete on the topic, its existence, then
+        `delete.topic.enable`."""
+        check_topic_name(topic)
+        self.rules.delete(session, topic)
+        if topic not in self.registry.view.topics:
+            raise UnknownTopic(f"unknown topic {topic!r}")
+        if not self.config.delete_topic_enable:
+            raise TopicDeletionDisabled(f"topic {topic!r} not deleted: delete.topic.enable is off on broker "
+                                        f"{self.config.broker_id}")
+
+    async def delete(self, topic: str, timeout_s: float) -> None:
+        """Mark the topic for deletion (the controller carries it out: broker.server.topicdeleter)
+        and wait until it is complete — its marker gone — for at most `timeout_s`
+        seconds (<= 0: answer once marked); RequestTimedOut after that, and the
+        deletion goes on."""
+        loop = asyncio.get_running_loop()
+        zk = self.registry.zk
+        await loop.run_in_executor(None, mark_for_deletion, zk, topic)
+        if timeout_s <= 0:
+            return
+        done = loop.create_future()
+        await loop.run_in_executor(None, _when_deleted, zk, topic, lambda: loop.call_soon_threadsafe(_resolve, done))
+        try:
+            await asyncio.wait_for(done, timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestTimedOut(f"topic {topic!r} is marked for deletion, but the deletion was not complete within "
+                                  f"{timeout_s * 1000:.0f} ms; it goes on") from None
+
+
+def _when_deleted(zk: KazooClient, topic: str, then) -> None:
+    """Call `then` once the topic's deletion marker is gone (from kazoo's thread)."""
+    def watch(data: bytes | None, stat: object) -> bool | None:
+        if data is None and stat is None:
+            then()
+            return False
+        return None
+
+    DataWatch(zk, deletion_path(topic), watch)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

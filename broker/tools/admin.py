@@ -1,5 +1,5 @@
-"""The `logbus` command's subcommands: topics, produce, consume, offsets, groups, perf,
-mirror (`broker.tools.mirror`), zookeeper (`broker.tools.zookeeper`).
+"""The `logbus` command's subcommands: produce, consume, offsets, groups, perf, topics
+(`broker.tools.topics`), mirror (`broker.tools.mirror`), zookeeper (`broker.tools.zookeeper`).
 
 Every command finds the cluster through `--zookeeper` or `LOGBUS_ZOOKEEPER`. A failure
 of the broker or ZooKeeper is one line on stderr and exit status 1 (2 for usage
@@ -21,20 +21,16 @@ from broker.client.metadata import ZooKeeperMetadata, connect_zookeeper
 from broker.client.errors import ConsumerTimeout
 from broker.client.offsets import PartitionOffsets, offsets_before, records_lag
 from broker.common.errors import LogbusError, UnknownTopic
-from broker.common.partitionstates import legacy_state, live_leader
 from broker.common.protocol import EARLIEST, LATEST, check_topic_name
 from broker.common.zklayout import (
-    CONSUMERS, create_topic, read_partition_state, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
+    CONSUMERS, group_ids_path, group_path, offsets_path, owner_path, owners_path, read_offset,
 )
 from broker.tools import mirror as mirror_command, registry as registry_command, zookeeper as zookeeper_command
-from broker.tools import security as security_commands
+from broker.tools import security as security_commands, topics as topics_command
+from broker.tools.output import CommandError, show
 from broker.tools.security import read_command_config
 
 logger = logging.getLogger(__name__)
-
-
-class CommandError(Exception):
-    """A problem the user can fix; printed as one line."""
 
 
 def zookeeper_of(args: argparse.Namespace) -> str:
@@ -74,71 +70,6 @@ class Cluster:
         self.metadata.close()
         self.zk.stop()
         self.zk.close()
-
-
-def _show(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-# --------------------------------------------------------------------------- topics
-
-
-TOPIC_ACTIONS = ("list", "create", "describe")
-
-
-def topic_action(args: argparse.Namespace) -> None:
-    """`topics create NAME` and `topics --create NAME` alike: set args.action, args.name."""
-    words = list(args.words)
-    if args.mode is None:
-        if not words or words[0] not in TOPIC_ACTIONS:
-            raise CommandError(f"topics needs an action: {', '.join(TOPIC_ACTIONS)} (or --create, --describe, --list)")
-        args.mode = words.pop(0)
-    if len(words) > 1:
-        raise CommandError(f"topics {args.mode} takes at most one NAME, got {' '.join(words)}")
-    args.action, args.name = args.mode, (words[0] if words else None)
-
-
-def cmd_topics(args: argparse.Namespace, cluster: Cluster) -> int:
-    topic_action(args)
-    if args.action == "list":
-        for topic in cluster.metadata.topics():
-            print(topic)
-    elif args.action == "create":
-        if not args.name:
-            raise CommandError("topics create needs a NAME")
-        check_topic_name(args.name)
-        if args.partitions < 1:
-            raise CommandError("--partitions must be at least 1")
-        assignment = create_topic(cluster.zk, args.name, args.partitions, args.replication_factor)
-        print(f"created topic {args.name} with {len(assignment)} partitions, replication factor "
-              f"{args.replication_factor}")
-    else:
-        describe(cluster, [args.name] if args.name else cluster.metadata.topics())
-    return 0
-
-
-def describe(cluster: Cluster, topics: list[str]) -> None:
-    """One row per partition: its live leader (OFFLINE when none: the partition takes no
-    produce and serves no fetch until the controller elects one), the leader epoch,
-    the replicas (preferred leader first), the ISR, and the leader's offsets."""
-    brokers = cluster.metadata.brokers()
-    print("topic\tpartition\tleader\tstatus\tearliest\tlatest\tepoch\treplicas\tisr")
-    for topic in topics:
-        cluster.leaders(topic)  # UnknownTopic if it does not exist
-        for partition, replicas in sorted((cluster.metadata.assignment(topic) or {}).items()):
-            current = read_partition_state(cluster.zk, topic, partition)
-            state = current[0] if current else legacy_state(replicas)
-            leader = live_leader(state, brokers)
-            live = leader >= 0
-            earliest = cluster.offset(topic, partition, EARLIEST) if live else None
-            latest = cluster.offset(topic, partition, LATEST) if live else None
-            where = f"{leader} ({brokers[leader].host}:{brokers[leader].port})" if live else "-1"
-            print(f"{topic}\t{partition}\t{where}\t{'available' if live else 'OFFLINE'}\t{_show(earliest)}\t"
-                  f"{_show(latest)}\t{state.leader_epoch}\t{_ids(replicas)}\t{_ids(state.isr)}")
-
-
-def _ids(brokers: list[int]) -> str:
-    return ",".join(map(str, brokers))
 
 
 # -------------------------------------------------------------------------- produce
@@ -289,7 +220,7 @@ def cmd_groups(args: argparse.Namespace, cluster: Cluster) -> int:
                 owner = zk.get(owner_path(args.group, topic, partition))[0].decode()
             except NoNodeError:
                 owner = None
-            print(f"{topic}\t{partition}\t{_show(committed)}\t{_show(latest)}\t{_show(lag_records)}\t{_show(owner)}")
+            print(f"{topic}\t{partition}\t{show(committed)}\t{show(latest)}\t{show(lag_records)}\t{show(owner)}")
     return 0
 
 
@@ -337,16 +268,7 @@ def arguments() -> argparse.ArgumentParser:
     for command in (mirror_command, zookeeper_command, registry_command):
         command.add_parser(sub, common)
     security_commands.add_parsers(sub, common)
-    p = sub.add_parser("topics", parents=[common], help="list, create or describe topics",
-                       usage="logbus topics {list,create,describe} [NAME] | --list | --create NAME | --describe [NAME]")
-    p.add_argument("words", nargs="*", metavar="ACTION [NAME]", help="list, create NAME, or describe [NAME]")
-    modes = p.add_mutually_exclusive_group()
-    for mode in TOPIC_ACTIONS:
-        modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode, help=f"the same as `{mode}`")
-    p.add_argument("--partitions", type=int, default=1)
-    p.add_argument("--replication-factor", type=int, default=1, metavar="N",
-                   help="replicas of each partition, on distinct live brokers (default 1)")
-    p.set_defaults(run=cmd_topics)
+    topics_command.add_parser(sub, common)
 
     p = sub.add_parser("produce", parents=[common], help="send stdin lines as messages")
     p.add_argument("topic")

@@ -1,8 +1,8 @@
 """The Kafka listener's administrative APIs (docs/kafka.md, "Administration") through
 the real clients: confluent-kafka's AdminClient (librdkafka) and kafka-python's
 KafkaAdminClient — CreateTopics (validate_only, an existing topic, bad partitions,
-replica assignments, configs), DeleteTopics refused, DescribeConfigs of a topic and
-of the broker. One broker with a Kafka listener, real ZooKeeper."""
+replica assignments, configs), DeleteTopics, DescribeConfigs of a topic and of the
+broker. One broker with a Kafka listener, real ZooKeeper."""
 
 from __future__ import annotations
 
@@ -30,16 +30,20 @@ def admin_client(broker: BrokerProcess) -> AdminClient:
     return AdminClient({"bootstrap.servers": broker.kafka_bootstrap})
 
 
-def create(admin: AdminClient, *topics: NewTopic, **options) -> dict[str, KafkaError | None]:
+def outcomes(futures: dict) -> dict[str, KafkaError | None]:
     """Each topic's outcome: None, or the error the client raised for it."""
     outcome = {}
-    for name, future in admin.create_topics(list(topics), request_timeout=TIMEOUT, **options).items():
+    for name, future in futures.items():
         try:
             future.result(TIMEOUT)
             outcome[name] = None
         except KafkaException as exc:
             outcome[name] = exc.args[0]
     return outcome
+
+
+def create(admin: AdminClient, *topics: NewTopic, **options) -> dict[str, KafkaError | None]:
+    return outcomes(admin.create_topics(list(topics), request_timeout=TIMEOUT, **options))
 
 
 def topic_partitions(admin: AdminClient, name: str) -> int | None:
@@ -105,18 +109,56 @@ def test_bad_requests_each_get_their_code_and_the_good_one_is_created(admin_brok
     assert [n for n in names.values() if n in listed] == [names["good"]]
 
 
-def test_delete_topics_is_refused_and_the_topic_kept(admin_broker):
+def delete(admin: AdminClient, *names: str, **options) -> dict[str, KafkaError | None]:
+    return outcomes(admin.delete_topics(list(names), request_timeout=TIMEOUT, **options))
+
+
+def test_delete_topics_deletes_and_the_name_starts_again_empty(admin_broker):
+    """librdkafka's DeleteTopics (v4 here): the topic is gone from list_topics when the
+    answer comes, an unknown one is UNKNOWN_TOPIC_OR_PART, and a topic created again
+    under the name has none of the old records."""
+    from confluent_kafka import Consumer, Producer
+
     admin = admin_client(admin_broker)
     name = f"d-{uuid.uuid4().hex[:8]}"
     assert create(admin, NewTopic(name, 1, 1)) == {name: None}
+    producer = Producer({"bootstrap.servers": admin_broker.kafka_bootstrap, "enable.idempotence": True})
+    for i in range(10):
+        producer.produce(name, b"old-%d" % i, partition=0)
+    assert producer.flush(TIMEOUT) == 0
     missing = f"missing-{uuid.uuid4().hex[:8]}"
-    errors = {}
-    for topic, future in admin.delete_topics([name, missing], request_timeout=TIMEOUT).items():
-        with pytest.raises(KafkaException) as refused:
-            future.result(TIMEOUT)
-        errors[topic] = refused.value.args[0]
-    assert errors[name].code() == KafkaError.TOPIC_DELETION_DISABLED
-    assert errors[missing].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    outcome = delete(admin, name, missing, operation_timeout=TIMEOUT)
+    assert outcome[name] is None
+    assert outcome[missing].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert topic_partitions(admin, name) is None
+
+    assert create(admin, NewTopic(name, 1, 1)) == {name: None}
+    producer.produce(name, b"new", partition=0)  # the same idempotent producer: its sequence goes on
+    assert producer.flush(TIMEOUT) == 0
+    consumer = Consumer({"bootstrap.servers": admin_broker.kafka_bootstrap, "group.id": f"g-{name}",
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    try:
+        consumer.subscribe([name])
+        values = []
+        while True:
+            message = consumer.poll(TIMEOUT)
+            assert message is not None, "no end of partition within the timeout"
+            if message.error():
+                assert message.error().code() == KafkaError._PARTITION_EOF
+                break
+            values.append((message.offset(), message.value()))
+    finally:
+        consumer.close()
+        producer.flush(TIMEOUT)
+    assert values == [(0, b"new")]
+
+
+def test_a_broker_with_deletion_disabled_answers_topic_deletion_disabled(cluster):
+    broker = cluster.start_broker(0, {"delete.topic.enable": "false"}, kafka=True)
+    admin = admin_client(broker)
+    name = f"kept-{uuid.uuid4().hex[:8]}"
+    assert create(admin, NewTopic(name, 1, 1)) == {name: None}
+    assert delete(admin, name)[name].code() == KafkaError.TOPIC_DELETION_DISABLED
     assert topic_partitions(admin, name) == 1
 
 
@@ -141,9 +183,9 @@ def test_describe_configs_of_a_topic_and_the_broker(admin_broker):
     assert refused.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
-def test_kafka_python_admin_creates_and_describes(admin_broker):
-    """kafka-python picks the highest versions (CreateTopics v7, DeleteTopics v5 with its
-    error message, DescribeConfigs v4)."""
+def test_kafka_python_admin_creates_describes_and_deletes(admin_broker):
+    """kafka-python picks the highest versions (CreateTopics v7, DeleteTopics v5,
+    DescribeConfigs v4)."""
     from kafka.admin import ConfigResource as KpResource, ConfigResourceType, KafkaAdminClient, NewTopic as KpTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -157,9 +199,8 @@ def test_kafka_python_admin_creates_and_describes(admin_broker):
         described = admin.describe_configs([KpResource(ConfigResourceType.TOPIC, name)], config_filter="all")
         assert described["topic"][name]["cleanup.policy"]["value"] == "delete"
         [deleted] = admin.delete_topics([name], raise_errors=False)["topics"]
-        assert deleted["error_code"] == KafkaError.TOPIC_DELETION_DISABLED
-        assert "logbus does not delete topics" in deleted["error_message"]
-        assert name in admin.list_topics()
+        assert deleted["error_code"] == 0
+        assert name not in admin.list_topics()
     finally:
         admin.close()
 
@@ -182,3 +223,28 @@ def test_a_creation_zookeeper_does_not_finish_in_time_is_answered_timed_out(clus
             proxy.restore()
         assert refused.code() == KafkaError.REQUEST_TIMED_OUT
         wait_until(lambda: topic_partitions(admin, name) == 1, TIMEOUT, f"{name} to be created after all")
+
+
+def test_a_deletion_not_complete_within_timeout_ms_is_request_timed_out(cluster, zk):
+    """kafka-python's DeleteTopics v5 with timeout_ms=300 while the controller (the other
+    broker, paused) cannot carry it out: REQUEST_TIMED_OUT, and the deletion completes
+    once the controller runs again."""
+    from kafka.admin import KafkaAdminClient, NewTopic as KpTopic
+
+    holder = cluster.start_broker(1)
+    wait_until(lambda: zk.exists("/controller") is not None, TIMEOUT, "broker 1 to be the controller")
+    broker = cluster.start_broker(0, kafka=True)
+    admin = KafkaAdminClient(bootstrap_servers=broker.kafka_bootstrap, request_timeout_ms=TIMEOUT * 1000)
+    name = f"slow-{uuid.uuid4().hex[:8]}"
+    try:
+        admin.create_topics([KpTopic(name, 1, 1)])
+        holder.pause()
+        try:
+            [deleted] = admin.delete_topics([name], timeout_ms=300, raise_errors=False)["topics"]
+        finally:
+            holder.resume()
+        assert deleted["error_code"] == KafkaError.REQUEST_TIMED_OUT
+        assert "marked for deletion" in deleted["error_message"]
+        wait_until(lambda: name not in admin.list_topics(), TIMEOUT, "the deletion to complete")
+    finally:
+        admin.close()

@@ -186,3 +186,27 @@ def test_create_topics_and_describe_configs_need_their_acls(secured):
     assert describe(broker).code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
     secured.allow("User:alice", Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name)
     assert describe(topic) is None
+
+
+def test_delete_topics_needs_delete_on_the_topic(secured):
+    """Without Delete (and without Describe) a topic is refused TOPIC_AUTHORIZATION_FAILED,
+    existing or not, so it stays unseen; with Delete on it the deletion goes through."""
+    admin = AdminClient(client_config(secured, "admin", "admin-secret"))
+    alice = AdminClient(client_config(secured, "alice", "alice-secret"))
+    name, missing = f"del-{uuid.uuid4().hex[:8]}", f"del-{uuid.uuid4().hex[:8]}"
+    assert create(admin, name) is None
+
+    def delete(client: AdminClient, topic: str) -> KafkaError | None:
+        try:
+            client.delete_topics([topic], request_timeout=TIMEOUT, operation_timeout=TIMEOUT)[topic].result(TIMEOUT)
+        except KafkaException as exc:
+            return exc.args[0]
+        return None
+
+    assert delete(alice, name).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert delete(alice, missing).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert name in admin.list_topics(timeout=TIMEOUT).topics
+    secured.allow("User:alice", Operation.DELETE, ResourceType.TOPIC, "del-", PatternType.PREFIXED)
+    assert delete(alice, missing).code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert delete(alice, name) is None
+    assert name not in admin.list_topics(timeout=TIMEOUT).topics

@@ -53,3 +53,24 @@ def _lose_each_zookeeper_path_once() -> None:
         return original(self, path, *args, **kwargs)
 
     KazooClient.ensure_path = ensure_path
+
+
+def die_after_removing_topic_nodes() -> str:
+    """A preamble under which the controller is killed -9 (SIGKILL to itself) the moment
+    it has removed a deleted topic's nodes, before the groups' offsets, the record counts
+    and the marker: a deletion cut in the middle, for the next controller to finish."""
+    return "from tests.replication.faults import _die_after_removing_topic_nodes; _die_after_removing_topic_nodes()"
+
+
+def _die_after_removing_topic_nodes() -> None:
+    import os
+    import signal
+    import sys
+
+    from broker.server.topicdeleter import TopicDeleter
+
+    def remove_references(self, topic):
+        print(f"fault: controller killed -9 midway through deleting {topic}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    TopicDeleter._remove_references = remove_references

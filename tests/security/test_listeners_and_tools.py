@@ -101,12 +101,13 @@ def test_users_are_added_from_stdin_and_only_salted_keys_are_stored(secured, tmp
 
 def test_acls_are_added_listed_and_removed(secured, tmp_path):
     add = run(secured, tmp_path, "acls", "--add", "--allow-principal", "User:frank", "--operation", "Read",
-              "--operation", "describe", "--topic", "clicks")
+              "--operation", "describe", "--operation", "delete", "--topic", "clicks")
     assert add.returncode == 0, add.stderr
     listed = run(secured, tmp_path, "acls", "--list", "--topic", "clicks").stdout
     assert "topic:clicks\tallow\tUser:frank\tRead" in listed and "Describe" in listed
+    assert "topic:clicks\tallow\tUser:frank\tDelete" in listed
     assert run(secured, tmp_path, "acls", "--remove", "--allow-principal", "User:frank", "--operation", "Read",
-               "--operation", "Describe", "--topic", "clicks").returncode == 0
+               "--operation", "Describe", "--operation", "Delete", "--topic", "clicks").returncode == 0
     assert not [a for a in read_acls(secured.admin_zk) if a.resource.name == "clicks"]
 
 

@@ -19,7 +19,7 @@ from broker.client.producer import Producer
 from broker.client.security import ClientSecurity
 from broker.common.acls import Operation, PatternType, Permission, ResourceType
 from broker.common.errors import (
-    ClusterAuthorizationFailed, IllegalSaslState, RequestTimedOut, SaslAuthenticationFailed, TopicAuthorizationFailed,
+    ClusterAuthorizationFailed, ErrorCode, IllegalSaslState, RequestTimedOut, SaslAuthenticationFailed, TopicAuthorizationFailed,
 )
 from broker.common.message import encode_message_set
 from broker.common.protocol import (
@@ -263,6 +263,24 @@ def test_record_count_needs_describe_on_the_topic(secured):
             except TopicAuthorizationFailed:
                 return None  # the broker has not seen the new ACL yet
         assert wait_until(counted, 10, "the broker to apply carol's Describe ACL") == 1
+
+
+def test_delete_topic_needs_delete_on_the_topic_and_all_implies_it(secured):
+    """DELETE_TOPIC on a secured cluster (ZooKeeper ACLs on): refused without Delete,
+    whether the topic exists or not; Read does not imply it; All does. The deletion is
+    carried out by the controller, under the cluster's ZooKeeper identity."""
+    topic, _, _ = new_topic(secured, replication_factor=2)
+    secured.add_user("delia", "delia-secret")  # a user no other test changes
+    delia = secured.scram("delia", "delia-secret")
+    secured.allow("User:delia", Operation.READ, ResourceType.TOPIC, topic)
+    with BrokerConnection(*secured.address(0, "CLIENT"), security=delia, timeout=20).connect() as conn:
+        for name in (topic, f"t-{uuid.uuid4().hex[:8]}"):
+            with pytest.raises(TopicAuthorizationFailed, match="may not Delete"):
+                conn.delete_topic(name)
+        secured.allow("User:delia", Operation.ALL, ResourceType.TOPIC, topic)
+        conn.delete_topic(topic, 20_000)
+    with admin(secured) as conn:
+        assert conn.metadata([topic]).topics[0].error_code == ErrorCode.UNKNOWN_TOPIC
 
 
 def test_a_prefixed_acl_covers_new_topics_and_deny_beats_allow(secured):

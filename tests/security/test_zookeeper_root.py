@@ -23,8 +23,9 @@ from broker.client.connection import BrokerConnection
 from broker.client.consumer import SimpleConsumer
 from broker.client.producer import Producer
 from broker.common.acls import Operation, ResourceType
+from broker.common.produceridblocks import claim_producer_id_block
 from broker.common.zklayout import (
-    ACLS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PRODUCER_ID_BLOCK, USERS, broker_path, claim_producer_id_block,
+    ACLS, BROKER_TOPICS, CONTROLLER, CONTROLLER_EPOCH, PRODUCER_ID_BLOCK, USERS, broker_path,
     create_topic, decode_controller, encode_controller, read_assignment, read_partition_state,
 )
 from broker.server.controllernode import foreign_controller_node

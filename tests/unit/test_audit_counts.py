@@ -11,6 +11,7 @@ import pytest
 
 from broker.common.auditcounts import WINDOW_MS, PartitionCounts, audit_path
 from broker.common.message import BatchIdentity, batch_identity, encode_batch, encode_message_set, iter_messages, scan
+from broker.common.zklayout import topic_path
 from broker.server.audit import RecordCounter
 from broker.server.log.log import Log, LogConfig
 
@@ -42,6 +43,9 @@ def log(tmp_path):
 
 
 def counter(zk, **kw) -> RecordCounter:
+    """A counter of the topic `events`, which exists: a partition's first counts are
+    written only while its topic does."""
+    zk.ensure_path(topic_path("events"))
     return RecordCounter(zk, kw.pop("retention_ms", 7 * 86_400_000), kw.pop("max_bytes", 1 << 20),
                          clock=lambda: NOW, **kw)
 

@@ -7,7 +7,7 @@ import pytest
 
 from broker.common.errors import ErrorCode, InvalidRequest, OffsetOutOfRange, UnknownTopic
 from broker.common.protocol import (
-    REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
+    REQUEST_TYPES, ApiKey, BrokerInfo, CreateTopicRequest, DeleteTopicRequest, FetchRequest, FetchResponse, MetadataRequest,
     MetadataResponse, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, PartitionMetadata, PartitionResult,
     LeaderEpochEndRequest, LeaderEpochEndResponse, ProducePart, ProduceRequest, ProduceResponse, Reader,
     RecordCount, RecordCountRequest, ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, TopicMetadata, decode_multifetch,
@@ -26,6 +26,7 @@ REQUESTS = [
     MetadataRequest(["a", "b"]),
     MetadataRequest([]),
     CreateTopicRequest("events", -1, 1),
+    DeleteTopicRequest("events", 30_000),
     ReplicaFetchRequest(2, 500, True, (ReplicaFetchPartition("events", 1, 5, 4096, 2048, 1 << 20),
                                        ReplicaFetchPartition("clicks", 0, 3, 0, 0, 1024))),
     ReplicaFetchRequest(2, 500, False, ()),
@@ -314,3 +315,12 @@ def test_replication_error_codes_are_pinned():
     for code, cls in [(15, NotEnoughReplicas), (16, NotEnoughReplicasAfterAppend), (17, FencedLeaderEpoch),
                       (18, InvalidReplicationFactor), (19, PartitionOffline), (20, RequestTimedOut)]:
         assert cls.code == code and type(error_for(code)) is cls
+
+
+def test_delete_topic_layout_and_its_error_code_are_pinned():
+    # request: topic, int32 timeout_ms; answer: empty; refusal 30 when delete.topic.enable is off
+    from broker.common.errors import TopicDeletionDisabled, error_for
+
+    assert DeleteTopicRequest("t", 500).encode() == b"\x00\x01t" + struct.pack(">i", 500)
+    assert ApiKey.DELETE_TOPIC == 13
+    assert TopicDeletionDisabled.code == 30 and type(error_for(30)) is TopicDeletionDisabled

@@ -6,8 +6,9 @@ import pytest
 
 from broker.common.errors import UnknownError
 from broker.common.protocol import BrokerInfo
+from broker.common.topicdeletion import decode_marker, encode_marker, tombstone_path
 from broker.common.zklayout import (
-    assign_round_robin, broker_path, consumer_path, decode_assignment, decode_broker, decode_offset,
+    assign_round_robin, broker_path, consumer_path, decode_assignment, decode_topic_id, deletion_path, decode_broker, decode_offset,
     decode_subscription, encode_assignment, encode_broker, encode_offset, encode_subscription, group_ids_path,
     offset_path, offsets_path, owner_path, owners_path, topic_path,
 )
@@ -22,6 +23,7 @@ def test_paths_follow_the_contract():
     assert owner_path("g", "clicks", 3) == "/consumers/g/owners/clicks/3"
     assert offsets_path("g") == "/consumers/g/offsets"
     assert offset_path("g", "clicks", 3) == "/consumers/g/offsets/clicks/3"
+    assert deletion_path("clicks") == "/admin/delete_topics/clicks"
 
 
 def test_assignment_is_json_with_string_partitions_in_order():
@@ -29,6 +31,16 @@ def test_assignment_is_json_with_string_partitions_in_order():
     assert json.loads(data) == {"partitions": {"0": [2], "1": [0]}}
     assert list(json.loads(data)["partitions"]) == ["0", "1"]
     assert decode_assignment(data) == {0: [2], 1: [0]}
+    assert decode_topic_id(data) is None  # a topic from before ids
+
+
+def test_a_topic_node_carries_its_id_and_a_marker_names_it():
+    data = encode_assignment({0: [1]}, "0f" * 16)
+    assert json.loads(data) == {"partitions": {"0": [1]}, "topic_id": "0f" * 16}
+    assert decode_topic_id(data) == "0f" * 16
+    assert json.loads(encode_marker("0f" * 16)) == {"topic_id": "0f" * 16}
+    assert decode_marker(encode_marker(None)) is None
+    assert tombstone_path("0f" * 16) == "/admin/deleted_topic_ids/" + "0f" * 16
 
 
 def test_broker_node_round_trips_and_carries_the_version():

@@ -42,6 +42,7 @@ TO_KAFKA: dict[int, KafkaError] = {
     ErrorCode.SASL_AUTHENTICATION_FAILED: KafkaError.sasl_authentication_failed,
     ErrorCode.UNSUPPORTED_SASL_MECHANISM: KafkaError.unsupported_sasl_mechanism,
     ErrorCode.ILLEGAL_SASL_STATE: KafkaError.illegal_sasl_state,
+    ErrorCode.TOPIC_DELETION_DISABLED: KafkaError.topic_deletion_disabled,
 }
 
 

@@ -15,7 +15,7 @@ from broker.common.protocol.replication import (
     LeaderEpochEndRequest, LeaderEpochEndResponse, REPLICA_FETCH_RESPONSE_HEAD, ReplicaFetchPartition, ReplicaFetchRequest, ReplicaFetchResponse, decode_replica_fetch,
 )
 from broker.common.protocol.requests import (
-    CreateTopicRequest, FetchRequest, InitProducerIdRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES, RecordCountRequest,
+    CreateTopicRequest, DeleteTopicRequest, FetchRequest, InitProducerIdRequest, MetadataRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest, ProducePart, ProduceRequest, REQUEST_TYPES, RecordCountRequest,
 )
 from broker.common.protocol.security import (
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
@@ -32,6 +32,7 @@ __all__ = [
     "Body",
     "BrokerInfo",
     "CreateTopicRequest",
+    "DeleteTopicRequest",
     "EARLIEST",
     "FETCH_RESPONSE_HEAD",
     "FETCH_RESPONSE_HEAD_V1",

@@ -34,6 +34,7 @@ class ApiKey(enum.IntEnum):
     SASL_HANDSHAKE = 10
     SASL_AUTHENTICATE = 11
     RECORD_COUNT = 12
+    DELETE_TOPIC = 13
 
 
 class Acks(enum.IntEnum):

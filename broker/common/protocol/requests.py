@@ -240,6 +240,25 @@ class CreateTopicRequest:
 
 
 @dataclass(frozen=True)
+class DeleteTopicRequest:
+    """Delete a topic (docs/protocol.md, DELETE_TOPIC): answered once the deletion is
+    complete, or RequestTimedOut after `timeout_ms` (<= 0: wait for it)."""
+
+    API: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+    topic: str
+    timeout_ms: int = 30_000
+
+    def encode(self) -> bytes:
+        return bytes(Writer().string(self.topic).int32(self.timeout_ms).buf)
+
+    @classmethod
+    def decode(cls, r: Reader) -> "DeleteTopicRequest":
+        req = cls(r.string(), r.int32())
+        r.done()
+        return req
+
+
+@dataclass(frozen=True)
 class InitProducerIdRequest:
     """An idempotent producer asks for its identity (docs/protocol.md, INIT_PRODUCER_ID):
     an empty body; the answer is `ProducerIdResponse`."""
@@ -260,6 +279,6 @@ REQUEST_TYPES: dict[int, type] = {
     for cls in (
         ProduceRequest, FetchRequest, MultiFetchRequest, MultiProduceRequest, OffsetsRequest,
         MetadataRequest, CreateTopicRequest, ReplicaFetchRequest, LeaderEpochEndRequest, InitProducerIdRequest,
-        SaslHandshakeRequest, SaslAuthenticateRequest, RecordCountRequest,
+        SaslHandshakeRequest, SaslAuthenticateRequest, RecordCountRequest, DeleteTopicRequest,
     )
 }

@@ -59,6 +59,12 @@ class RequestRules:
                                                              log=False):
             authorizer.check(session, Operation.CREATE, ResourceType.TOPIC, topic)
 
+    def delete(self, session: Session, topic: str) -> None:
+        """Delete on the topic (Kafka's DELETE on TOPIC; All implies it), whether or not it
+        exists: a principal that may not delete it learns nothing of it."""
+        if self.authorizer is not None:
+            self.authorizer.check(session, Operation.DELETE, ResourceType.TOPIC, topic)
+
     def describe_configs(self, session: Session, resource_type: ResourceType, name: str) -> None:
         """DescribeConfigs on the topic, or on the cluster for the broker's settings
         (`name` is ignored for the cluster: there is one)."""

@@ -1,7 +1,7 @@
 """The Kafka listener's administrative requests (docs/kafka.md, "Administration"):
-CreateTopics on the native CREATE_TOPIC's path and rules (`broker.server.topics`),
-DeleteTopics refused per topic (logbus does not delete topics), and DescribeConfigs
-of the broker and of topics (`configs.py`).
+CreateTopics and DeleteTopics on the native CREATE_TOPIC's and DELETE_TOPIC's paths
+and rules (`broker.server.topics`), and DescribeConfigs of the broker and of topics
+(`configs.py`).
 
 Each topic or resource is answered on its own: one refused topic of a CreateTopics
 request does not stop the others, as in Kafka."""
@@ -54,6 +54,7 @@ class AdminRequests:
         self.rules = native.rules
         self.registry = native.registry
         self.logs = native.logs
+        self.topics = native.topics
 
     def handlers(self) -> dict[int, Any]:
         return {ApiKey.CREATE_TOPICS: self.create_topics, ApiKey.DELETE_TOPICS: self.delete_topics,
@@ -152,22 +153,46 @@ class AdminRequests:
     # ------------------------------------------------------------- DeleteTopics
 
     def delete_topics(self, request: Any, version: int, session: Session) -> Reply:
-        """logbus does not delete topics (no native request, tool or controller step
-        does): each topic is answered TOPIC_DELETION_DISABLED, as a Kafka broker with
-        `delete.topic.enable=false` answers — after the checks that say more, so a
-        topic the principal may not see stays unseen."""
-        results = []
-        for name in request.topic_names:
-            if not self.rules.describes(session, name):
-                error, message = KafkaError.topic_authorization_failed, f"{session.principal} may not see {name!r}"
-            elif name not in self.registry.view.topics:
-                error, message = KafkaError.unknown_topic_or_partition, f"unknown topic {name!r}"
-            else:
-                error, message = (KafkaError.topic_deletion_disabled,
-                                  "logbus does not delete topics (docs/kafka.md, \"Administration\")")
-            results.append(entity(ApiKey.DELETE_TOPICS, version, "DeletableTopicResult", name=name,
-                                  topic_id=None, error_code=error, error_message=message))
-        return answered(response(ApiKey.DELETE_TOPICS, version, throttle_time=NO_THROTTLE, responses=tuple(results)))
+        """Every topic checked as the native DELETE_TOPIC checks it (Delete on the topic,
+        its existence, `delete.topic.enable`), then the valid ones deleted together,
+        answered once each deletion is complete or the request's timeout has passed."""
+        names = list(request.topic_names)
+        checked: list[str | Refused] = []
+        for name in names:
+            try:
+                if names.count(name) > 1:
+                    raise Refused(KafkaError.invalid_request, f"topic {name!r} is named twice in one request")
+                self.topics.check_deletion(session, name)
+                checked.append(name)
+            except Refused as refusal:
+                checked.append(refusal)
+            except LogbusError as exc:
+                checked.append(Refused(kafka_error(exc.code), str(exc)))
+        if not any(isinstance(c, str) for c in checked):
+            return answered(self._deleted(version, names, checked))
+        return later(self._delete(version, names, checked, request.timeout.total_seconds()))
+
+    async def _delete(self, version: int, names: list[str], checked: list[str | Refused], timeout_s: float) -> Any:
+        async def one(item: str | Refused) -> str | Refused:
+            if isinstance(item, Refused):
+                return item
+            try:
+                await self.topics.delete(item, timeout_s)
+            except LogbusError as exc:
+                return Refused(kafka_error(exc.code), str(exc))
+            return item
+
+        return self._deleted(version, names, list(await asyncio.gather(*(one(c) for c in checked))))
+
+    @staticmethod
+    def _deleted(version: int, names: list[str], results: list[str | Refused]) -> Any:
+        topics = []
+        for name, result in zip(names, results):
+            refused = isinstance(result, Refused)
+            topics.append(entity(ApiKey.DELETE_TOPICS, version, "DeletableTopicResult", name=name, topic_id=None,
+                                 error_code=result.error if refused else KafkaError.none,
+                                 error_message=str(result) if refused else None))
+        return response(ApiKey.DELETE_TOPICS, version, throttle_time=NO_THROTTLE, responses=tuple(topics))
 
     # ---------------------------------------------------------- DescribeConfigs
 

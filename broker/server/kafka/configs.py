@@ -57,6 +57,7 @@ BROKER_KEYS: dict[str, tuple[str, ConfigType]] = {
     "log.dirs": ("log.dirs", ConfigType.STRING),
     "num.partitions": ("num.partitions", ConfigType.INT),
     "auto.create.topics.enable": ("auto.create.topics", ConfigType.BOOLEAN),
+    "delete.topic.enable": ("delete.topic.enable", ConfigType.BOOLEAN),
     "default.replication.factor": ("default.replication.factor", ConfigType.INT),
     "min.insync.replicas": ("min.insync.replicas", ConfigType.INT),
     "unclean.leader.election.enable": ("unclean.leader.election.enable", ConfigType.BOOLEAN),

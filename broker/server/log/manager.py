@@ -1,6 +1,13 @@
 """All partitions of one broker: finding them on disk at start-up, creating new ones in
-the least-loaded log directory, retention, and the clean-shutdown marker that lets the
-next start skip recovery.
+the least-loaded log directory, removing those of deleted topics, retention, and the
+clean-shutdown marker that lets the next start skip recovery.
+
+Each partition directory holds its topic's id (`topic.id`, KIP-516's
+partition.metadata): the incarnation of the name it belongs to, so that a broker that
+was down while its topic was deleted, and perhaps created again, removes the old data
+instead of serving it (docs/storage.md, "Deleted topics"). A removed directory is
+first renamed to `<name>.<random>-delete` (one atomic step, which `load` finishes
+after a crash), then deleted in the background.
 
 Start-up cost per partition is a directory listing, a stat and a small sidecar read per
 segment, plus recovery's scan of the newest segment after an unclean stop; no segment
@@ -10,8 +17,10 @@ open at once, so a broker with more partitions than open files still starts."""
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -23,6 +32,8 @@ from broker.server.log.logdir import LogDir
 logger = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN = ".clean_shutdown"
+TOPIC_ID = "topic.id"
+REMOVED = "-delete"  # the suffix of a partition directory being removed
 
 
 def parse_partition_dir(name: str) -> tuple[str, int] | None:
@@ -31,6 +42,14 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
     if not sep or not topic or not number.isdigit():
         return None
     return topic, int(number)
+
+
+def topic_id_of(log: Log) -> str | None:
+    """The topic id a partition directory was created for; None before ids."""
+    try:
+        return (log.directory / TOPIC_ID).read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 class LogManager:
@@ -47,6 +66,7 @@ class LogManager:
         self._logs: dict[tuple[str, int], Log] = {}
         self._counts = {d: 0 for d in self.log_dirs}  # partitions per log directory
         self.checkpointed_hw: dict[tuple[str, int], int] = {}  # read at load (replicated partitions)
+        self.topic_id_of: Callable[[str], str | None] = lambda topic: None  # the cluster's current incarnation
         self._lock = threading.Lock()
 
     def _open_log(self, directory: Path, topic: str, partition: int, recover: bool = False) -> Log:
@@ -65,6 +85,9 @@ class LogManager:
             clean = marker.exists()
             self.checkpointed_hw.update(read_hw_checkpoint(directory))
             for child in sorted(directory.iterdir()):
+                if child.name.endswith(REMOVED) and child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)  # a removal a crash interrupted
+                    continue
                 parsed = parse_partition_dir(child.name)
                 if not child.is_dir() or parsed is None:
                     continue
@@ -90,8 +113,59 @@ class LogManager:
                 online = [d for d in self.log_dirs if self.dirs[d].online] or list(self.log_dirs)
                 directory = min(online, key=self._counts.__getitem__)
                 existing = self._open_log(directory, topic, partition)
+                if (topic_id := self.topic_id_of(topic)) is not None:
+                    (existing.directory / TOPIC_ID).write_text(topic_id)
                 logger.info("created partition %s-%d in %s", topic, partition, directory)
             return existing
+
+    def adopt(self, topic: str, topic_id: str | None) -> list[Log]:
+        """The topic is now the incarnation `topic_id`: remove the logs of any other one
+        (a deletion this broker missed); the logs removed. A topic from before ids
+        (None) keeps its logs."""
+        if topic_id is None:
+            return []
+        return self._remove([log for log in self if log.topic == topic and topic_id_of(log) != topic_id],
+                            f"topic id {topic_id} replaced it")
+
+    def remove_topic(self, topic: str) -> list[Log]:
+        """The topic was deleted: remove its logs; the logs removed."""
+        return self._remove([log for log in self if log.topic == topic], "topic deleted")
+
+    def remove_strays(self, topics: set[str], deleted: set[str]) -> list[Log]:
+        """At start, once the cluster's topics are known: remove the logs of topics deleted
+        while this broker was down — those whose topic id is one of the `deleted` ids.
+        Any other log of a topic that does not exist is left on disk, unserved: nothing
+        tells it from a ZooKeeper that lost its data, or the wrong one."""
+        strays = [log for log in self if log.topic not in topics]
+        gone = [log for log in strays if topic_id_of(log) in deleted]
+        for log in strays:
+            if log not in gone:
+                logger.warning("%s: its topic does not exist, and no deletion of its topic id %s is recorded; "
+                               "left on disk, not served", log.name, topic_id_of(log))
+        return self._remove(gone, "topic deleted while down")
+
+    def _remove(self, logs: list[Log], why: str) -> list[Log]:
+        removed = []
+        for log in logs:
+            with self._lock:
+                key = (log.topic, log.partition)
+                if self._logs.get(key) is not log:
+                    continue
+                del self._logs[key]
+                self._counts[log.directory.parent] -= 1
+                self.checkpointed_hw.pop(key, None)
+            log.close()
+            trash = log.directory.with_name(f"{log.directory.name}.{uuid.uuid4().hex[:8]}{REMOVED}")
+            try:
+                log.directory.rename(trash)
+            except OSError as exc:
+                logger.error("%s: cannot remove %s (%s): %s", log.name, log.directory, why, exc)
+                continue
+            threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True},
+                             name="logbus-remove-log", daemon=True).start()
+            logger.info("%s: removed %s (%s)", log.name, log.directory, why)
+            removed.append(log)
+        return removed
 
     def __iter__(self) -> Iterator[Log]:
         return iter(list(self._logs.values()))

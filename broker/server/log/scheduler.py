@@ -134,6 +134,17 @@ class FlushScheduler:
             flusher = self._flushers[log] = PartitionFlusher(log, self.executor)
         return flusher
 
+    def forget(self, log: Log, error: Exception) -> None:
+        """A removed log (its topic deleted): no more flushes of it; its acks=-1 waiters
+        get `error`, long polls on it wake up."""
+        flusher = self._flushers.pop(log, None)
+        if flusher is not None:
+            if flusher._timer is not None:
+                flusher._timer.cancel()
+                flusher._timer = None
+            flusher._fail_waiters(error)
+            flusher.signal_advanced()
+
     async def wait_for_data(self, logs_and_offsets: list[tuple[Log, int, int]], timeout: float) -> None:
         """Long poll: return when any (log, offset, min_bytes) has min_bytes flushed past
         offset, or after `timeout` seconds."""

@@ -18,7 +18,7 @@ import threading
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.watchers import DataWatch
 
-from broker.common.errors import NotEnoughReplicas, NotLeaderForPartition, PartitionOffline
+from broker.common.errors import NotEnoughReplicas, NotLeaderForPartition, PartitionOffline, UnknownTopic
 from broker.common.protocol import Body, BrokerInfo, LeaderEpochEndRequest, ReplicaFetchRequest
 from broker.common.zklayout import PartitionState, StateNode, partition_state_path, read_partition_state
 from broker.server.auth.interbroker import InterBrokerSecurity
@@ -102,12 +102,30 @@ class ReplicaManager:
                 self._watched[(topic, partition)] = replicas
             DataWatch(self.zk, partition_state_path(topic, partition), self._state_watcher(topic, partition, replicas))
 
+    def forget_topic(self, topic: str) -> None:
+        """Its topic deleted (kazoo thread): stop watching its state nodes, then, on the
+        event loop, following and leading its partitions; acks=-1 waiters are told."""
+        with self._lock:
+            for key in [k for k in self._watched if k[0] == topic]:
+                del self._watched[key]
+        self._loop.call_soon_threadsafe(self._drop, topic)
+
+    def _drop(self, topic: str) -> None:
+        for key in [k for k in self.partitions if k[0] == topic]:
+            self._stop_fetcher(key)
+            self.partitions.pop(key).fail_committers(UnknownTopic(f"topic {topic!r} was deleted"))
+
     def _state_watcher(self, topic: str, partition: int, replicas: list[int]):
         # exactly two parameters: kazoo passes a third (the event) to callbacks that take one
-        def watch(data: bytes | None, stat) -> None:
+        seen = []  # once a node was read, its absence is a deletion, not a topic from before replication
+
+        def watch(data: bytes | None, stat) -> bool | None:
+            if self._watched.get((topic, partition)) is not replicas or (data is None and seen):
+                return False  # its topic was deleted (a new incarnation has a watch of its own)
             if data is None:  # created before replication: the first replica leads alone
                 node = StateNode(PartitionState(replicas[0], 0, [replicas[0]]), -1)
             else:
+                seen.append(True)
                 try:
                     node = StateNode(PartitionState.decode(data), stat.version, stat.mzxid)
                 except (ValueError, KeyError, TypeError):
