@@ -7,7 +7,7 @@ import pytest
 from broker.common.errors import InvalidRequest, OffsetOutOfRange, StorageError
 from broker.common.message import encode_message_set, iter_messages, scan
 from broker.server.log.log import Log, LogConfig
-from broker.server.log.manager import CLEAN_SHUTDOWN, LogManager
+from broker.server.log.manager import CLEAN_SHUTDOWN, TOPIC_ID, LogManager, topic_id_of
 
 
 def append(log: Log, values, ts=1000):
@@ -452,3 +452,19 @@ def test_loading_opens_no_segment_file(tmp_path):
     assert again.files.opened == 0
     assert len(list(again)) == 20
     again.close()
+
+
+def test_a_partition_directory_without_a_topic_id_takes_the_topics_and_one_of_another_id_goes(tmp_path):
+    """A directory from before topic ids (a broker from before them, as in a rolling
+    upgrade) was taken for an older incarnation and removed: a one-replica partition's
+    data lost. It takes the id; a directory of another id is a deletion missed, removed."""
+    manager = LogManager((tmp_path,), LogConfig())
+    manager.load()
+    old = manager.get_or_create("t", 0)
+    append(old, [b"kept"])
+    other = manager.get_or_create("t", 1)
+    (other.directory / TOPIC_ID).write_text("an-older-incarnation")
+    removed = manager.adopt("t", "the-current-id")
+    assert [log.partition for log in removed] == [1]
+    assert manager.get("t", 0) is old and manager.get("t", 1) is None
+    assert topic_id_of(old) == "the-current-id" and old.end_offset > 0

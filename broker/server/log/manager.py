@@ -121,11 +121,17 @@ class LogManager:
     def adopt(self, topic: str, topic_id: str | None) -> list[Log]:
         """The topic is now the incarnation `topic_id`: remove the logs of any other one
         (a deletion this broker missed); the logs removed. A topic from before ids
-        (None) keeps its logs."""
+        (None) keeps its logs, and so does a directory without `topic.id` — written by
+        a broker from before ids, as during a rolling upgrade — which takes the id (as
+        Kafka writes a missing partition.metadata): removed, a one-replica partition's
+        data would be lost."""
         if topic_id is None:
             return []
-        return self._remove([log for log in self if log.topic == topic and topic_id_of(log) != topic_id],
-                            f"topic id {topic_id} replaced it")
+        mine = [log for log in self if log.topic == topic]
+        for log in mine:
+            if topic_id_of(log) is None:
+                (log.directory / TOPIC_ID).write_text(topic_id)
+        return self._remove([log for log in mine if topic_id_of(log) != topic_id], f"topic id {topic_id} replaced it")
 
     def remove_topic(self, topic: str) -> list[Log]:
         """The topic was deleted: remove its logs; the logs removed."""
