@@ -81,6 +81,29 @@ def test_a_batch_older_than_the_last_five_is_a_duplicate_without_offsets(make_lo
     assert log.end_offset == end
 
 
+@pytest.mark.parametrize("restart", [None, "clean", "kill"])
+def test_a_batch_before_the_first_held_of_an_unknown_producer_is_out_of_order_not_a_duplicate(make_log, restart):
+    """Found by CI: a new producer's first batches to a partition were refused (its broker
+    did not know the topic yet) while its later ones, in flight behind them, were appended
+    — an unknown id may start at any sequence. The retries of the first were then taken
+    for batches "appended before its last 5" and answered as duplicates: 150 messages
+    lost, the producer told they were delivered."""
+    log = make_log(segment_bytes=300)
+    for seq in (150, 200):
+        produce(log, BatchIdentity(P, 0, seq, 50))
+    if restart == "clean":
+        log.close()
+    elif restart == "kill":
+        log.flush()
+    if restart:
+        log = make_log(recover=restart == "kill", segment_bytes=300)
+    end = log.end_offset
+    with pytest.raises(OutOfOrderSequence, match="before 150, the first this partition holds"):
+        produce(log, BatchIdentity(P, 0, 0, 50))
+    assert log.end_offset == end
+    assert produce(log, BatchIdentity(P, 0, 200, 50)).duplicate  # held from 150 on: a true repeat
+
+
 def test_a_gap_or_an_old_epoch_is_refused_and_nothing_appended(make_log):
     log = make_log()
     produce(log, BatchIdentity(P, 1, 0, 2))

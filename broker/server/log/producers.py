@@ -55,15 +55,18 @@ class AppendedBatch(NamedTuple):
 
 
 class ProducerEntry:
-    """One producer id's epoch, its last batches, and when this replica last appended
-    one of them (ms, by the broker's clock)."""
+    """One producer id's epoch, its last batches, when this replica last appended one of
+    them (ms, by the broker's clock), and `floor`: the first sequence of the epoch it
+    holds. Batches from the floor on are in the log in order; one before it is not known
+    to be (an unknown id may start anywhere, also after its earlier batches were refused)."""
 
-    __slots__ = ("epoch", "batches", "appended_ms")
+    __slots__ = ("epoch", "batches", "appended_ms", "floor")
 
-    def __init__(self, epoch: int, appended_ms: int) -> None:
+    def __init__(self, epoch: int, appended_ms: int, floor: int) -> None:
         self.epoch = epoch
         self.batches: deque[AppendedBatch] = deque(maxlen=BATCHES_KEPT)
         self.appended_ms = appended_ms
+        self.floor = floor
 
 
 class ProducerState:
@@ -80,10 +83,11 @@ class ProducerState:
         """The batch already appended that `batch` repeats (answer with its offsets,
         append nothing), or None to append it. Raises InvalidProducerEpoch for an older
         epoch; DuplicateSequence for a batch that ends at or before the newest one but
-        is older than those kept with their offsets (appended, offsets forgotten — a
-        mirror resending from its checkpoint meets this); OutOfOrderSequence for any
-        other sequence that does not follow the newest batch. An unknown producer id
-        (new, or expired) may start at any sequence."""
+        is older than those kept with their offsets, and not before the entry's `floor`
+        (appended, offsets forgotten — a mirror resending from its checkpoint meets
+        this); OutOfOrderSequence for any other sequence that does not follow the newest
+        batch, one before the floor included. An unknown producer id (new, or expired)
+        may start at any sequence, as in Kafka (KIP-360)."""
         entry = self.entries.get(batch.producer_id)
         if entry is None:
             return None
@@ -102,6 +106,10 @@ class ProducerState:
         if not entry.batches:
             return None
         newest = entry.batches[-1].last_sequence
+        if (entry.floor - 1 - last) % SEQUENCE_LIMIT < SEQUENCE_LIMIT // 2:  # ends before the floor
+            raise OutOfOrderSequence(f"producer {batch.producer_id} epoch {batch.epoch}: sequences "
+                                     f"{batch.base_sequence}..{last} come before {entry.floor}, the first this "
+                                     f"partition holds of it: not known to be appended (expected {newest + 1})")
         if (newest - last) % SEQUENCE_LIMIT < SEQUENCE_LIMIT // 2:  # ends at or before the newest: appended
             raise DuplicateSequence(f"producer {batch.producer_id} epoch {batch.epoch}: sequences "
                                     f"{batch.base_sequence}..{last} were appended before its last "
@@ -117,7 +125,7 @@ class ProducerState:
         appended_ms = self.clock()
         entry = self.entries.get(batch.producer_id)
         if entry is None or batch.epoch != entry.epoch:
-            entry = self.entries[batch.producer_id] = ProducerEntry(batch.epoch, appended_ms)
+            entry = self.entries[batch.producer_id] = ProducerEntry(batch.epoch, appended_ms, batch.base_sequence)
         entry.batches.append(AppendedBatch(batch.base_sequence, batch.last_sequence, base_offset, next_offset))
         entry.appended_ms = max(entry.appended_ms, appended_ms)
 
@@ -143,8 +151,8 @@ class ProducerState:
     # ----------------------------------------------------------------- snapshots
 
     def to_json(self) -> dict:
-        return {str(pid): {"epoch": e.epoch, "appended_ms": e.appended_ms, "batches": [list(b) for b in e.batches]}
-                for pid, e in self.entries.items()}
+        return {str(pid): {"epoch": e.epoch, "appended_ms": e.appended_ms, "floor": e.floor,
+                           "batches": [list(b) for b in e.batches]} for pid, e in self.entries.items()}
 
     def load_json(self, data: dict) -> None:
         """The entries of a snapshot. One written before append times were kept holds
@@ -154,7 +162,7 @@ class ProducerState:
         self.entries = {}
         for pid, e in data.items():
             appended_ms = int(e["appended_ms"]) if "appended_ms" in e else max(loaded_ms, int(e["last_timestamp"]))
-            entry = self.entries[int(pid)] = ProducerEntry(int(e["epoch"]), appended_ms)
+            entry = self.entries[int(pid)] = ProducerEntry(int(e["epoch"]), appended_ms, int(e.get("floor", 0)))
             entry.batches.extend(AppendedBatch(*map(int, b)) for b in e["batches"])
 
 
