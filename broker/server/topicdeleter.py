@@ -4,7 +4,7 @@ topic"; Kafka's TopicDeletionManager, without its wait for every replica).
 For each marker, the active controller
 1. removes the topic's nodes — its partitions' state nodes, the partitions and the
    topic node — in transactions that check `/controller_epoch` is still its own, all
-   in one while the topic has at most `NODES_PER_TRANSACTION / 3` partitions; every
+   in one while the topic has at most `STATE_NODES_PER_TRANSACTION / 3` partitions; every
    broker's watch then drops the topic from its metadata, stops serving and
    replicating it and removes its partition directories (`LogManager.remove_topic`);
 2. removes what refers to it by name and would make a topic created again under that
@@ -32,14 +32,12 @@ from kazoo.exceptions import (
 
 from broker.common.topicdeletion import DELETED_IDS, marked_topics, read_marker, tombstone_path
 from broker.common.zklayout import (
-    AUDIT, CONSUMERS, CONTROLLER_EPOCH, decode_topic_id, deletion_path, partitions_path, topic_path,
+    AUDIT, CONSUMERS, CONTROLLER_EPOCH, STATE_NODES_PER_TRANSACTION, decode_topic_id, deletion_path, partitions_path,
+    topic_path,
 )
 from broker.server.controllernode import Deposed
 
 logger = logging.getLogger(__name__)
-
-NODES_PER_TRANSACTION = 500  # ZooKeeper bounds a request (jute.maxbuffer)
-
 
 UNREADABLE = "(unreadable)"
 
@@ -102,8 +100,8 @@ class TopicDeleter:
         if self.zk.exists(partitions_path(topic)) is not None:
             paths.append(partitions_path(topic))
         paths.append(topic_path(topic))
-        for start in range(0, len(paths), NODES_PER_TRANSACTION):
-            self._commit(epoch_version, paths[start:start + NODES_PER_TRANSACTION])
+        for start in range(0, len(paths), STATE_NODES_PER_TRANSACTION):
+            self._commit(epoch_version, paths[start:start + STATE_NODES_PER_TRANSACTION])
 
     def _remove_references(self, topic: str) -> None:
         for group in self._children(CONSUMERS):
