@@ -89,7 +89,10 @@ class RecordCounter:
 
     def advance_all(self, logs: list[Log]) -> None:
         """One round over the led partitions' logs; a failure of one is logged and
-        retried next round, never stops the others."""
+        retried next round, never stops the others. Logs no longer led (or deleted) leave
+        `_known`: it would keep a deleted topic's logs for the broker's life."""
+        current = set(logs)
+        self._known = {log: known for log, known in self._known.items() if log in current}
         for log in logs:
             if log.topic in self.excluded:
                 continue
