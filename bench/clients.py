@@ -2,7 +2,7 @@
 local broker, in the paper's setting — 200-byte messages, batch 1 and batch 50, acks 0
 and 1 — and one consumer reading everything back.
 
-    .venv/bin/python -m bench.clients --count 200000 [--send-many]
+    .venv/bin/python -m bench.clients --count 200000 [--send] [--send-many]
     .venv/bin/python -m bench.clients --count 200000 --consumer-rounds 3
     .venv/bin/python -m bench.clients --count 200000 --against-raw 3
 
@@ -16,9 +16,12 @@ broker, alternating, N rounds (issue 38).
 producer batches — as before issue 25 (`decode_messages`), iteration, and the batch
 read — in turn, N times (issue 25).
 
-`--send-many` adds the batch-50 runs through `Producer.send_many` (lists of
-`MANY_CHUNK` messages per call), the entry point for callers that have many messages
-at once; the five figures of the paper's setting use `send` one message at a time.
+The paper's producer hands over one message at a time and gets nothing back (Kafka
+0.7's async `send`): the rows of the paper's setting use `Producer.produce`, a message
+at a time without a future. `--send` adds acks-0 rows through `send`, which makes a
+`RecordFuture` a message; `--send-many` adds the batch-50 runs through
+`Producer.send_many` (lists of `MANY_CHUNK` messages per call), the entry point for
+callers that have many messages at once.
 
 The paper (Kafka, NetDB 2011) measured 50,000 msg/s (batch 1) and 400,000 msg/s
 (batch 50) for the producer and 22,000 msg/s for the consumer, on two dedicated Linux
@@ -50,24 +53,29 @@ SIZE = 200
 MANY_CHUNK = 1000
 
 
-def produce(zk: str, topic: str, count: int, batch: int, acks: int, many: bool = False,
+CALLS = ("produce", "send", "send_many")
+
+
+def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = "produce",
             idempotent: bool | None = None) -> tuple[float, float]:
     """(msg/s, CPU µs per message): the clock and this process's CPU time (user +
-    system, every thread: the caller's sends, the sender thread, ZooKeeper's) from the
-    first send until `close` returns. Idempotence is on with acks 1 unless told."""
+    system, every thread: the caller's calls, the sender thread, ZooKeeper's) from the
+    first call until `close` returns, through `call` (one of CALLS). Idempotence is on
+    with acks 1 unless told."""
     value = b"x" * SIZE
     with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False,
                   enable_idempotence=acks != 0 if idempotent is None else idempotent,
                   queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches
         start, cpu = time.perf_counter(), time.process_time()
-        if many:
-            chunk = [value] * MANY_CHUNK
-            count -= count % MANY_CHUNK
-            for _ in range(count // MANY_CHUNK):
+        if call == "send_many":
+            chunk = [value] * min(MANY_CHUNK, count)
+            count -= count % len(chunk)
+            for _ in range(count // len(chunk)):
                 producer.send_many(topic, chunk)
         else:
+            one = producer.send if call == "send" else producer.produce
             for _ in range(count):
-                producer.send(topic, value, partition=0)
+                one(topic, value, partition=0)
         report = producer.close(300)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert not report.failed, report
@@ -179,6 +187,7 @@ def consumer_rounds(rounds: int, count: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200_000, help="messages per producer run (default 200000)")
+    parser.add_argument("--send", action="store_true", help="also acks-0 runs through send (a future a message)")
     parser.add_argument("--send-many", action="store_true", help="also the batch-50 runs through send_many")
     parser.add_argument("--against-raw", type=int, default=0,
                         help="only the Producer against bench.raw's frames at batch 1 and 50, alternating, N rounds")
@@ -203,11 +212,17 @@ def main() -> None:
                     rate, cpu = produce(zookeeper.connect_string, topic, args.count, batch, acks)
                     paper = PAPER[f"batch {batch}"]
                     rows.append((f"producer batch {batch} acks {acks}", rate, paper, cpu))
+            if args.send:
+                for batch in (1, 50):
+                    topic = f"bench-send-b{batch}"
+                    create_topic(zk, topic, 1)
+                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, batch, 0, call="send")
+                    rows.append((f"producer batch {batch} acks 0 send", rate, PAPER[f"batch {batch}"], cpu))
             if args.send_many:
                 for acks in (0, 1):
                     topic = f"bench-many-a{acks}"
                     create_topic(zk, topic, 1)
-                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, 50, acks, many=True)
+                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, 50, acks, call="send_many")
                     rows.append((f"producer batch 50 acks {acks} send_many", rate, PAPER["batch 50"], cpu))
         rate = consume(zookeeper.connect_string, "bench-b50-a1", args.count)
         rows.append(("consumer (one partition, 1 MiB fetches)", rate, PAPER["consumer"], None))

@@ -64,8 +64,9 @@ def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampl
     calls to `send`, which only fill the producer's queue; the clock stops when
     `flush()` returns. Returns the topic's expected end offset.
 
-    `idempotent=False` is the paper's producer: each batch of `batch` messages one
-    request. The idempotent producer (the default of `Producer`) merges batches queued
+    Messages go through `Producer.produce`, without a future: the paper's producer
+    (Kafka 0.7's async `send`) gives nothing back either. `idempotent=False` is the
+    paper's producer: each batch of `batch` messages one request. The idempotent producer (the default of `Producer`) merges batches queued
     behind its five in flight per partition, so at batch 1 it is no longer one message
     a request: `make bench` reports it as a row of its own."""
     delivered = 0
@@ -84,10 +85,10 @@ def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampl
                         enable_idempotence=idempotent,
                         on_delivery=on_delivery)
     try:
-        send = producer.send
+        produce = producer.produce
         sampler.start()
         for _ in range(messages):
-            send(topic, payload)
+            produce(topic, payload)
         report = producer.flush(600)
         sampler.tick(delivered - sampler.done)
         sampler.finish()

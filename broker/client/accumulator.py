@@ -106,9 +106,10 @@ class RecordAccumulator:
     # ------------------------------------------------------------------ appending
 
     def append(self, topic: str, key: bytes | None, value: bytes, timestamp: int,
-               partition: int | None) -> RecordFuture:
-        """Add one message; `partition` is explicit or the key's (None: sticky). Every
-        `send`'s path: the lock taken by hand (a `with` costs twice as much)."""
+               partition: int | None, future: bool = True) -> RecordFuture | None:
+        """Add one message; `partition` is explicit or the key's (None: sticky); its
+        future if asked for. Every `send`'s path: the lock taken by hand (a `with`
+        costs twice as much)."""
         size, lock = HEADER_SIZE + len(value) if key is None else HEADER_SIZE + len(key) + len(value), self._lock
         lock.acquire()
         try:
@@ -129,7 +130,7 @@ class RecordAccumulator:
                 self._wake_sender()  # to time this batch's linger
         finally:
             lock.release()
-        return RecordFuture(batch.result, position, index)
+        return RecordFuture(batch.result, position, index) if future else None
 
     def append_many(self, topic: str, values: list[bytes], timestamp: int, key: bytes | None = None,
                     partition: int | None = None) -> ManyFuture:

@@ -1,4 +1,5 @@
-"""The producer (docs/clients.md): `send(topic, value, key=None, timestamp=None, partition=None)`.
+"""The producer (docs/clients.md): `send(topic, value, key=None, timestamp=None, partition=None)`,
+and `produce` with the same arguments, without a future.
 
 Three parts, each with one job (kafka-python's split):
 
@@ -252,6 +253,27 @@ class Producer:
         future = self.accumulator.append(topic, key, value, _now_ns() // 1_000_000 if timestamp is None
                                          else int(timestamp), partition)
         return future.result(self._result_timeout) if self._sync else future
+
+    def produce(self, topic: str, value: bytes | str, key: bytes | str | None = None, timestamp: int | None = None,
+                partition: int | None = None) -> None:
+        """`send` without a future: confluent-kafka's `produce`, Kafka 0.7's async `send`.
+        Delivery is told by `on_delivery` and `on_error`, and counted in the report of
+        `flush` and `close`. A future is an object a message, allocated and freed: a
+        fifth of the caller's cost at batch 50 (BENCHMARKS.md, issue 38). In sync mode,
+        and for a message `send` would refuse or must look a topic up for, it is `send`."""
+        count = self._partition_counts.get(topic)
+        if (self._sync or self._closing or count is None or type(value) is not bytes
+                or (key is not None and type(key) is not bytes)):
+            self.send(topic, value, key, timestamp, partition)
+            return
+        if partition is None:
+            if key is not None:
+                partition = partition_for_key(key, count)
+        elif not 0 <= partition < count:
+            self.send(topic, value, key, timestamp, partition)  # refused, and reported
+            return
+        self.accumulator.append(topic, key, value, _now_ns() // 1_000_000 if timestamp is None else int(timestamp),
+                                partition, False)
 
     def _settle(self, future: RecordFuture) -> RecordFuture | RecordMetadata:
         return future.result(self._result_timeout) if self._sync else future

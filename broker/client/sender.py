@@ -40,7 +40,7 @@ from broker.client.idempotence import ProducerIdentity
 from broker.client.monitoring import MonitoringCounter
 from broker.client.partitioner import partition_for_key
 from broker.client.pipeline import Pipeline, new_outgoing
-from broker.client.results import DeliveredBatch, FailedSend, ReportBook
+from broker.client.results import DeliveredBatch, FailedSend, ReportBook, delivered_batch
 from broker.common.errors import (
     BrokerShuttingDown, DuplicateSequence, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
     RequestTimedOut, StorageError, TopicCreationDisabled, UnknownPartition, UnknownTopic,
@@ -327,8 +327,8 @@ class Sender:
             if self.on_delivery is not None:
                 for batch, base_offset in user:
                     count = len(batch.records)
-                    _call_back(self.on_delivery, DeliveredBatch(batch.topic, batch.partition, base_offset, count,
-                                                                batch.bytes - HEADER_SIZE * count, batch.created))
+                    _call_back(self.on_delivery, delivered_batch((batch.topic, batch.partition, base_offset, count,
+                                                                  batch.bytes - HEADER_SIZE * count, batch.created)))
         finally:
             self.accumulator.release(mine)
 

@@ -48,8 +48,10 @@ class Smoke:
 
 
 SMOKES: dict[str, Smoke] = {
-    "clients": Smoke(["--count", "500"], [
+    "clients": Smoke(["--count", "500", "--send", "--send-many"], [
         r"producer batch 1 acks 0 +\d+ +[\d.]+ +50000 +[\d.]+",
+        r"producer batch 50 acks 0 send +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+",
+        r"producer batch 50 acks 1 send_many +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+",
         r"producer batch 50 acks 1 +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+",
         r"consumer \(one partition, 1 MiB fetches\) +\d+ +[\d.]+ +22000 +[\d.]+"]),
     "clients:against-raw": Smoke(["--count", "500", "--against-raw", "1"], [
