@@ -124,13 +124,14 @@ class RecordAccumulator:
             records.append((key, value, timestamp))
             batch.bytes = position + size
             self.outstanding += 1
+            result = batch.future_result() if future else None  # under the lock: once closed, the sender may settle it
             if index >= self._last_index or position + size >= self.batch_bytes:
                 self._close(batch)
             elif opened:
                 self._wake_sender()  # to time this batch's linger
         finally:
             lock.release()
-        return RecordFuture(batch.result, position, index) if future else None
+        return RecordFuture(result, position, index) if future else None
 
     def append_many(self, topic: str, values: list[bytes], timestamp: int, key: bytes | None = None,
                     partition: int | None = None) -> ManyFuture:
@@ -153,10 +154,11 @@ class RecordAccumulator:
                 batch.records.extend(zip(repeat(key), take, repeat(timestamp)))
                 batch.bytes += size
                 self.outstanding += len(take)
+                result = batch.future_result()  # under the lock: once closed, the sender may settle it
                 if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
                     self._close(batch)
-            if not results or results[-1] is not batch.result:
-                results.append(batch.result)
+            if not results or results[-1] is not result:
+                results.append(result)
             done += len(take)
         return ManyFuture(results, len(values))
 
@@ -219,8 +221,10 @@ class RecordAccumulator:
         self._wake_sender()
 
     def _wake_sender(self) -> None:
-        """Under the lock: a napping sender wakes (a busy one drains before it naps)."""
+        """Under the lock: a napping sender wakes (a busy one drains before it naps), once:
+        its nap may end a GIL switch interval later, and each `notify` is Python code."""
         if self._napping:
+            self._napping = False
             self._work.notify()
 
     # -------------------------------------------------------------------- draining

@@ -18,7 +18,7 @@ class ProducerBatch:
     producer's own monitoring events."""
 
     __slots__ = ("topic", "partition", "records", "bytes", "created", "movable", "internal", "attempts",
-                 "not_before", "finished", "result", "riders", "producer_id", "epoch", "sequence")
+                 "not_before", "finished", "exact", "result", "riders", "producer_id", "epoch", "sequence")
 
     def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
         self.topic = topic
@@ -28,9 +28,12 @@ class ProducerBatch:
         self.created = time.monotonic()
         self.movable, self.internal = movable, internal
         self.attempts, self.not_before, self.finished = 0, 0.0, False
-        self.result = BatchResult(topic, exact)
+        self.exact = exact
+        # Made for the first future (`future_result`): a batch only `produce` filled has
+        # none. At batch 1 the batches queued behind a busy sender live long enough for
+        # the cyclic GC's full collections, which each object a batch holds makes dearer.
+        self.result: BatchResult | None = None
         self.riders: tuple[BatchResult, ...] = ()  # results of batches merged into this one (`absorb`); no list
-        # per batch: at batch 1 every object a message makes is the cyclic GC's work
         self.producer_id: int | None = None  # idempotence: the identity it was first sent with
         self.epoch = 0
         self.sequence: int | None = None
@@ -38,10 +41,18 @@ class ProducerBatch:
     def __repr__(self) -> str:
         return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
 
+    def future_result(self) -> BatchResult:
+        """The result futures of this batch's messages view (under the accumulator's
+        lock, while the batch is open)."""
+        if self.result is None:
+            self.result = BatchResult(self.topic, self.exact)
+        return self.result
+
     @property
     def results(self) -> list[BatchResult]:
-        """Every result this batch settles: its own and those of the batches it absorbed."""
-        return [self.result, *self.riders]
+        """Every result this batch settles: its own, if a future asked for it, and those
+        of the batches it absorbed."""
+        return [*self.riders] if self.result is None else [self.result, *self.riders]
 
     def can_absorb(self, other: "ProducerBatch", max_bytes: int) -> bool:
         """`other` may join this batch: same partition and kind, neither sent yet (no
@@ -58,7 +69,7 @@ class ProducerBatch:
             result.shift_bytes += self.bytes
         self.records.extend(other.records)
         self.bytes += other.bytes
-        self.riders = (*self.riders, other.result, *other.riders)
+        self.riders = (*self.riders, *other.results)
         self.movable = self.movable and other.movable
 
 

@@ -29,6 +29,9 @@ MAX_IN_FLIGHT = 32
 # Requests written together in one syscall stop growing past this many bytes.
 WRITE_BYTES = 1 << 20
 _SIZE = struct.Struct(">i")
+# Members as constants, named once a batch or request here: CPython 3.11's EnumType has a `__getattr__`, so
+# naming a member (`ErrorCode.NONE`) costs ~170 ns, a plain constant ~15 ns.
+_PRODUCE, _MULTIPRODUCE, _NO_ACKS, _OK = ApiKey.PRODUCE, ApiKey.MULTIPRODUCE, Acks.NONE, ErrorCode.NONE
 
 
 class Outgoing(NamedTuple):
@@ -113,7 +116,7 @@ class Pipeline:
             else:
                 parts = [ProducePart(b.topic, b.partition, b.payload) for b in round_]
                 body = MultiProduceRequest(acks, self.timeout_ms, parts).encode()
-                requests.append(_Request(round_, body, ApiKey.MULTIPRODUCE, len(body)))
+                requests.append(_Request(round_, body, _MULTIPRODUCE, len(body)))
         return requests
 
     def _produce(self, out: Outgoing, acks: int) -> _Request:
@@ -125,7 +128,7 @@ class Pipeline:
             empty = ProduceRequest(acks, self.timeout_ms, out.topic, out.partition, b"").encode()
             head = self._heads[(out.topic, out.partition, acks)] = empty[:-4]  # without the set's size
         payload = out.payload
-        return _new_request(([out], (head, _SIZE.pack(len(payload)), payload), ApiKey.PRODUCE, len(head) + 4 + len(payload)))
+        return _new_request(([out], (head, _SIZE.pack(len(payload)), payload), _PRODUCE, len(head) + 4 + len(payload)))
 
     def _send_to(self, leader: int, requests: list[_Request], acks: int, outcomes: list[Outcome]) -> None:
         try:
@@ -133,7 +136,7 @@ class Pipeline:
         except (ConnectionError, OSError) as exc:
             self._fail(requests, ConnectionError(str(exc)), outcomes)
             return
-        expects = acks != Acks.NONE
+        expects = acks != _NO_ACKS
         waiting: deque[_Request] = deque()
         pending = deque(requests)
         try:
@@ -170,10 +173,10 @@ class Pipeline:
             raise_for_error(error_code, reader)
         except LogbusError as exc:
             return [Outcome(b.batch, -1, exc) for b in request.parts]
-        if request.api == ApiKey.PRODUCE:
+        if request.api == _PRODUCE:
             return [_new_outcome((request.parts[0].batch, ProduceResponse.decode(reader).base_offset, None))]
         return [
-            Outcome(b.batch, result.value.base_offset, None) if result.error_code == ErrorCode.NONE
+            Outcome(b.batch, result.value.base_offset, None) if result.error_code == _OK
             else Outcome(b.batch, -1, error_for(result.error_code, result.message))
             for b, result in zip(request.parts, decode_multiproduce(reader))
         ]

@@ -1,5 +1,4 @@
-"""The producer (docs/clients.md): `send(topic, value, key=None, timestamp=None, partition=None)`,
-and `produce` with the same arguments, without a future.
+"""The producer (docs/clients.md): `send(topic, value, key=None, timestamp=None, partition=None)`; `produce`.
 
 Three parts, each with one job (kafka-python's split):
 
@@ -262,16 +261,12 @@ class Producer:
         fifth of the caller's cost at batch 50 (BENCHMARKS.md, issue 38). In sync mode,
         and for a message `send` would refuse or must look a topic up for, it is `send`."""
         count = self._partition_counts.get(topic)
-        if (self._sync or self._closing or count is None or type(value) is not bytes
-                or (key is not None and type(key) is not bytes)):
-            self.send(topic, value, key, timestamp, partition)
+        if (self._sync or self._closing or count is None or type(value) is not bytes or (
+                key is not None and type(key) is not bytes) or (partition is not None and not 0 <= partition < count)):
+            self.send(topic, value, key, timestamp, partition)  # looked up, converted, or refused and reported
             return
-        if partition is None:
-            if key is not None:
-                partition = partition_for_key(key, count)
-        elif not 0 <= partition < count:
-            self.send(topic, value, key, timestamp, partition)  # refused, and reported
-            return
+        if key is not None and partition is None:
+            partition = partition_for_key(key, count)
         self.accumulator.append(topic, key, value, _now_ns() // 1_000_000 if timestamp is None else int(timestamp),
                                 partition, False)
 

@@ -49,6 +49,7 @@ from broker.common.compression import Codec
 from broker.common.message import HEADER_SIZE, encode_batch, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
+_PLAIN = Codec.NONE  # named once a batch: a constant, as `broker.common.encoding`'s
 
 # Errors that may go away: the leader moved or restarted (or is being elected), the
 # disk got space back, a just-created topic is not yet known to the broker that leads
@@ -262,8 +263,10 @@ class Sender:
     def _encode(self, batch: ProducerBatch) -> bytes:
         if self.idempotence is None:  # a set compressed below its message count goes plain (docs/clients.md)
             payload = encode_message_set(batch.records, self.codec)
-            if self.codec is not Codec.NONE and payload[5] == 0:  # plain entries: each future its own offset
-                batch.result.exact = True
+            if self.codec is not _PLAIN and payload[5] == 0:  # plain entries: each future its own offset
+                batch.exact = True
+                if batch.result is not None:
+                    batch.result.exact = True
             return payload
         return encode_batch(batch.records, self.idempotence.assign(batch), self.codec)
 
@@ -321,7 +324,8 @@ class Sender:
         self.report.delivered(sum(len(b.records) for b, _ in user))
         try:
             for batch, base_offset in delivered:
-                batch.result.succeed(batch.partition, base_offset)
+                if batch.result is not None:
+                    batch.result.succeed(batch.partition, base_offset)
                 for rider in batch.riders:
                     rider.succeed(batch.partition, base_offset)
             if self.on_delivery is not None:

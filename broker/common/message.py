@@ -346,7 +346,7 @@ def iter_messages(
             return
         if verify_crc and entry_crc(view, pos, entry_end, magic, attributes) != crc:
             raise CorruptEntry(offset, size, "CRC mismatch")
-        if attributes & ~CODEC_MASK or attributes > Codec.ZSTD or not -1 <= key_length <= size - MIN_ENTRY_SIZE:
+        if attributes & ~CODEC_MASK or attributes > _MAX_CODEC or not -1 <= key_length <= size - MIN_ENTRY_SIZE:
             raise CorruptEntry(offset, size, f"impossible attributes {attributes:#x} or key length {key_length}")
         next_offset = base_offset + entry_end
         if magic == MAGIC_KAFKA:

@@ -137,6 +137,29 @@ def test_futures_resolve_to_offsets_from_the_batch_base_offset():
     ]
 
 
+def test_a_future_asked_after_futureless_appends_counts_them_and_a_merged_futureless_batch_shifts_nothing():
+    """`produce` makes no result; a later `send` into the same batch makes it, and its
+    offset still counts the messages before it. With idempotence, a batch whose
+    messages no future asked for joins another and settles nothing of its own."""
+    acc = accumulator()
+    acc.append("t", None, b"a", 1, 0, future=False)
+    acc.append("t", None, b"bb", 1, 0, future=False)
+    asked = acc.append("t", None, b"c", 1, 0)
+    [(batch, _)] = drain(acc, 0.0)
+    batch.result.succeed(0, 1000)
+    assert asked.result(0).offset == 1000 + 2 * HEADER_SIZE + 3
+    merging = accumulator(batch_size=1, max_in_flight_per_partition=1, batch_bytes=1 << 20, exact_offsets=False)
+    merging.append("t", None, b"00", 1, 0, future=False)
+    merging.append("t", None, b"01", 1, 0, future=False)
+    last = merging.append("t", None, b"02", 1, 0)
+    [(first, _)] = drain(merging, 0.0)
+    assert first.result is None and len(first.records) == 3
+    assert first.results == [last.batch]
+    for result in first.results:
+        result.succeed(0, 77)
+    assert last.result(0).offset == 77 + 2  # the third record of the batch it joined
+
+
 def test_compressed_or_unacknowledged_batches_give_the_wrapper_offset_plus_the_index_or_minus_one():
     acc = accumulator(exact_offsets=False)
     futures = [acc.append("t", None, b"v", 1, 0) for _ in range(3)]

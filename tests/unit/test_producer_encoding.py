@@ -14,7 +14,7 @@ from broker.client.pipeline import Outgoing, Pipeline
 from broker.common.compression import Codec
 from broker.common.message import (
     HEADER, MAGIC_BATCH, BatchIdentity, append_entry, batch_identity, encode_batch, encode_message_set, iter_messages,
-    validate_message_set,
+    now_ms, validate_message_set,
 )
 from broker.common.protocol import ProduceRequest
 
@@ -46,6 +46,18 @@ def entry_by_entry(records) -> bytes:
 def test_an_uncompressed_set_is_byte_for_byte_the_entries_one_by_one(count):
     records = messages(count, count)
     assert encode_message_set(records) == entry_by_entry(records)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_set_of_one_message_is_byte_for_byte_its_entry(seed):
+    """Batch 1's own path (no list, no join): keys absent, empty and present, values
+    empty to 1 KiB, and a message without a timestamp (stamped now, as the others)."""
+    records = messages(seed, 1)
+    assert encode_message_set(records) == entry_by_entry(records)
+    key, value, _ = records[0]
+    [message] = iter_messages(encode_message_set([(key, value, None)]), 0)
+    assert (message.key, message.value) == (key, value)
+    assert abs(message.timestamp - now_ms()) < 60_000
 
 
 @pytest.mark.parametrize("count", [1, 50, 1000])

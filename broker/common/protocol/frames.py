@@ -16,6 +16,9 @@ REQUEST_HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id (
 
 
 RESPONSE_HEADER = struct.Struct(">iih")  # size, correlation_id, error_code
+# Once a response on both sides: CPython 3.11's EnumType has a `__getattr__`, so
+# naming a member (`ErrorCode.NONE`) costs ~170 ns, a plain constant ~15 ns.
+_OK = ErrorCode.NONE
 
 
 class RequestHeader(NamedTuple):
@@ -90,8 +93,8 @@ def response_frame(correlation_id: int, body: Body) -> Body:
     """The frame of a successful response, the header joined to the first part so that a
     small response is one write."""
     if len(body) == 1 and type(body[0]) is bytes:  # most responses: one write, nothing to add up
-        return [RESPONSE_HEADER.pack(len(body[0]) + 6, correlation_id, ErrorCode.NONE) + body[0]]
-    head = response_header(correlation_id, ErrorCode.NONE, sum(map(len, body)))
+        return [RESPONSE_HEADER.pack(len(body[0]) + 6, correlation_id, _OK) + body[0]]
+    head = response_header(correlation_id, _OK, sum(map(len, body)))
     if body and isinstance(body[0], bytes):
         return [head + body[0], *body[1:]]
     return [head, *body]
@@ -110,7 +113,7 @@ def decode_response_header(frame: bytes | memoryview) -> tuple[int, int, Reader]
 
 def raise_for_error(error_code: int, r: Reader) -> None:
     """Raise the error a response carries, with the broker's explanation."""
-    if error_code != ErrorCode.NONE:
+    if error_code != _OK:
         try:
             message = r.string()
         except InvalidRequest:
