@@ -216,6 +216,7 @@ class RecordAccumulator:
             del self._open[(batch.topic, batch.partition)]
 
     def _close(self, batch: ProducerBatch) -> None:
+        batch.seal()
         self._detach(batch)
         self._ready.append(batch)
         self._wake_sender()

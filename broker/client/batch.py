@@ -23,7 +23,7 @@ class ProducerBatch:
     def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
         self.topic = topic
         self.partition = partition
-        self.records: list[Record] = []
+        self.records: list[Record] | tuple[Record] = []  # a tuple once sealed with one message (`seal`)
         self.bytes = 0  # encoded size without compression: HEADER_SIZE + key + value per message
         self.created = time.monotonic()
         self.movable, self.internal = movable, internal
@@ -40,6 +40,13 @@ class ProducerBatch:
 
     def __repr__(self) -> str:
         return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
+
+    def seal(self) -> None:
+        """The batch stops taking messages. One message's list becomes a tuple, which the
+        cyclic GC stops tracking once it has seen it (as the record inside): at batch 1
+        the batches queued behind the sender were half its full collections' work."""
+        if len(self.records) == 1:
+            self.records = tuple(self.records)
 
     def future_result(self) -> BatchResult:
         """The result futures of this batch's messages view (under the accumulator's
@@ -67,6 +74,8 @@ class ProducerBatch:
         for result in other.results:
             result.shift_records += len(self.records)
             result.shift_bytes += self.bytes
+        if type(self.records) is tuple:
+            self.records = list(self.records)
         self.records.extend(other.records)
         self.bytes += other.bytes
         self.riders = (*self.riders, *other.results)

@@ -105,8 +105,11 @@ class Pipeline:
         queues: dict[tuple[str, int], deque[Outgoing]] = defaultdict(deque)
         for out in batches:
             queues[(out.topic, out.partition)].append(out)
-        if len(queues) == 1:  # one partition: a PRODUCE per batch, in order
-            return [self._produce(out, acks) for out in batches]
+        if len(queues) == 1:  # one partition: a PRODUCE per batch, in order, one head for all (batch 1's path)
+            head = self._head(batches[0], acks)
+            size, pack = len(head) + 4, _SIZE.pack
+            return [_new_request(([out], (head, pack(len(out.payload)), out.payload), _PRODUCE, size + len(out.payload)))
+                    for out in batches]
         requests = []
         while queues:
             round_ = [q.popleft() for q in queues.values()]
@@ -119,15 +122,18 @@ class Pipeline:
                 requests.append(_Request(round_, body, _MULTIPRODUCE, len(body)))
         return requests
 
-    def _produce(self, out: Outgoing, acks: int) -> _Request:
-        """A PRODUCE: its fields before the set are the same for every batch of a
-        partition, encoded once (at batch 1 the encoding was a tenth of the sender);
-        the set is copied once, into the frame."""
+    def _head(self, out: Outgoing, acks: int) -> bytes:
+        """A PRODUCE's bytes before its set's size: the same for every batch of a
+        partition, encoded once (at batch 1 the encoding was a tenth of the sender)."""
         head = self._heads.get((out.topic, out.partition, acks))
         if head is None:
             empty = ProduceRequest(acks, self.timeout_ms, out.topic, out.partition, b"").encode()
             head = self._heads[(out.topic, out.partition, acks)] = empty[:-4]  # without the set's size
-        payload = out.payload
+        return head
+
+    def _produce(self, out: Outgoing, acks: int) -> _Request:
+        """A PRODUCE of one batch; the set is copied once, into the frame."""
+        head, payload = self._head(out, acks), out.payload
         return _new_request(([out], (head, _SIZE.pack(len(payload)), payload), _PRODUCE, len(head) + 4 + len(payload)))
 
     def _send_to(self, leader: int, requests: list[_Request], acks: int, outcomes: list[Outcome]) -> None:
@@ -151,7 +157,7 @@ class Pipeline:
                             break
                         group.append(request)
                         size += request.size
-                    conn.send_many([(r.api, r.body) for r in group], expects_response=expects)
+                    conn.send_many([(r.api, r.body, r.size) for r in group], expects_response=expects)
                     for _ in group:
                         pending.popleft()
                     if expects:

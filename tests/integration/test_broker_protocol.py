@@ -91,12 +91,12 @@ def test_a_connection_keeps_no_record_of_acks_zero_requests(conn):
     from broker.common.protocol import ApiKey, ProduceRequest
 
     body = ProduceRequest(0, 1000, "events", 0, encode_message_set([(None, b"x", 1)])).encode()
-    conn.send_many([(ApiKey.PRODUCE, body)] * 10, expects_response=False)  # warm: the deque's first blocks
+    conn.send_many([(ApiKey.PRODUCE, body, len(body))] * 10, expects_response=False)  # warm: the deque's first blocks
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
         for _ in range(2_000):
-            conn.send_many([(ApiKey.PRODUCE, body)] * 10, expects_response=False)
+            conn.send_many([(ApiKey.PRODUCE, body, len(body))] * 10, expects_response=False)
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()

@@ -75,10 +75,9 @@ def test_an_acks_all_write_truncated_while_leadership_moved_away_and_back_is_nev
         gate.touch()
         pause_quietly(cluster, [away])
         try:
-            conn.send_many([
-                (ApiKey.PRODUCE, ProduceRequest(-1, 60_000, "pingpong", 0, encode_message_set([(None, v, 1000)])).encode())
-                for v in burst
-            ])
+            bodies = [ProduceRequest(-1, 60_000, "pingpong", 0, encode_message_set([(None, v, 1000)])).encode()
+                      for v in burst]
+            conn.send_many([(ApiKey.PRODUCE, body, len(body)) for body in bodies])
             wait_until(lambda: holds(cluster, 0, "pingpong", burst[-1]), 30, "broker 0 to append the burst")
             isr = state(zk, "pingpong").isr
             set_state(zk, "pingpong", 0, PartitionState(away, epoch + 1, isr))
