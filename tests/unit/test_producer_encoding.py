@@ -155,3 +155,21 @@ def test_a_produce_request_built_from_its_cached_head_is_the_protocols_encoding(
         request = pipeline._produce(Outgoing(None, topic, partition, 0, payload), acks)
         assert b"".join(request.body) == ProduceRequest(acks, 1234, topic, partition, payload).encode()
         assert request.size == len(b"".join(request.body))
+
+
+@pytest.mark.parametrize("acks", [0, 1])
+def test_a_one_partition_round_is_a_produce_per_batch_in_order_each_the_protocols_encoding(acks):
+    """Batch 1's path: every batch of a round to one partition shares one head, each
+    its own PRODUCE, in the order given; several partitions take the rounds of k-th
+    batches (a MULTIPRODUCE when more than one)."""
+    pipeline = Pipeline(pool=None, acks=acks, timeout_ms=99)
+    payloads = [encode_message_set(messages(seed, 1)) for seed in range(5)] + [b"z" * 70_000]
+    outs = [Outgoing(i, "one", 2, 0, p) for i, p in enumerate(payloads)]
+    requests = pipeline._requests(outs, acks)
+    assert [r.parts[0].batch for r in requests] == list(range(6))
+    for request, payload in zip(requests, payloads):
+        assert b"".join(request.body) == ProduceRequest(acks, 99, "one", 2, payload).encode()
+        assert request.size == len(b"".join(request.body))
+    mixed = pipeline._requests([Outgoing("a0", "one", 0, 0, b"a"), Outgoing("b0", "one", 1, 0, b"b"),
+                                Outgoing("a1", "one", 0, 0, b"c")], acks)
+    assert [[p.batch for p in r.parts] for r in mixed] == [["a0", "b0"], ["a1"]]
