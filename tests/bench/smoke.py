@@ -64,6 +64,10 @@ SMOKES: dict[str, Smoke] = {
         r"^\| librdkafka producer acks=all \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
         r"^\| librdkafka producer acks=all idempotent \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
         r"^\| librdkafka consumer \| [\d,]+ \| [\d.]+ \| [\d.]+ \| — \| 500,000 \|$"]),
+    "producer_ab": Smoke(["--arm", f"{REPO}:send", "--arm", f"{REPO}:produce", "--count", "300", "--rounds", "2",
+                          "--batch", "1"], [
+        r"^round 2 \S+ send: [\d,]+ msg/s, [\d.]+ CPU us/msg$",
+        r"^\S+ produce: [\d,]+ msg/s, [\d.]+ CPU us/msg$"]),
     "raw": Smoke(["--messages", "2000"], [
         r"produce batch  1, acks=0: +[\d,]+ msg/s",
         r"\| produce batch 50 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|",
