@@ -124,7 +124,7 @@ class RecordAccumulator:
             records.append((key, value, timestamp))
             batch.bytes = position + size
             self.outstanding += 1
-            result = batch.future_result() if future else None  # under the lock: once closed, the sender may settle it
+            result = (batch.result or batch.future_result()) if future else None  # under the lock (future_result)
             if index >= self._last_index or position + size >= self.batch_bytes:
                 self._close(batch)
             elif opened:

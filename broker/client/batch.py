@@ -49,8 +49,8 @@ class ProducerBatch:
             self.records = tuple(self.records)
 
     def future_result(self) -> BatchResult:
-        """The result futures of this batch's messages view (under the accumulator's
-        lock, while the batch is open)."""
+        """The result futures of this batch's messages view. Made under the accumulator's
+        lock while the batch is open: once closed, the sender may settle it any time."""
         if self.result is None:
             self.result = BatchResult(self.topic, self.exact)
         return self.result
