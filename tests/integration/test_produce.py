@@ -5,6 +5,9 @@ reported rather than lost."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+
 import pytest
 
 from broker.client.errors import ProduceError, QueueFull
@@ -88,3 +91,28 @@ def test_produce_is_bounded_by_the_queue_while_the_broker_is_down(cluster, zk, z
     finally:
         report = producer.close(1)
     assert report.delivered + len(report.failed) == 100 and report.pending == 0
+
+
+@pytest.mark.long
+def test_a_broker_paused_past_the_timeout_stores_each_produced_value_once(cluster, zk, zk_connect):
+    """The fault that made send()'s retries duplicate (issue 23), through `produce`: the
+    broker SIGSTOPped for 8 s (past the 1 s request timeout) with 200 messages in flight,
+    each retried; on SIGCONT it reads the stale requests and the retries. Every value is
+    stored once and the report counts each once; a future-less batch settles as any."""
+    broker = cluster.start_broker(0)
+    create_topic(zk, "paused", 1)
+    with Producer(zookeeper=zk_connect, mode="async", acks=1, request_timeout_ms=1000, retries=50,
+                  retry_backoff_ms=200, delivery_timeout_ms=90_000, monitoring=False) as producer:
+        producer.produce("paused", b"first", partition=0)
+        assert producer.flush(30).delivered == 1  # the topic and the producer id are known
+        broker.pause()
+        try:
+            for i in range(200):
+                producer.produce("paused", b"v %03d" % i, partition=0)
+            time.sleep(8)  # the fault's length, past the request timeout: not a wait for a condition
+        finally:
+            broker.resume()
+        report = producer.flush(90)
+    assert (report.delivered, report.failed) == (200, [])
+    counts = Counter(m.value for m in wait_visible(zk_connect, "paused", 201)[0])
+    assert sum(counts.values()) == 201 and set(counts.values()) == {1}, counts.most_common(3)
