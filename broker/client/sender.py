@@ -49,7 +49,7 @@ from broker.common.compression import Codec
 from broker.common.message import HEADER_SIZE, encode_batch, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
-_PLAIN = Codec.NONE  # named once a batch: a constant, as `broker.common.encoding`'s
+_PLAIN = Codec.NONE  # named once a batch (docs/architecture.md, "Enum members on hot paths")
 
 # Errors that may go away: the leader moved or restarted (or is being elected), the
 # disk got space back, a just-created topic is not yet known to the broker that leads

@@ -19,8 +19,7 @@ from broker.common.entry import BATCH_FIELDS, HEADER, MAGIC, MAGIC_BATCH, SEEDS,
 _ENTRY_HEAD = struct.Struct(">ibbI")  # size, magic, attributes, crc
 _ENTRY_TAIL = struct.Struct(">qi")  # timestamp, key_length: the first bytes after the crc
 _COVERED = 18  # an entry's size field counts these bytes besides key and value: magic to key_length
-# Named once a batch: CPython 3.11's EnumType has a `__getattr__`, so
-# naming a member (`ErrorCode.NONE`) costs ~170 ns, a plain constant ~15 ns.
+# Enum members as constants on a hot path (docs/architecture.md, "Enum members on hot paths").
 _PLAIN = Codec.NONE
 
 Messages = Iterable[tuple[bytes | None, bytes, int | None]]

@@ -50,8 +50,7 @@ MAX_API_VERSIONS = {ApiKey.METADATA: METADATA_VERSION, ApiKey.FETCH: FETCH_VERSI
                     ApiKey.MULTIFETCH: FETCH_VERSION}  # every other api: version 0 only
 _HANDSHAKE = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 _VERSIONED = (ApiKey.METADATA, ApiKey.FETCH, ApiKey.MULTIFETCH)  # their handlers take the request's version
-# CPython 3.11's EnumType has a `__getattr__`, so naming a member (`ErrorCode.NONE`)
-# costs ~170 ns and a plain constant ~15 ns: members named once a request or partition here.
+# Enum members as constants on a hot path (docs/architecture.md, "Enum members on hot paths").
 _WRITE, _READ, _OK = Operation.WRITE, Operation.READ, ErrorCode.NONE
 
 

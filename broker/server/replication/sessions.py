@@ -27,8 +27,7 @@ from broker.server.replication.partition import Partition, wait_for_any_append
 
 Key = tuple[str, int]
 
-# CPython 3.11's EnumType has a `__getattr__`, so naming a member (`ErrorCode.NONE`)
-# costs ~170 ns and a plain constant ~15 ns: once a partition a fetch here.
+# Enum members as constants on a hot path (docs/architecture.md, "Enum members on hot paths").
 _OK = ErrorCode.NONE
 
 
