@@ -7,6 +7,10 @@ keeps up to `max_in_flight` requests outstanding on every connection before read
 answers. It returns one outcome per batch — its base offset, or the error the broker
 answered with (the class its error code names) or the connection failed with;
 retrying is the sender's business.
+
+Given an `encode`, it encodes each batch just before writing its request, a few dozen
+kilobytes at a time (`WRITE_BYTES`): the broker works on the first requests while the
+rest are encoded, instead of both sides taking turns (BENCHMARKS.md, issue 38).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import struct
 from collections import defaultdict, deque
 from functools import partial
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from broker.client.cluster import ConnectionPool
 from broker.common.errors import ErrorCode, LogbusError, error_for
@@ -26,8 +30,10 @@ from broker.common.protocol import (
 # Fewer than the broker's max.in.flight.requests.per.connection (100), so the broker
 # never stops reading while we are still writing: no deadlock of two full buffers.
 MAX_IN_FLIGHT = 32
-# Requests written together in one syscall stop growing past this many bytes.
-WRITE_BYTES = 1 << 20
+# Requests written together in one syscall stop growing past this many bytes: a few
+# hundred batch-1 requests, a few of batch 50, and soon enough that the broker is busy
+# with them while the next ones are encoded.
+WRITE_BYTES = 64 << 10
 _SIZE = struct.Struct(">i")
 # Enum members as constants on a hot path (docs/architecture.md, "Enum members on hot paths").
 _PRODUCE, _MULTIPRODUCE, _NO_ACKS, _OK = ApiKey.PRODUCE, ApiKey.MULTIPRODUCE, Acks.NONE, ErrorCode.NONE
@@ -35,13 +41,13 @@ _PRODUCE, _MULTIPRODUCE, _NO_ACKS, _OK = ApiKey.PRODUCE, ApiKey.MULTIPRODUCE, Ac
 
 class Outgoing(NamedTuple):
     """A batch on its way: `batch` is the caller's (opaque here), `payload` its
-    encoded message set."""
+    encoded message set, or None for `Pipeline.send`'s `encode` to make when written."""
 
     batch: object
     topic: str
     partition: int
     leader: int
-    payload: bytes
+    payload: bytes | None
 
 
 class Outcome(NamedTuple):
@@ -82,9 +88,13 @@ class Pipeline:
         # events are the audit's ground truth and must not vanish with an acks=0 producer.
         self.durable_topics = durable_topics
         self._heads: dict[tuple[str, int, int], bytes] = {}  # a PRODUCE's bytes before its set's size
+        self._encode: Callable[[object], bytes] | None = None  # `send`'s, for the batches it writes
 
-    def send(self, batches: list[Outgoing]) -> list[Outcome]:
-        """Send every batch to its leader; one outcome per batch."""
+    def send(self, batches: list[Outgoing], encode: Callable[[object], bytes] | None = None) -> list[Outcome]:
+        """Send every batch to its leader; one outcome per batch. Batches without a
+        payload are encoded by `encode(batch)` as their requests are written, in each
+        partition's order; one it fails to encode gets the exception as its outcome."""
+        self._encode = encode
         outcomes: list[Outcome] = []
         by_leader: dict[int, list[Outgoing]] = defaultdict(list)
         for out in batches:
@@ -93,33 +103,55 @@ class Pipeline:
             durable = [b for b in group if b.topic in self.durable_topics] if self.durable_topics else []
             if len(durable) < len(group):
                 ordinary = [b for b in group if b.topic not in self.durable_topics] if durable else group
-                self._send_to(leader, self._requests(ordinary, self.acks), self.acks, outcomes)
+                self._send_to(leader, self._plans(ordinary), self.acks, outcomes)
             if durable:
-                self._send_to(leader, self._requests(durable, Acks.FLUSHED), Acks.FLUSHED, outcomes)
+                self._send_to(leader, self._plans(durable), Acks.FLUSHED, outcomes)
         return outcomes
 
     def _requests(self, batches: list[Outgoing], acks: int) -> list[_Request]:
-        """Round k holds the k-th batch of every partition, so one request never has
-        two batches of a partition and their order on the broker is kept."""
+        """Every request, encoded now (the tests' view of `_plans` and `_request`)."""
+        return [self._request(plan, acks, []) for plan in self._plans(batches)]
+
+    @staticmethod
+    def _plans(batches: list[Outgoing]) -> list[list[Outgoing]]:
+        """The batches of each request, in the order written. Round k holds the k-th
+        batch of every partition, so one request never has two batches of a partition
+        and their order on the broker is kept."""
         queues: dict[tuple[str, int], deque[Outgoing]] = defaultdict(deque)
         for out in batches:
             queues[(out.topic, out.partition)].append(out)
-        if len(queues) == 1:  # one partition: a PRODUCE per batch, in order, one head for all (batch 1's path)
-            head = self._head(batches[0], acks)
-            size, pack = len(head) + 4, _SIZE.pack
-            return [_new_request(([out], (head, pack(len(out.payload)), out.payload), _PRODUCE, size + len(out.payload)))
-                    for out in batches]
-        requests = []
+        if len(queues) == 1:  # one partition: a PRODUCE per batch, in order (batch 1's path)
+            return [[out] for out in batches]
+        plans = []
         while queues:
-            round_ = [q.popleft() for q in queues.values()]
+            plans.append([q.popleft() for q in queues.values()])
             queues = {k: q for k, q in queues.items() if q}
-            if len(round_) == 1:
-                requests.append(self._produce(round_[0], acks))
-            else:
-                parts = [ProducePart(b.topic, b.partition, b.payload) for b in round_]
-                body = MultiProduceRequest(acks, self.timeout_ms, parts).encode()
-                requests.append(_Request(round_, body, _MULTIPRODUCE, len(body)))
-        return requests
+        return plans
+
+    def _request(self, plan: list[Outgoing], acks: int, outcomes: list[Outcome]) -> _Request | None:
+        """A PRODUCE of one batch, a MULTIPRODUCE of several, their sets encoded now. A
+        batch whose encoding raises (a bug) gets the exception as its outcome and is left
+        out; None when no batch is left."""
+        if len(plan) == 1:
+            try:
+                return self._produce(plan[0], acks)
+            except Exception as exc:
+                outcomes.append(_new_outcome((plan[0].batch, -1, exc)))
+                return None
+        parts, included = [], []
+        for out in plan:
+            try:
+                parts.append(ProducePart(out.topic, out.partition, self._payload(out)))
+                included.append(out)
+            except Exception as exc:
+                outcomes.append(_new_outcome((out.batch, -1, exc)))
+        if not parts:
+            return None
+        body = MultiProduceRequest(acks, self.timeout_ms, parts).encode()
+        return _Request(included, body, _MULTIPRODUCE, len(body))
+
+    def _payload(self, out: Outgoing) -> bytes:
+        return out.payload if out.payload is not None else self._encode(out.batch)
 
     def _head(self, out: Outgoing, acks: int) -> bytes:
         """A PRODUCE's bytes before its set's size: the same for every batch of a
@@ -132,37 +164,38 @@ class Pipeline:
 
     def _produce(self, out: Outgoing, acks: int) -> _Request:
         """A PRODUCE of one batch; the set is copied once, into the frame."""
-        head, payload = self._head(out, acks), out.payload
+        head = self._heads.get((out.topic, out.partition, acks)) or self._head(out, acks)
+        payload = out.payload if out.payload is not None else self._encode(out.batch)
         return _new_request(([out], (head, _SIZE.pack(len(payload)), payload), _PRODUCE, len(head) + 4 + len(payload)))
 
-    def _send_to(self, leader: int, requests: list[_Request], acks: int, outcomes: list[Outcome]) -> None:
+    def _send_to(self, leader: int, plans: list[list[Outgoing]], acks: int, outcomes: list[Outcome]) -> None:
         try:
             conn = self.pool.get(leader)
         except (ConnectionError, OSError) as exc:
-            self._fail(requests, ConnectionError(str(exc)), outcomes)
+            self._fail([out for plan in plans for out in plan], ConnectionError(str(exc)), outcomes)
             return
         expects = acks != _NO_ACKS
         waiting: deque[_Request] = deque()
-        pending = deque(requests)
+        pending = deque(plans)
+        group: list[_Request] = []
         try:
             while pending or waiting:
-                # Write as many requests as the window allows in one syscall (at most
-                # about WRITE_BYTES), then read answers until the window is half empty.
+                # Encode and write as many requests as the window allows, about
+                # WRITE_BYTES in one syscall, then read answers until the window is half empty.
                 room = self.max_in_flight - len(waiting) if expects else len(pending)
-                if pending and room > 0:
-                    group, size = [], 0
-                    for request in pending:
-                        if len(group) >= room or (group and size >= WRITE_BYTES):
-                            break
+                group, size = [], 0
+                while pending and len(group) < room and size < WRITE_BYTES:
+                    request = self._request(pending.popleft(), acks, outcomes)
+                    if request is not None:
                         group.append(request)
                         size += request.size
+                if group:
                     conn.send_many([(r.api, r.body, r.size) for r in group], expects_response=expects)
-                    for _ in group:
-                        pending.popleft()
                     if expects:
                         waiting.extend(group)
                     else:  # acks=0: written is all the broker will ever say
                         outcomes.extend(_new_outcome((b.batch, -1, None)) for r in group for b in r.parts)
+                    group = []
                 low = self.max_in_flight // 2 if pending else 0
                 while len(waiting) > low:
                     error_code, reader = conn.receive()
@@ -170,7 +203,8 @@ class Pipeline:
                     waiting.popleft()  # popped after: a failed read fails it
         except (ConnectionError, OSError) as exc:
             self.pool.drop(leader)
-            self._fail(list(waiting) + list(pending), ConnectionError(str(exc)), outcomes)
+            unanswered = [out for r in (*waiting, *group) for out in r.parts] + [out for plan in pending for out in plan]
+            self._fail(unanswered, ConnectionError(str(exc)), outcomes)
 
     @staticmethod
     def _answer(request: _Request, error_code: int, reader) -> list[Outcome]:
@@ -187,5 +221,5 @@ class Pipeline:
         ]
 
     @staticmethod
-    def _fail(requests: list[_Request], error: BaseException, outcomes: list[Outcome]) -> None:
-        outcomes.extend(Outcome(b.batch, -1, error) for r in requests for b in r.parts)
+    def _fail(batches: list[Outgoing], error: BaseException, outcomes: list[Outcome]) -> None:
+        outcomes.extend(Outcome(b.batch, -1, error) for b in batches)

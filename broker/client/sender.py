@@ -271,9 +271,8 @@ class Sender:
         return encode_batch(batch.records, self.idempotence.assign(batch), self.codec)
 
     def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:
-        outcomes = self.pipeline.send([
-            new_outgoing((batch, batch.topic, batch.partition, leader, self._encode(batch))) for batch, leader in drained
-        ])
+        outcomes = self.pipeline.send(  # each batch encoded as its request is written (pipeline.py)
+            [new_outgoing((batch, batch.topic, batch.partition, leader, None)) for batch, leader in drained], self._encode)
         now = time.monotonic()
         delivered: list[tuple[ProducerBatch, int]] = []
         again: list[ProducerBatch] = []
