@@ -34,6 +34,7 @@ from broker.client.metadata import ClusterMetadata, available
 from broker.client.errors import ProducerClosed, QueueFull
 from broker.client.partitioner import choose_partition
 from broker.client.batch import ProducerBatch, Record, internal_batches
+from broker.client.idempotence import even_shares
 from broker.client.results import BatchResult, ManyFuture, RecordFuture
 from broker.common.message import HEADER_SIZE
 
@@ -247,9 +248,10 @@ class RecordAccumulator:
             out: list[tuple[ProducerBatch, int]] = []
             taken = 0
             per_partition: dict[tuple[str, int], int] = {}
-            out_of_slots: dict[tuple[str, int], ProducerBatch] = {}  # a partition's last batch this round
+            latest: dict[tuple[str, int], ProducerBatch] = {}  # a partition's last batch this round
             limit = self.max_in_flight_per_partition
             ready = self._ready  # taken from the front: the rest of a long queue is not walked every round
+            shares = even_shares(ready, limit, DRAIN_BYTES) if limit else {}
             while ready and taken < DRAIN_BYTES and len(out) < DRAIN_BATCHES:
                 batch = ready.popleft()
                 if batch.topic not in leaders:
@@ -268,18 +270,19 @@ class RecordAccumulator:
                     if not batch.movable:
                         blocked.add(key)  # a later batch of the partition must not overtake it
                     continue
-                if limit:
-                    sent = per_partition[key] = per_partition.get(key, 0) + 1
-                    if sent > limit:  # idempotence: the broker remembers only the last `limit` batches
-                        if out_of_slots.get(key) is not None and out_of_slots[key].can_absorb(batch, self.batch_bytes):
-                            out_of_slots[key].absorb(batch)  # waiting, it joins the last batch sent (Kafka's batches grow)
-                            taken += batch.bytes
-                            continue
+                if limit:  # idempotence: the broker remembers only the last `limit` batches of a partition
+                    last, full = latest.get(key), per_partition.get(key, 0) >= limit
+                    if last is not None and (full or last.bytes + batch.bytes <= shares.get(key, 0)) and last.can_absorb(
+                            batch, self.batch_bytes):
+                        last.absorb(batch)  # spread evenly over the round's batches; past them the last grows (as Kafka's)
+                        taken += batch.bytes
+                        continue
+                    if full:
                         keep.append(batch)
                         blocked.add(key)
                         continue
-                    if sent == limit:
-                        out_of_slots[key] = batch
+                    per_partition[key] = per_partition.get(key, 0) + 1
+                    latest[key] = batch
                 out.append((batch, leader))
                 taken += batch.bytes
             ready.extendleft(reversed(keep))

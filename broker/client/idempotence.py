@@ -12,6 +12,8 @@ Used by the sender thread only."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from broker.client.batch import ProducerBatch
 from broker.common.message import SEQUENCE_LIMIT, BatchIdentity
 
@@ -58,3 +60,20 @@ class ProducerIdentity:
             return
         self._epochs[key] = epoch
         self._next[key] = 0
+
+
+def even_shares(ready: deque[ProducerBatch], slots: int, reach: int) -> dict[tuple[str, int], int]:
+    """The bytes each of a partition's `slots` batches of a sender round may grow to, so
+    that its ready messages (the first `reach` bytes of the queue) spread evenly over
+    them. The pipeline encodes a batch while the broker appends the one before: even
+    batches keep both busy, where four small ones and a large last one made them take
+    turns (BENCHMARKS.md, issue 38)."""
+    totals: dict[tuple[str, int], int] = {}
+    taken = 0
+    for batch in ready:
+        if taken >= reach:
+            break
+        key = (batch.topic, batch.partition)
+        totals[key] = totals.get(key, 0) + batch.bytes
+        taken += batch.bytes
+    return {key: -(-total // slots) for key, total in totals.items()}

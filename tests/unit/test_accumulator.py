@@ -303,25 +303,33 @@ def test_send_many_with_a_partition_or_a_key_fills_that_partitions_batches():
     assert single.result(0).partition == 1 and future.result(0) == 5
 
 
-def test_with_idempotence_a_partition_has_five_batches_out_and_the_waiting_ones_join_the_fifth():
-    """Five batches of a partition per round (what the broker remembers); ready batches
-    behind them merge into the fifth, as Kafka's batches grow while in-flight slots are
-    taken — up to batch_bytes, never a batch already sent (it has a sequence)."""
+def test_with_idempotence_a_partition_has_five_batches_out_and_its_waiting_messages_spread_over_them():
+    """Five batches of a partition per round (what the broker remembers); the ready
+    batches merge into them evenly (the pipeline encodes one while the broker appends
+    the one before), and the fifth takes what exceeds the shares — each up to
+    batch_bytes, never a batch already sent (it has a sequence)."""
     acc = accumulator(batch_size=1, max_in_flight_per_partition=5, batch_bytes=4 * (HEADER_SIZE + 2),
                       exact_offsets=False)
     futures = [acc.append("t", None, b"%02d" % i, 1, 0) for i in range(12)]
     round_ = [batch for batch, _ in drain(acc, 0.0)]
-    assert [[r[1] for r in b.records] for b in round_] == [[b"00"], [b"01"], [b"02"], [b"03"],
-                                                          [b"04", b"05", b"06", b"07"]]
+    assert [[r[1] for r in b.records] for b in round_] == [[b"00", b"01"], [b"02", b"03"], [b"04", b"05"],
+                                                          [b"06", b"07"], [b"08", b"09", b"10", b"11"]]
     assert len(round_[4].results) == 4
+    assert drain(acc, 0.0) == []
+    for result in round_[4].results:
+        result.succeed(0, 4096)
+    assert [futures[i].result(0).offset for i in (8, 11)] == [4096, 4099]  # merged: counted from the batch's start
+    assert not futures[0].done()
+
+    more = [acc.append("t", None, b"%02d" % i, 1, 0) for i in range(30)]
+    round_ = [batch for batch, _ in drain(acc, 0.0)]
+    assert [len(b.records) for b in round_] == [4] * 5  # shares of six, but batch_bytes holds four
     for batch in round_:
         batch.sequence = 0  # sent
     next_round = [batch for batch, _ in drain(acc, 0.0)]
-    assert [len(b.records) for b in next_round] == [1, 1, 1, 1]  # 08..11: fewer than five, none merged
-    for result in round_[4].results:
-        result.succeed(0, 4096)
-    assert [futures[i].result(0).offset for i in (4, 7)] == [4096, 4099]  # merged: counted from the fifth's start
-    assert not futures[8].done()
+    assert [len(b.records) for b in next_round] == [2] * 5  # the ten left, spread; none joins a sent batch
+    assert [r[1] for b in round_ + next_round for r in b.records] == [b"%02d" % i for i in range(30)]
+    assert not more[29].done()
 
 
 class CountingLeaders(Leaders):
