@@ -164,8 +164,7 @@ class Pipeline:
 
     def _produce(self, out: Outgoing, acks: int) -> _Request:
         """A PRODUCE of one batch; the set is copied once, into the frame."""
-        head = self._heads.get((out.topic, out.partition, acks)) or self._head(out, acks)
-        payload = out.payload if out.payload is not None else self._encode(out.batch)
+        head, payload = self._heads.get((out.topic, out.partition, acks)) or self._head(out, acks), self._payload(out)
         return _new_request(([out], (head, _SIZE.pack(len(payload)), payload), _PRODUCE, len(head) + 4 + len(payload)))
 
     def _send_to(self, leader: int, plans: list[list[Outgoing]], acks: int, outcomes: list[Outcome]) -> None:
