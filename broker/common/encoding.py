@@ -52,8 +52,8 @@ def encode_message_set(messages: Messages, codec: Codec | str | None = _PLAIN) -
     """(key, value, timestamp) tuples as one set; with a codec, one wrapper entry of the
     largest inner timestamp (docs/protocol.md), unless it would span fewer bytes than it
     holds messages, which the broker refuses (docs/architecture.md, "Offsets")."""
-    if codec is _PLAIN and type(messages) is list and len(messages) == 1:
-        return _one_entry(*messages[0])
+    if codec is _PLAIN and (type(messages) is tuple or type(messages) is list) and len(messages) == 1:
+        return _one_entry(*messages[0])  # a sealed one-message batch holds a tuple (ProducerBatch.seal)
     codec = Codec.parse(codec)
     parts, largest, count = _inner_parts(messages)
     inner = b"".join(parts)
