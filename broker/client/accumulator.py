@@ -98,7 +98,8 @@ class RecordAccumulator:
         self._open: dict[tuple[str, int], ProducerBatch] = {}  # keyed or explicitly placed messages
         self._sticky: dict[str, ProducerBatch] = {}  # unkeyed messages, per topic
         self._ready: deque[ProducerBatch] = deque()
-        self._in_flight: list[ProducerBatch] = []
+        self._in_flight: list[ProducerBatch] = []  # the last round drained
+        self._previous: list[ProducerBatch] = []  # the round before: the idempotent sender answers it late
         self._live: dict[str, list[int]] = {}  # per topic, partitions with a leader at the last drain
         self._woken, self._napping = False, False  # napping: the sender waits on `_work`, appends notify it
         self.outstanding, self._next_expiry = 0, 0.0  # messages appended and not yet settled; `expire`'s next look
@@ -286,13 +287,15 @@ class RecordAccumulator:
                 out.append((batch, leader))
                 taken += batch.bytes
             ready.extendleft(reversed(keep))
-            self._in_flight = [b for b, _ in out]
+            self._previous, self._in_flight = self._in_flight, [b for b, _ in out]
             return out
 
-    def retry(self, batches: list[ProducerBatch], now: float) -> None:
+    def retry(self, batches: list[ProducerBatch], now: float, unsent: list[ProducerBatch] = ()) -> None:
         """Put batches that failed with a retriable error back in front, in their
-        order, to wait `retry_backoff`; a movable one will avoid its partition."""
+        order, to wait `retry_backoff`; a movable one will avoid its partition. Then,
+        right behind them, `unsent`: drained batches held back, untouched."""
         with self._lock:
+            self._ready.extendleft(reversed(unsent))
             for batch in reversed(batches):
                 batch.attempts += 1
                 batch.not_before = now + self.retry_backoff
@@ -335,8 +338,8 @@ class RecordAccumulator:
         """Close: take every batch not finished yet, in flight or not."""
         with self._lock:
             self.closed, self._admit_at = True, 0
-            batches = [*self._in_flight, *self._ready, *self._sticky.values(), *self._open.values()]
-            self._in_flight, self._ready = [], deque()
+            batches = [*self._previous, *self._in_flight, *self._ready, *self._sticky.values(), *self._open.values()]
+            self._previous, self._in_flight, self._ready = [], [], deque()
             self._sticky.clear()
             self._open.clear()
             self._space.notify_all()

@@ -11,6 +11,8 @@ retrying is the sender's business.
 Given an `encode`, it encodes each batch just before writing its request, a few dozen
 kilobytes at a time (`WRITE_BYTES`): the broker works on the first requests while the
 rest are encoded, instead of both sides taking turns (BENCHMARKS.md, issue 38).
+`send` is `write` then `answers`; between the two the caller may do other work (the
+idempotent sender encodes its next round) while the broker appends this one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from functools import partial
 from typing import Callable, NamedTuple
 
 from broker.client.cluster import ConnectionPool
+from broker.client.connection import BrokerConnection
 from broker.common.errors import ErrorCode, LogbusError, error_for
 from broker.common.protocol import (
     Acks, ApiKey, MultiProduceRequest, ProducePart, ProduceRequest, ProduceResponse, decode_multiproduce,
@@ -88,14 +91,36 @@ class Pipeline:
         # events are the audit's ground truth and must not vanish with an acks=0 producer.
         self.durable_topics = durable_topics
         self._heads: dict[tuple[str, int, int], bytes] = {}  # a PRODUCE's bytes before its set's size
-        self._encode: Callable[[object], bytes] | None = None  # `send`'s, for the batches it writes
+        self._encode: Callable[[object], bytes] | None = None  # `write`'s, for the batches it writes
+        self._outcomes: list[Outcome] = []  # known since the last `answers`
+        self._unanswered: list[tuple[int, BrokerConnection, deque[_Request]]] = []  # per leader, in write order
 
     def send(self, batches: list[Outgoing], encode: Callable[[object], bytes] | None = None) -> list[Outcome]:
-        """Send every batch to its leader; one outcome per batch. Batches without a
-        payload are encoded by `encode(batch)` as their requests are written, in each
-        partition's order; one it fails to encode gets the exception as its outcome."""
+        """Send every batch to its leader; one outcome per batch."""
+        self.write(batches, encode)
+        return self.answers()
+
+    @property
+    def unanswered(self) -> bool:
+        """Some batch written has an outcome `answers` has not returned yet: an answer
+        not read, or a failure (a lost connection) or acks=0's delivery known at write."""
+        return bool(self._unanswered or self._outcomes)
+
+    def answers(self) -> list[Outcome]:
+        """Read the answers still due; one outcome per batch written since the last call."""
+        unanswered, self._unanswered = self._unanswered, []
+        for leader, conn, waiting in unanswered:
+            self._read(leader, conn, waiting, 0)
+        outcomes, self._outcomes = self._outcomes, []
+        return outcomes
+
+    def write(self, batches: list[Outgoing], encode: Callable[[object], bytes] | None = None) -> None:
+        """Write every batch to its leader, reading answers only as each connection's
+        window needs (`answers` reads the rest). Batches without a payload are encoded
+        by `encode(batch)` as their requests are written, in each partition's order;
+        one it fails to encode gets the exception as its outcome."""
         self._encode = encode
-        outcomes: list[Outcome] = []
+        outcomes = self._outcomes
         by_leader: dict[int, list[Outgoing]] = defaultdict(list)
         for out in batches:
             by_leader[out.leader].append(out)
@@ -106,7 +131,6 @@ class Pipeline:
                 self._send_to(leader, self._plans(ordinary), self.acks, outcomes)
             if durable:
                 self._send_to(leader, self._plans(durable), Acks.FLUSHED, outcomes)
-        return outcomes
 
     def _requests(self, batches: list[Outgoing], acks: int) -> list[_Request]:
         """Every request, encoded now (the tests' view of `_plans` and `_request`)."""
@@ -168,6 +192,10 @@ class Pipeline:
         return _new_request(([out], (head, _SIZE.pack(len(payload)), payload), _PRODUCE, len(head) + 4 + len(payload)))
 
     def _send_to(self, leader: int, plans: list[list[Outgoing]], acks: int, outcomes: list[Outcome]) -> None:
+        earlier = [u for u in self._unanswered if u[0] == leader]
+        for unanswered in earlier:  # answers on one connection come in order: read the earlier ones first
+            self._unanswered.remove(unanswered)
+            self._read(*unanswered, 0)
         try:
             conn = self.pool.get(leader)
         except (ConnectionError, OSError) as exc:
@@ -178,7 +206,7 @@ class Pipeline:
         pending = deque(plans)
         group: list[_Request] = []
         try:
-            while pending or waiting:
+            while pending:
                 # Encode and write as many requests as the window allows, about
                 # WRITE_BYTES in one syscall, then read answers until the window is half empty.
                 room = self.max_in_flight - len(waiting) if expects else len(pending)
@@ -195,15 +223,31 @@ class Pipeline:
                     else:  # acks=0: written is all the broker will ever say
                         outcomes.extend(_new_outcome((b.batch, -1, None)) for r in group for b in r.parts)
                     group = []
-                low = self.max_in_flight // 2 if pending else 0
-                while len(waiting) > low:
-                    error_code, reader = conn.receive()
-                    outcomes.extend(self._answer(waiting[0], error_code, reader))
-                    waiting.popleft()  # popped after: a failed read fails it
+                if pending and (error := self._read(leader, conn, waiting, self.max_in_flight // 2)):
+                    self._fail([out for plan in pending for out in plan], error, outcomes)
+                    return
         except (ConnectionError, OSError) as exc:
             self.pool.drop(leader)
             unanswered = [out for r in (*waiting, *group) for out in r.parts] + [out for plan in pending for out in plan]
             self._fail(unanswered, ConnectionError(str(exc)), outcomes)
+            return
+        if waiting:
+            self._unanswered.append((leader, conn, waiting))
+
+    def _read(self, leader: int, conn: BrokerConnection, waiting: deque[_Request], low: int) -> ConnectionError | None:
+        """Read answers until `low` requests wait; a failed connection fails the rest
+        and is the error returned."""
+        try:
+            while len(waiting) > low:
+                error_code, reader = conn.receive()
+                self._outcomes.extend(self._answer(waiting[0], error_code, reader))
+                waiting.popleft()  # popped after: a failed read fails it
+        except (ConnectionError, OSError) as exc:
+            self.pool.drop(leader)
+            error = ConnectionError(str(exc))
+            self._fail([out for r in waiting for out in r.parts], error, self._outcomes)
+            return error
+        return None
 
     @staticmethod
     def _answer(request: _Request, error_code: int, reader) -> list[Outcome]:

@@ -39,17 +39,18 @@ from broker.client.errors import PartitionUnavailable
 from broker.client.idempotence import ProducerIdentity
 from broker.client.monitoring import MonitoringCounter
 from broker.client.partitioner import partition_for_key
-from broker.client.pipeline import Pipeline, new_outgoing
+from broker.client.pipeline import Outcome, Outgoing, Pipeline, new_outgoing
 from broker.client.results import DeliveredBatch, FailedSend, ReportBook, delivered_batch
 from broker.common.errors import (
     BrokerShuttingDown, DuplicateSequence, LogbusError, NotEnoughReplicas, NotEnoughReplicasAfterAppend, OutOfOrderSequence,
     RequestTimedOut, StorageError, TopicCreationDisabled, UnknownPartition, UnknownTopic,
 )
 from broker.common.compression import Codec
+from broker.common.protocol import Acks
 from broker.common.message import HEADER_SIZE, encode_batch, encode_message_set, now_ms
 
 logger = logging.getLogger(__name__)
-_PLAIN = Codec.NONE  # named once a batch (docs/architecture.md, "Enum members on hot paths")
+_PLAIN, _NO_ACKS = Codec.NONE, Acks.NONE  # named once a batch (docs/architecture.md, "Enum members on hot paths")
 
 # Errors that may go away: the leader moved or restarted (or is being elected), the
 # disk got space back, a just-created topic is not yet known to the broker that leads
@@ -180,9 +181,12 @@ class Sender:
                 self.fail(batch, self._topic_errors.get(batch.topic) or PartitionUnavailable(
                     f"not delivered within {self.delivery_timeout:g}s: no live leader for the partition, "
                     "or every attempt failed"))
-            if drained:
+            if drained or self.pipeline.unanswered:
                 try:
-                    self._send(drained)
+                    if drained:
+                        self._send(drained)
+                    else:  # no next round to encode meanwhile: the last one's answers now
+                        self._settle(self.pipeline.answers())
                 except Exception as exc:  # a bug must not silently stop delivery: fail the round, go on
                     logger.exception("producer sender round failed")
                     for batch, _ in drained:
@@ -271,8 +275,24 @@ class Sender:
         return encode_batch(batch.records, self.idempotence.assign(batch), self.codec)
 
     def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:
-        outcomes = self.pipeline.send(  # each batch encoded as its request is written (pipeline.py)
-            [new_outgoing((batch, batch.topic, batch.partition, leader, None)) for batch, leader in drained], self._encode)
+        """Write a round, each batch encoded as its request is written (pipeline.py), and
+        settle it. The idempotent producer with acks reads a round's answers only after
+        it has drained and encoded the next (BENCHMARKS.md, issue 38): the broker appends
+        one round while this thread encodes the next. Sequences make that safe: a batch
+        whose partition's earlier batch failed is held back behind its retry."""
+        if self.idempotence is None or self.pipeline.acks == _NO_ACKS:
+            self._settle(self.pipeline.send(
+                [new_outgoing((batch, batch.topic, batch.partition, leader, None)) for batch, leader in drained],
+                self._encode))
+            return
+        following = [new_outgoing((batch, batch.topic, batch.partition, leader, self._encode(batch)))
+                     for batch, leader in drained]
+        self.pipeline.write(self._settle(self.pipeline.answers(), following))
+
+    def _settle(self, outcomes: list[Outcome], following: list[Outgoing] = ()) -> list[Outgoing]:
+        """Deliver, retry or fail a round's batches by their outcomes. `following`, the
+        next round (encoded, not written): its batches of a partition with a batch that
+        did not succeed go back behind the retries; the others are returned to write."""
         now = time.monotonic()
         delivered: list[tuple[ProducerBatch, int]] = []
         again: list[ProducerBatch] = []
@@ -300,10 +320,12 @@ class Sender:
                 refreshed.add(batch.topic)
                 self.metadata.refresh(batch.topic)
             again.append(batch)
+        held = [out.batch for out in following if (out.topic, out.partition) in unsettled] if unsettled else []
         if delivered:
             self._deliver(delivered)
-        if again:
-            self.accumulator.retry(again, now)
+        if again or held:
+            self.accumulator.retry(again, now, held)
+        return [out for out in following if (out.topic, out.partition) not in unsettled] if held else following
 
     # ------------------------------------------------------------------ outcomes
 

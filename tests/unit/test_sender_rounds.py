@@ -1,0 +1,110 @@
+"""The idempotent sender reads a round's answers only after it has drained and encoded
+the next (issue 38). A scripted pipeline injects the broker's refusals, which a real
+broker gives only in races: a partition whose batch failed must not have later batches
+written before that batch's retry, and nothing may be lost to a close in between."""
+
+from __future__ import annotations
+
+import time
+
+from broker.client.idempotence import ProducerIdentity
+from broker.client.pipeline import Outcome, Outgoing, Pipeline
+from broker.client.results import ReportBook
+from broker.client.sender import Sender
+from broker.common.compression import Codec
+from broker.common.errors import NotLeaderForPartition, OutOfOrderSequence
+from tests.unit.test_accumulator import Leaders, accumulator, drain
+
+
+class ScriptedPipeline:
+    """Takes writes; answers them when asked, with the error scripted for a message."""
+
+    acks = 1
+
+    def __init__(self, errors: dict[bytes, Exception]) -> None:
+        self.errors = errors
+        self.written: list[list[bytes]] = []
+        self.due: list = []
+
+    @property
+    def unanswered(self) -> bool:
+        return bool(self.due)
+
+    def write(self, batches, encode=None) -> None:
+        assert all(out.payload for out in batches), "the idempotent sender writes batches it has encoded"
+        self.written.append([value for out in batches for _, value, _ in out.batch.records])
+        self.due.extend(batches)
+
+    def answers(self) -> list[Outcome]:
+        due, self.due = self.due, []
+        return [Outcome(out.batch, 0, self.errors.get(out.batch.records[0][1])) for out in due]
+
+
+class MetadataStub(Leaders):
+    def refresh(self, topic: str) -> None:
+        pass
+
+
+def sender_over(acc, pipeline) -> Sender:
+    identity = ProducerIdentity()
+    identity.start(9)
+    return Sender(acc, acc.metadata, None, pipeline, Codec.NONE, ReportBook(), retries=5, retry_backoff=1.0,
+                  delivery_timeout=60.0, idempotence=identity)
+
+
+def values(batches) -> list[bytes]:
+    return [value for batch in batches for _, value, _ in batch.records]
+
+
+def test_a_round_encoded_behind_a_failed_batch_waits_for_its_retry_in_order():
+    acc = accumulator(MetadataStub(t={0: 7}), batch_size=1, max_in_flight_per_partition=5)
+    pipeline = ScriptedPipeline({b"m1": NotLeaderForPartition("moved"), b"m2": OutOfOrderSequence("gap"),
+                                 b"m3": OutOfOrderSequence("gap")})
+    sender = sender_over(acc, pipeline)
+    for i in range(4):
+        acc.append("t", None, b"m%d" % i, 1, 0)
+    sender._send(drain(acc, 0.0))
+    assert pipeline.written == [[b"m0", b"m1", b"m2", b"m3"]] and pipeline.unanswered  # not answered yet
+    for i in range(4, 6):
+        acc.append("t", None, b"m%d" % i, 1, 0)
+    sender._send(drain(acc, 0.0))  # encodes m4, m5; then the answers: m1 failed, m2 and m3 behind it
+    assert pipeline.written[-1] == [], "nothing of the partition goes before m1's retry"
+    assert values(acc._ready) == [b"m1", b"m2", b"m3", b"m4", b"m5"]
+    assert [b.sequence for b in acc._ready] == [1, 2, 3, 4, 5], "one epoch: the gap was m1's, being retried"
+    assert [b.attempts for b in acc._ready] == [1, 1, 1, 0, 0]
+    assert acc.outstanding == 5  # m0 delivered
+
+    pipeline.errors.clear()
+    sender._send(drain(acc, time.monotonic() + 2.0))  # after the backoff, in order, the same sequences
+    sender._settle(pipeline.answers())
+    assert pipeline.written[-1] == [b"m1", b"m2", b"m3", b"m4", b"m5"]
+    assert acc.outstanding == 0 and sender.report.take(0).delivered == 6
+
+
+def test_a_close_between_a_round_and_its_answers_fails_both_rounds():
+    acc = accumulator(MetadataStub(t={0: 7}), batch_size=1, max_in_flight_per_partition=5)
+    sender = sender_over(acc, ScriptedPipeline({}))
+    acc.append("t", None, b"m0", 1, 0)
+    sender._send(drain(acc, 0.0))
+    acc.append("t", None, b"m1", 1, 0)
+    drain(acc, 0.0)  # drained, not yet written: the sender is encoding it
+    assert values(acc.abandon()) == [b"m0", b"m1"]
+
+
+class DownPool:
+    """A pool whose leader cannot be reached."""
+
+    def get(self, broker_id: int):
+        raise ConnectionError(f"broker {broker_id} is not live")
+
+
+def test_a_write_that_fails_at_once_leaves_its_outcomes_due():
+    """The sender settles a round late only while the pipeline says something is due: a
+    write whose connection failed has outcomes and no answer to read, and must say so
+    (else the sender naps and the batches wait forever: the failover tests hung)."""
+    pipeline = Pipeline(DownPool(), 1, 1000)
+    pipeline.write([Outgoing("b0", "t", 0, 7, b"set")])
+    assert pipeline.unanswered
+    [outcome] = pipeline.answers()
+    assert (outcome.batch, type(outcome.error)) == ("b0", ConnectionError)
+    assert not pipeline.unanswered
