@@ -85,6 +85,11 @@ class _Message(NamedTuple):
     timestamp: int
 
 
+def _unencoded(drained: list[tuple[ProducerBatch, int]]) -> list[Outgoing]:
+    """A round's batches for the pipeline to encode as it writes them."""
+    return [new_outgoing((batch, batch.topic, batch.partition, leader, None)) for batch, leader in drained]
+
+
 class Sender:
     """The sender thread and what it owns: the connection pool, the in-flight
     requests (through the `Pipeline`) and retries."""
@@ -281,13 +286,13 @@ class Sender:
         one round while this thread encodes the next. Sequences make that safe: a batch
         whose partition's earlier batch failed is held back behind its retry."""
         if self.idempotence is None or self.pipeline.acks == _NO_ACKS:
-            self._settle(self.pipeline.send(
-                [new_outgoing((batch, batch.topic, batch.partition, leader, None)) for batch, leader in drained],
-                self._encode))
-            return
-        following = [new_outgoing((batch, batch.topic, batch.partition, leader, self._encode(batch)))
-                     for batch, leader in drained]
-        self.pipeline.write(self._settle(self.pipeline.answers(), following))
+            self._settle(self.pipeline.send(_unencoded(drained), self._encode))
+        elif not self.pipeline.unanswered:  # no round of the broker's to overlap with: encoded as written
+            self.pipeline.write(_unencoded(drained), self._encode)
+        else:
+            following = [new_outgoing((batch, batch.topic, batch.partition, leader, self._encode(batch)))
+                         for batch, leader in drained]
+            self.pipeline.write(self._settle(self.pipeline.answers(), following))
 
     def _settle(self, outcomes: list[Outcome], following: list[Outgoing] = ()) -> list[Outgoing]:
         """Deliver, retry or fail a round's batches by their outcomes. `following`, the
