@@ -468,3 +468,31 @@ def test_a_partition_directory_without_a_topic_id_takes_the_topics_and_one_of_an
     assert [log.partition for log in removed] == [1]
     assert manager.get("t", 0) is old and manager.get("t", 1) is None
     assert topic_id_of(old) == "the-current-id" and old.end_offset > 0
+
+
+def test_adopting_a_topic_waits_for_a_partition_being_created_and_keeps_it(tmp_path):
+    """The broker creates a partition (a leadership change) while another thread adopts
+    the topic's id (the assignment's watch). Read while `get_or_create` was writing the
+    new directory's id, the file was empty, so adopt removed the log under its leader:
+    every append then failed with StorageError (seen in CI, test_acknowledgements).
+    Adopt must wait for the creation and keep the log."""
+    manager = LogManager((tmp_path,), LogConfig())
+    manager.load()
+    writing, adopted = threading.Event(), threading.Event()
+
+    def topic_id_being_written(topic: str) -> str:
+        writing.set()  # the log exists, its id not yet written
+        adopted.wait(2)  # adopt (old code: runs now, reads no id, writes it; would see a torn one)
+        return "the-current-id"
+
+    manager.topic_id_of = topic_id_being_written
+    creator = threading.Thread(target=manager.get_or_create, args=("t", 0))
+    creator.start()
+    assert writing.wait(10)
+    adopter = threading.Thread(target=lambda: (manager.adopt("t", "the-current-id"), adopted.set()))
+    adopter.start()
+    adopter.join(1)
+    assert adopter.is_alive(), "adopt must wait for the partition being created"
+    creator.join(10)
+    adopter.join(10)
+    assert manager.get("t", 0) is not None and topic_id_of(manager.get("t", 0)) == "the-current-id"

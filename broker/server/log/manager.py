@@ -127,11 +127,15 @@ class LogManager:
         data would be lost."""
         if topic_id is None:
             return []
-        mine = [log for log in self if log.topic == topic]
-        for log in mine:
-            if topic_id_of(log) is None:
-                (log.directory / TOPIC_ID).write_text(topic_id)
-        return self._remove([log for log in mine if topic_id_of(log) != topic_id], f"topic id {topic_id} replaced it")
+        replaced = []
+        with self._lock:  # `get_or_create` writes a new log's id under it: a read here never sees it half-written
+            for log in [log for log in self if log.topic == topic]:
+                found = topic_id_of(log)
+                if found is None:
+                    (log.directory / TOPIC_ID).write_text(topic_id)
+                elif found != topic_id:
+                    replaced.append(log)
+        return self._remove(replaced, f"topic id {topic_id} replaced it")
 
     def remove_topic(self, topic: str) -> list[Log]:
         """The topic was deleted: remove its logs; the logs removed."""
