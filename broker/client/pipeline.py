@@ -120,7 +120,6 @@ class Pipeline:
         by `encode(batch)` as their requests are written, in each partition's order;
         one it fails to encode gets the exception as its outcome."""
         self._encode = encode
-        outcomes = self._outcomes
         by_leader: dict[int, list[Outgoing]] = defaultdict(list)
         for out in batches:
             by_leader[out.leader].append(out)
@@ -128,9 +127,9 @@ class Pipeline:
             durable = [b for b in group if b.topic in self.durable_topics] if self.durable_topics else []
             if len(durable) < len(group):
                 ordinary = [b for b in group if b.topic not in self.durable_topics] if durable else group
-                self._send_to(leader, self._plans(ordinary), self.acks, outcomes)
+                self._send_to(leader, self._plans(ordinary), self.acks)
             if durable:
-                self._send_to(leader, self._plans(durable), Acks.FLUSHED, outcomes)
+                self._send_to(leader, self._plans(durable), Acks.FLUSHED)
 
     def _requests(self, batches: list[Outgoing], acks: int) -> list[_Request]:
         """Every request, encoded now (the tests' view of `_plans` and `_request`)."""
@@ -191,7 +190,8 @@ class Pipeline:
         head, payload = self._heads.get((out.topic, out.partition, acks)) or self._head(out, acks), self._payload(out)
         return _new_request(([out], (head, _SIZE.pack(len(payload)), payload), _PRODUCE, len(head) + 4 + len(payload)))
 
-    def _send_to(self, leader: int, plans: list[list[Outgoing]], acks: int, outcomes: list[Outcome]) -> None:
+    def _send_to(self, leader: int, plans: list[list[Outgoing]], acks: int) -> None:
+        outcomes = self._outcomes  # `answers` returns them
         earlier = [u for u in self._unanswered if u[0] == leader]
         for unanswered in earlier:  # answers on one connection come in order: read the earlier ones first
             self._unanswered.remove(unanswered)
