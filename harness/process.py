@@ -27,21 +27,41 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 now, and outside the kernel's ephemeral range: servers
-    are started seconds after their ports are chosen (a cluster's brokers one after
-    another), and a port from that range could meanwhile become the local port of any
-    outgoing connection on the machine (seen: a broker failing to bind, EADDRINUSE)."""
+_handed_out: set[int] = set()  # ports this process chose: a server may be down for a restart on one
+
+
+def _port_range() -> range:
+    """Ports outside the kernel's ephemeral range, and under pytest-xdist a slice of
+    them for this worker (its subprocesses inherit the variables): two workers, or a
+    worker and a benchmark it runs, must not choose a port for servers started
+    seconds apart (seen: a broker failing to bind, EADDRINUSE)."""
     low, _ = _ephemeral_ports()
-    candidates = range(10_000, low) if low > 11_000 else range(low)
+    ports = range(10_000, low) if low > 11_000 else range(1024, low)
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
+        size = len(ports) // count
+        index = int(worker[2:]) % count
+        return ports[index * size:(index + 1) * size]
+    return ports
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, never chosen before by this process, and outside
+    the kernel's ephemeral range: servers are started seconds after their ports are
+    chosen (a cluster's brokers one after another), and a port from that range could
+    meanwhile become the local port of any outgoing connection on the machine."""
+    candidates = _port_range()
     for _ in range(200):
         port = random.choice(candidates)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

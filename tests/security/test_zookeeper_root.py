@@ -187,12 +187,15 @@ def test_a_persistent_foreign_controller_node_does_not_stop_an_election(cluster,
     marks = {broker: broker.log_size() for broker in cluster.brokers.values()}
     results = replace_controller(zk)
     assert not any(isinstance(r, Exception) for r in results), results  # an open ZooKeeper lets it happen
+    # reported before the kill: a controller killed between deleting the node and
+    # logging it would leave no line to find
+    wait_until(lambda: any(broker.logged_since(mark, "/controller is not a live broker's")
+                           for broker, mark in marks.items()), MOVE_S, "a broker to report the foreign /controller")
     survivor = 1 - controller
     cluster.brokers[controller].kill()
     wait_until(lambda: live_controller(zk) == survivor, MOVE_S, f"broker {survivor} to become the controller")
     wait_until(lambda: led_by(zk, "events", {survivor}), MOVE_S, f"events to be led by broker {survivor}")
     assert zk.get(CONTROLLER)[1].ephemeralOwner != 0
-    assert any(broker.logged_since(mark, "/controller is not a live broker's") for broker, mark in marks.items())
 
 
 def test_an_anonymously_deleted_producer_id_block_hands_no_id_out_twice(cluster, zk):
