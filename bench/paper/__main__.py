@@ -7,7 +7,10 @@
 - Producer test: one producer, 200-byte messages; logbus at batch 1 and 50 with
   acks=0 (the paper's Kafka) and acks=1, idempotence off (each batch one request, as
   the paper's producer), and as rows of their own the idempotent default at acks=1;
-  the peers one message at a time.
+  the peers one message at a time. The caller hands logbus one message a call (a web
+  server's producer) and, in rows marked "50 a call", a whole batch to one
+  `send_many`, as the paper's tool did (Kafka 0.7's `ProducerPerformance` passes
+  `--batch-size` messages to one synchronous `send`: one request).
 - Consumer test: one consumer reads everything back, each pull about 1,000 messages
   / 200 KB (logbus fetch size 200 KB; RabbitMQ prefetch 1000; ActiveMQ prefetch 1000;
   Redis XREAD COUNT 1000); peers acknowledge automatically.
@@ -101,15 +104,19 @@ def run_logbus(args, workdir: Path, runs: list[Run], storage: list[Storage], lat
             broker = cluster.start_broker(0, logbus_side.THROUGHPUT_SETTINGS, kafka=args.librdkafka)
             setup = logbus_side.LogbusSetup(zk, cluster, broker)
             ends = {}
-            settings = [(batch, acks, False) for acks in args.acks for batch in args.batches]
-            settings += [(batch, 1, True) for batch in args.idempotent]  # the Producer's default, its own rows
-            for batch, acks, idempotent in settings:
-                setting = f"batch {batch}, acks={acks}" + (", idempotent" if idempotent else "")
-                topic = f"paper-b{batch}-a{acks}" + ("-i" if idempotent else "")
+            settings = [(batch, acks, False, False) for acks in args.acks for batch in args.batches]
+            settings += [(batch, 1, True, False) for batch in args.idempotent]  # the Producer's default, its own rows
+            settings += [(batch, acks, False, True) for acks in args.acks for batch in args.calls]  # the paper's tool
+            settings += [(batch, 1, True, True) for batch in args.calls]
+            for batch, acks, idempotent, whole in settings:
+                setting = (f"batch {batch}, acks={acks}" + (", idempotent" if idempotent else "")
+                           + (f", {batch} a call" if whole else ""))
+                topic = f"paper-b{batch}-a{acks}" + ("-i" if idempotent else "") + ("-c" if whole else "")
                 logbus_side.create_topic(setup, topic)
                 s = sampler(f"logbus produce {setting}", args.messages, every)
                 ends[topic] = logbus_side.produce(setup, topic, args.messages, payload, s, acks=acks, batch=batch,
-                                                  queue_size=args.queue_size, idempotent=idempotent)
+                                                  queue_size=args.queue_size, idempotent=idempotent,
+                                                  whole_batches=whole)
                 runs.append(Run("logbus", "produce", setting, s.done, s.seconds, s.series(), batch))
             # storage and the consumer test on the last topic written (same bytes in every topic)
             topic = f"paper-b{args.batches[-1]}-a{args.acks[0]}"
@@ -222,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--acks", default="0,1", help="logbus producer acks settings (idempotence off: the paper's)")
     parser.add_argument("--idempotent", default="1,50",
                         help="batch sizes of the extra rows with the idempotent producer, acks=1 (the default Producer)")
+    parser.add_argument("--calls", default="50",
+                        help="batch sizes of the extra rows that hand a whole batch to one send_many call, as the "
+                             "paper's tool (Kafka 0.7's ProducerPerformance) did; acks as --acks, and idempotent")
     parser.add_argument("--queue-size", type=int, default=logbus_side.QUEUE_SIZE,
                         help="logbus async producer queue (Kafka 0.7's default queue.size is 10,000)")
     parser.add_argument("--sample-mb", type=float, default=10.0, help="one throughput sample per this many MB")
@@ -238,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args.batches = [int(b) for b in args.batches.split(",")]
     args.acks = [int(a) for a in args.acks.split(",")]
     args.idempotent = [int(b) for b in args.idempotent.split(",") if b]
+    args.calls = [int(b) for b in args.calls.split(",") if b]
     args.latency_flush_ms = [int(f) for f in args.latency_flush_ms.split(",") if f]
     peers = [p for p in args.peers.split(",") if p and p != "none"]
     for p in peers:

@@ -58,7 +58,7 @@ def wait_visible(setup: LogbusSetup, topic: str, end_offset: int, timeout: float
 
 
 def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampler, *, acks: int, batch: int,
-            linger_ms: int = 5, queue_size: int = QUEUE_SIZE, idempotent: bool = False) -> int:
+            linger_ms: int = 5, queue_size: int = QUEUE_SIZE, idempotent: bool = False, whole_batches: bool = False) -> int:
     """One async producer sends `messages`. Samples count messages *delivered* (the
     producer's `on_delivery`: acks=0 written to the socket, acks=1 answered), not
     calls to `send`, which only fill the producer's queue; the clock stops when
@@ -68,7 +68,12 @@ def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampl
     (Kafka 0.7's async `send`) gives nothing back either. `idempotent=False` is the
     paper's producer: each batch of `batch` messages one request. The idempotent producer (the default of `Producer`) merges batches queued
     behind its five in flight per partition, so at batch 1 it is no longer one message
-    a request: `make bench` reports it as a row of its own."""
+    a request: `make bench` reports it as a row of its own.
+
+    `whole_batches`: the caller hands `batch` messages to one `send_many`, as the paper's
+    own tool did — Kafka 0.7's `kafka.perf.ProducerPerformance`, by default synchronous,
+    passes `--batch-size` messages to one `producer.send` (a `ProducerData` holding a
+    list), which is one request. Per message (the default) is a web server's producer."""
     delivered = 0
     every = sampler.every
 
@@ -85,10 +90,16 @@ def produce(setup: LogbusSetup, topic: str, messages: int, payload: bytes, sampl
                         enable_idempotence=idempotent,
                         on_delivery=on_delivery)
     try:
-        produce = producer.produce
+        produce, send_many, values = producer.produce, producer.send_many, [payload] * batch
         sampler.start()
-        for _ in range(messages):
-            produce(topic, payload)
+        if whole_batches:
+            for _ in range(messages // batch):
+                send_many(topic, values)
+            for _ in range(messages % batch):
+                produce(topic, payload)
+        else:
+            for _ in range(messages):
+                produce(topic, payload)
         report = producer.flush(600)
         sampler.tick(delivered - sampler.done)
         sampler.finish()

@@ -196,6 +196,8 @@ SMOKES: dict[str, Smoke] = {
         r"^\| logbus \| batch 1, acks=0 \| 2,000 \| [\d,]+ \| [\d.]+ \| 50,000 \| [\d.]+ \|$",
         r"^\| logbus \| batch 50, acks=1 \| 2,000 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|$",
         r"^\| logbus \| batch 1, acks=1, idempotent \| 2,000 \| [\d,]+ \| [\d.]+ \| 50,000 \| [\d.]+ \|$",
+        r"^\| logbus \| batch 50, acks=0, 50 a call \| 2,000 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|$",
+        r"^\| logbus \| batch 50, acks=1, idempotent, 50 a call \| 2,000 \| [\d,]+ \| [\d.]+ \| 400,000 \| [\d.]+ \|$",
         r"^\| logbus \| fetch 200 KB \| 2,000 \| [\d,]+ \| [\d.]+ \| 22,000 \| [\d.]+ \|$",
         r"^\| logbus \(librdkafka\) \| linger 5 ms, batch.size 1 MB, acks=1 \| 2,000 \| [\d,]+ \| [\d.]+ \| — \| — \|$",
         r"^\| logbus \(librdkafka\) \| fetch 200 KB \| 2,000 \| [\d,]+ \| [\d.]+ \| 22,000 \| [\d.]+ \|$",
