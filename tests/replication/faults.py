@@ -74,3 +74,33 @@ def _die_after_removing_topic_nodes() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     TopicDeleter._remove_references = remove_references
+
+
+def refuse_each_partitions_first_append(topic: str) -> str:
+    """A preamble under which the first append to each partition of `topic` is refused
+    with UnknownTopic, as a broker that learns of a topic after the producer does
+    answers, while the requests behind it in flight are appended: the race in which a
+    producer's first batch fails and its next ones land (docs/protocol.md, the
+    producer state's floor)."""
+    return (f"from tests.replication.faults import _refuse_each_partitions_first_append; "
+            f"_refuse_each_partitions_first_append({topic!r})")
+
+
+def _refuse_each_partitions_first_append(topic: str) -> None:
+    import sys
+
+    from broker.common.errors import UnknownTopic
+    from broker.server.handlers import RequestHandler
+
+    original = RequestHandler._append
+    refused: set[int] = set()
+
+    def _append(self, name, partition, messages, acks):
+        if name == topic and partition not in refused:
+            refused.add(partition)
+            print(f"fault: UnknownTopic injected into the first append to {name}-{partition}", file=sys.stderr,
+                  flush=True)
+            raise UnknownTopic(f"unknown topic {name!r} (injected: the broker learns of it late)")
+        return original(self, name, partition, messages, acks)
+
+    RequestHandler._append = _append

@@ -7,6 +7,8 @@ broker processes."""
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import time
 from collections import Counter
@@ -20,6 +22,7 @@ from broker.common.message import BatchIdentity, checksum, encode_batch, encode_
 from harness.cluster import BrokerProcess
 from harness.process import wait_until
 from tests.integration.brokerutil import connect, produce, read_partition
+from tests.replication.faults import refuse_each_partitions_first_append
 from tests.replication.history import (
     IdempotentProducerWorker, SendLog, check_history, read_replica, wait_healed,
 )
@@ -205,6 +208,37 @@ def test_a_follower_that_takes_the_lead_dedupes_a_retry_of_the_old_leaders_batch
         assert (retry.base_offset, retry.next_offset) == (first.base_offset, first.next_offset)
         counts = stored(conn, "handover")
     assert counts == Counter({b"once": 1, b"only": 1})
+
+
+def test_a_first_batch_refused_while_the_next_ones_land_is_sent_again_not_counted_as_a_duplicate(
+        cluster, zk, zk_connect, caplog):
+    """The race behind the producer state's floor, end to end (docs/protocol.md): a
+    broker that learns of a topic after the producer refuses the producer's first batch
+    of each partition, and appends the four behind it already in flight. The first
+    batch's retry then comes before the first sequence the partition holds. Answered
+    DuplicateSequence, as before the floor, it counted as delivered and its ten values
+    were lost; now it is OutOfOrderSequence, and the producer sends it again in a new
+    epoch."""
+    cluster.start_broker(0, BROKER_SETTINGS, preamble=refuse_each_partitions_first_append("late"))
+    create_replicated_topic(cluster, zk, "late", partitions=2, replication_factor=1)
+    values = {p: [b"partition %d value %02d" % (p, i) for i in range(50)] for p in (0, 1)}
+    caplog.set_level(logging.INFO, logger="broker.client.sender")
+    with Producer(zookeeper=zk_connect, acks=1, mode="async", monitoring=False, batch_size=10, linger_ms=1000,
+                  retry_backoff_ms=50) as producer:
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1.0)  # the sender waits for the GIL until all ten batches are queued: one round
+        try:
+            futures = [producer.send_many("late", values[p], partition=p) for p in (0, 1)]
+        finally:
+            sys.setswitchinterval(interval)
+        assert [f.result(60) for f in futures] == [50, 50]
+    with connect(cluster.brokers[0]) as conn:
+        for p in (0, 1):
+            # acks=1 data is visible once flushed; without the floor the first ten never come
+            wait_until(lambda p=p: len(read_partition(conn, "late", p)) >= 50, 10, f"late-{p} to show 50 values")
+            assert stored(conn, "late", p) == Counter(values[p])
+    assert caplog.text.count("failed (UnknownTopic") == 2
+    assert caplog.text.count("failed (OutOfOrderSequence") == 2  # the race happened: the retries came before the floor
 
 
 def test_out_of_order_and_fenced_batches_are_refused_and_an_expired_id_starts_afresh(cluster):
