@@ -7,7 +7,9 @@ and 1 — and one consumer reading everything back.
     .venv/bin/python -m bench.clients --count 200000 --against-raw 3
 
 Every producer row also gives the producing process's CPU time per message (user +
-system, all its threads: what the producer takes from a web server's cores).
+system, all its threads: what the producer takes from a web server's cores), and the
+broker process's, with the share of the run its CPU was busy: near 1.00 the broker
+bounds the row (its event loop is one thread), well under it the producer does.
 `--against-raw N` measures only the Producer (acks 0, idempotence off) against
 `bench.raw`'s pre-encoded frames — the broker's own ceiling — at batch 1 and 50 on one
 broker, alternating, N rounds (issue 38).
@@ -35,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
+from pathlib import Path
 
 from bench.raw import run_produce
 from broker.client.connection import BrokerConnection
@@ -56,17 +60,25 @@ MANY_CHUNK = 1000
 CALLS = ("produce", "send", "send_many")
 
 
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system, every thread) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = "produce",
-            idempotent: bool | None = None) -> tuple[float, float]:
-    """(msg/s, CPU µs per message): the clock and this process's CPU time (user +
-    system, every thread: the caller's calls, the sender thread, ZooKeeper's) from the
-    first call until `close` returns, through `call` (one of CALLS). Idempotence is on
-    with acks 1 unless told."""
+            idempotent: bool | None = None, broker_pid: int | None = None) -> tuple[float, float, float, float]:
+    """(msg/s, CPU µs per message, the broker's CPU µs per message, the broker's busy
+    share): the clock and this process's CPU time (user + system, every thread: the
+    caller's calls, the sender thread, ZooKeeper's) from the first call until `close`
+    returns, through `call` (one of CALLS); the broker's from /proc when `broker_pid`
+    is given (NaN otherwise). Idempotence is on with acks 1 unless told."""
     value = b"x" * SIZE
+    broker_cpu = (lambda: process_cpu(broker_pid)) if broker_pid else (lambda: float("nan"))
     with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False,
                   enable_idempotence=acks != 0 if idempotent is None else idempotent,
                   queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu, broker = time.perf_counter(), time.process_time(), broker_cpu()
         if call == "send_many":
             chunk = [value] * min(MANY_CHUNK, count)
             count -= count % len(chunk)
@@ -77,9 +89,9 @@ def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = 
             for _ in range(count):
                 one(topic, value, partition=0)
         report = producer.close(300)
-        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        elapsed, cpu, broker = time.perf_counter() - start, time.process_time() - cpu, broker_cpu() - broker
     assert not report.failed, report
-    return count / elapsed, cpu / count * 1e6
+    return count / elapsed, cpu / count * 1e6, broker / count * 1e6, broker / elapsed
 
 
 def against_raw(rounds: int, count: int) -> None:
@@ -97,7 +109,7 @@ def against_raw(rounds: int, count: int) -> None:
                     create_topic(zk, f"client-{r}-{batch}", 1)
                     wait_until(lambda: broker_knows(broker.port, f"raw-{r}-{batch}", 2), 30, "raw topic on the broker")
                     raw_rate = run_produce(broker.port, f"raw-{r}-{batch}", count, batch, 2)
-                    rate, cpu = produce(zookeeper.connect_string, f"client-{r}-{batch}", count, batch, 0)
+                    rate, cpu, _, _ = produce(zookeeper.connect_string, f"client-{r}-{batch}", count, batch, 0)
                     for name, v in ((f"raw batch {batch}", raw_rate), (f"producer batch {batch}", rate),
                                     (f"producer/raw batch {batch}", rate / raw_rate),
                                     (f"producer CPU us/msg batch {batch}", cpu)):
@@ -202,35 +214,28 @@ def main() -> None:
         against_raw(args.against_raw, args.count)
         return
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
-        cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
+        pid = cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000}).process.pid
+        runs = [(f"producer batch {batch} acks {acks}", f"bench-b{batch}-a{acks}", batch, acks, "produce")
+                for batch in (1, 50) for acks in (0, 1)]
+        if args.send:
+            runs += [(f"producer batch {batch} acks 0 send", f"bench-send-b{batch}", batch, 0, "send") for batch in (1, 50)]
+        if args.send_many:
+            runs += [(f"producer batch 50 acks {acks} send_many", f"bench-many-a{acks}", 50, acks, "send_many")
+                     for acks in (0, 1)]
         rows = []
         with client(zookeeper.connect_string) as zk:
-            for batch in (1, 50):
-                for acks in (0, 1):
-                    topic = f"bench-b{batch}-a{acks}"
-                    create_topic(zk, topic, 1)
-                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, batch, acks)
-                    paper = PAPER[f"batch {batch}"]
-                    rows.append((f"producer batch {batch} acks {acks}", rate, paper, cpu))
-            if args.send:
-                for batch in (1, 50):
-                    topic = f"bench-send-b{batch}"
-                    create_topic(zk, topic, 1)
-                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, batch, 0, call="send")
-                    rows.append((f"producer batch {batch} acks 0 send", rate, PAPER[f"batch {batch}"], cpu))
-            if args.send_many:
-                for acks in (0, 1):
-                    topic = f"bench-many-a{acks}"
-                    create_topic(zk, topic, 1)
-                    rate, cpu = produce(zookeeper.connect_string, topic, args.count, 50, acks, call="send_many")
-                    rows.append((f"producer batch 50 acks {acks} send_many", rate, PAPER["batch 50"], cpu))
+            for name, topic, batch, acks, call in runs:
+                create_topic(zk, topic, 1)
+                rate, *cpu = produce(zookeeper.connect_string, topic, args.count, batch, acks, call=call, broker_pid=pid)
+                rows.append((name, rate, PAPER[f"batch {batch}"], cpu))
         rate = consume(zookeeper.connect_string, "bench-b50-a1", args.count)
         rows.append(("consumer (one partition, 1 MiB fetches)", rate, PAPER["consumer"], None))
     print(f"{args.count} messages of {SIZE} bytes per run, one broker, one partition, 2 shared cores")
-    print(f"{'run':42} {'msg/s':>10} {'MB/s':>8} {'paper msg/s':>12} {'ratio':>6} {'CPU us/msg':>10}")
+    print(f"{'run':42} {'msg/s':>10} {'MB/s':>8} {'paper msg/s':>12} {'ratio':>6} {'CPU us/msg':>10} "
+          f"{'broker us/msg':>13} {'broker busy':>11}")
     for name, rate, paper, cpu in rows:
         print(f"{name:42} {rate:10.0f} {rate * SIZE / 1e6:8.2f} {paper:12d} {rate / paper:6.2f}"
-              + (f" {cpu:10.2f}" if cpu is not None else ""))
+              + (" {:10.2f} {:13.2f} {:11.2f}".format(*cpu) if cpu is not None else ""))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ SMOKES: dict[str, Smoke] = {
         r"producer batch 1 acks 0 +\d+ +[\d.]+ +50000 +[\d.]+",
         r"producer batch 50 acks 0 send +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+",
         r"producer batch 50 acks 1 send_many +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+",
-        r"producer batch 50 acks 1 +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+",
+        r"producer batch 50 acks 1 +\d+ +[\d.]+ +400000 +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$",
         r"consumer \(one partition, 1 MiB fetches\) +\d+ +[\d.]+ +22000 +[\d.]+"]),
     "clients:against-raw": Smoke(["--count", "500", "--against-raw", "1"], [
         r"^raw batch 1 +\d+$",
