@@ -18,9 +18,10 @@ broker, alternating, N rounds (issue 38).
 producer batches — as before issue 25 (`decode_messages`), iteration, and the batch
 read — in turn, N times (issue 25).
 
-The paper's producer hands over one message at a time and gets nothing back (Kafka
-0.7's async `send`): the rows of the paper's setting use `Producer.produce`, a message
-at a time without a future. `--send` adds acks-0 rows through `send`, which makes a
+The paper's producer gets nothing back (Kafka 0.7's `send`): the rows of the paper's
+setting use `Producer.produce`, a message at a time without a future, as a web
+server's producer calls it. (The paper's own tool, Kafka 0.7's `ProducerPerformance`,
+handed a whole batch to one synchronous `send`: `bench.paper`'s "50 a call" rows.) `--send` adds acks-0 rows through `send`, which makes a
 `RecordFuture` a message; `--send-many` adds the batch-50 runs through
 `Producer.send_many` (lists of `MANY_CHUNK` messages per call), the entry point for
 callers that have many messages at once.
