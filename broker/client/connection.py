@@ -151,7 +151,12 @@ class BrokerConnection:
         return bytes(buf)
 
     def call(self, api: ApiKey, body: bytes, api_version: int = 0) -> Reader:
-        """One request, one response; raises the broker's error, if any."""
+        """One request, one response; raises the broker's error, if any. Refused while
+        answers to earlier requests are unread: answers come in order, and this call
+        would take the first of them for its own."""
+        if self._in_flight:
+            raise InvalidRequest(f"{len(self._in_flight)} earlier answers are unread on this connection: read them "
+                                 "before a call")
         self.send(api, body, api_version=api_version)
         error_code, reader = self.receive()
         raise_for_error(error_code, reader)

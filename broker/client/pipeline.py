@@ -236,15 +236,17 @@ class Pipeline:
 
     def _read(self, leader: int, conn: BrokerConnection, waiting: deque[_Request], low: int) -> ConnectionError | None:
         """Read answers until `low` requests wait; a failed connection fails the rest
-        and is the error returned."""
+        and is the error returned. So does an answer that does not decode as its
+        request's: the connection's answers no longer match its requests."""
         try:
             while len(waiting) > low:
                 error_code, reader = conn.receive()
                 self._outcomes.extend(self._answer(waiting[0], error_code, reader))
                 waiting.popleft()  # popped after: a failed read fails it
-        except (ConnectionError, OSError) as exc:
+        except (ConnectionError, OSError, LogbusError) as exc:  # LogbusError: InvalidRequest, decoding
             self.pool.drop(leader)
-            error = ConnectionError(str(exc))
+            error = ConnectionError(str(exc) if not isinstance(exc, LogbusError) else
+                                    f"an answer did not decode as its request's ({exc}); connection dropped")
             self._fail([out for r in waiting for out in r.parts], error, self._outcomes)
             return error
         return None

@@ -216,9 +216,18 @@ class Sender:
             self._topic_errors.pop(topic, None)  # it exists (again)
         return leaders
 
+    def _answered_first(self) -> None:
+        """Settle the last round's unread answers before a request of the sender's own
+        (a topic's creation, a producer id) on a pooled connection: a connection's
+        answers come in order, and that request would take a produce answer for its own."""
+        if self.pipeline.unanswered:
+            self._settle(self.pipeline.answers())
+
     def _find_topics(self, now: float) -> None:
         with self._topics:
             wanted = [t for t in self._wanted if self._topic_retry_at.get(t, 0.0) <= now]
+        if wanted:
+            self._answered_first()
         for topic in wanted:
             error = None
             try:
@@ -242,6 +251,7 @@ class Sender:
             return False
         conn = None
         try:
+            self._answered_first()
             conn = self.pool.any()
             producer_id = conn.init_producer_id().producer_id
         except (ConnectionError, OSError, LogbusError) as exc:
@@ -260,6 +270,7 @@ class Sender:
         if events:
             topic = self.monitoring.monitoring_topic
             try:
+                self._answered_first()
                 count = len(ensure_topic(self.metadata, self.pool, topic))
             except (ConnectionError, OSError, LogbusError) as exc:
                 logger.warning("could not publish %d monitoring events: %s", len(events), exc)
