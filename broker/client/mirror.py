@@ -225,34 +225,41 @@ class Mirror:
     def checkpoint(self) -> None:
         """Write each partition's acknowledged state where it moved, publish the
         monitoring counts that changed, then commit the same offsets to the source
-        group `mirror-<name>` for lag tools."""
-        committed: dict[tuple[str, str], dict[int, int]] = {}
+        group `mirror-<name>` for lag tools — where they moved, and once after a start,
+        since a kill may have fallen between the checkpoint and the commit."""
+        to_commit: dict[tuple[str, str], dict[int, PartitionTask]] = {}
         tasks = self._tasks()
         for task in tasks:
             state = task.acknowledged(now_ms() - COUNTS_KEPT_MS)
-            if state is None or state.source_offset == task.saved_offset:
+            if state is None:
                 continue
-            try:
-                self.target_zk.set(task.path, state.encode())
-            except NoAuthError as exc:
-                raise MirrorRefused(f"mirror {self.name}: no permission to write its checkpoint {task.path} in the "
-                                    "target's ZooKeeper; run the mirror with the target's ZooKeeper credentials"
-                                    ) from exc
-            except Exception as exc:  # a failed checkpoint costs only re-sent duplicates after a crash
-                logger.warning("mirror %s: checkpoint of %s/%s-%d failed: %s", self.name, task.source, task.topic,
-                               task.partition, exc)
-                continue
-            task.saved_offset = state.source_offset
-            committed.setdefault((task.source, task.topic), {})[task.partition] = state.source_offset
+            if state.source_offset != task.saved_offset:
+                try:
+                    self.target_zk.set(task.path, state.encode())
+                except NoAuthError as exc:
+                    raise MirrorRefused(f"mirror {self.name}: no permission to write its checkpoint {task.path} in "
+                                        "the target's ZooKeeper; run the mirror with the target's ZooKeeper "
+                                        "credentials") from exc
+                except Exception as exc:  # a failed checkpoint costs only re-sent duplicates after a crash
+                    logger.warning("mirror %s: checkpoint of %s/%s-%d failed: %s", self.name, task.source,
+                                   task.topic, task.partition, exc)
+                    continue
+                task.saved_offset = state.source_offset
+            if task.saved_offset != task.committed_offset:
+                to_commit.setdefault((task.source, task.topic), {})[task.partition] = task
         if self._events is not None:
             self._events.publish(task.counter for task in tasks if task.counter is not None)
-        for (source, topic), offsets in committed.items():
+        for (source, topic), committing in to_commit.items():
             zk = getattr(self._sources[source], "zk", None)
             if zk is not None:
+                offsets = {partition: task.saved_offset for partition, task in committing.items()}
                 try:
                     advance_group_offsets(zk, f"mirror-{self.name}", topic, offsets)
                 except Exception as exc:
                     logger.warning("mirror %s: cannot commit group offsets on %s: %s", self.name, source, exc)
+                    continue
+                for partition, task in committing.items():
+                    task.committed_offset = offsets[partition]
 
 
 class SourceWatcher(threading.Thread):

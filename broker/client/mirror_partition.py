@@ -211,6 +211,9 @@ class PartitionTask(threading.Thread):
         self.path = mirror_checkpoint_path(mirror, source, topic, partition)
         self.failure: BaseException | None = None  # what stopped it, for the mirror to raise
         self.saved_offset = -1  # the checkpoint's offset as last written to ZooKeeper (the mirror's thread's)
+        # ... and as last committed to the source's group: unknown after a start (a kill
+        # may have fallen between the two writes), so the first checkpoint commits it
+        self.committed_offset = -1
         self._lock = threading.Lock()
         self._acked: Checkpoint | None = None  # counts left empty: the counter holds them
         self.lag = SourceLag(self.source_pool, topic, partition)

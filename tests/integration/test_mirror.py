@@ -18,8 +18,9 @@ import pytest
 from broker.client.cluster import ConnectionPool
 from broker.client.metadata import open_metadata
 from broker.client.mirror import Mirror, MirrorSource
+from broker.client.offsets import group_offsets
 from broker.client.producer import Producer
-from broker.common.zklayout import create_topic
+from broker.common.zklayout import create_topic, offsets_path
 from harness.process import wait_until
 from harness.zookeeper import client
 from tests.integration.clientutil import entry_count, produce_batch_and_gzip_set, wait_visible
@@ -95,6 +96,40 @@ def test_a_missing_target_topic_is_created_with_the_sources_partition_count_and_
         mirror.close()
     source, mirrored = read_topic(east, "clicks", 3), read_topic(target, "clicks", 3)
     assert source == mirrored  # same partitions, same order
+
+
+@contextmanager
+def running(mirror: Mirror) -> Iterator[Mirror]:
+    stop = threading.Event()
+    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        yield mirror
+    finally:
+        stop.set()
+        runner.join(30)
+        mirror.close()
+
+
+def test_a_restarted_mirror_commits_its_group_offsets_though_nothing_new_arrives(clusters):
+    """A mirror killed between writing its checkpoint in the target and committing the
+    same offsets to the source's group left the group behind; restarted, it resumed
+    from the checkpoint and, with nothing new to copy, never committed: lag tools (and
+    the demo) saw the partition lag forever (seen in CI: "32 records from None")."""
+    east, target = clusters["east"][0], clusters["offline"][0]
+    with client(east) as zk:
+        create_topic(zk, "quiet", 1)
+        with Producer(zookeeper=east, monitoring=False) as producer:
+            for i in range(10):
+                producer.send("quiet", b"event %d" % i, partition=0)
+        with running(Mirror("quiet", [MirrorSource("east", zookeeper=east)], target, pattern="quiet")) as mirror:
+            wait_until(lambda: set(mirror.lag().values()) == {0}, 60, "the mirror to catch up")
+            wait_until(lambda: group_offsets(zk, "mirror-quiet", "quiet", [0]), 30, "the group's offset")
+        end = group_offsets(zk, "mirror-quiet", "quiet", [0])
+        zk.delete(offsets_path("mirror-quiet"), recursive=True)  # the commit a kill -9 cut off
+        with running(Mirror("quiet", [MirrorSource("east", zookeeper=east)], target, pattern="quiet")):
+            wait_until(lambda: group_offsets(zk, "mirror-quiet", "quiet", [0]) == end, 30,
+                       "the restarted mirror to commit the offset it resumed from")
 
 
 def test_bad_mirror_arguments_are_one_line_errors(clusters):
