@@ -31,7 +31,7 @@ from broker.common.auditcounts import PartitionCounts
 from broker.common.message import BatchIdentity, encode_batch, encode_message_set
 from bench.raw import MESSAGE_BYTES, run_produce, wait_flushed
 from harness.cluster import LocalCluster
-from harness.process import wait_until
+from harness.process import cpu_seconds, wait_until
 from harness.zookeeper import ZooKeeperServer, client
 
 try:
@@ -82,12 +82,6 @@ def tally_ns(appends: int = 200_000) -> float:
     for i in range(appends):
         note(i * size, (i + 1) * size, 50, times)
     return (time.perf_counter() - start) / appends * 1e9
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process `pid` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def produce_round(workdir: Path, interval_ms: int, messages: int) -> tuple[float, float | None, float, float | None]:

@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
-from pathlib import Path
 
 from bench.raw import run_produce
 from broker.client.connection import BrokerConnection
@@ -50,7 +48,7 @@ from broker.common.errors import LogbusError
 from broker.common.message import decode_messages
 from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
-from harness.process import wait_until
+from harness.process import cpu_seconds, wait_until
 from harness.zookeeper import client
 
 PAPER = {"batch 1": 50_000, "batch 50": 400_000, "consumer": 22_000}
@@ -61,12 +59,6 @@ MANY_CHUNK = 1000
 CALLS = ("produce", "send", "send_many")
 
 
-def process_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system, every thread) process `pid` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
 def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = "produce",
             idempotent: bool | None = None, broker_pid: int | None = None) -> tuple[float, float, float, float]:
     """(msg/s, CPU µs per message, the broker's CPU µs per message, the broker's busy
@@ -75,7 +67,7 @@ def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = 
     returns, through `call` (one of CALLS); the broker's from /proc when `broker_pid`
     is given (NaN otherwise). Idempotence is on with acks 1 unless told."""
     value = b"x" * SIZE
-    broker_cpu = (lambda: process_cpu(broker_pid)) if broker_pid else (lambda: float("nan"))
+    broker_cpu = (lambda: cpu_seconds(broker_pid)) if broker_pid else (lambda: float("nan"))
     with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False,
                   enable_idempotence=acks != 0 if idempotent is None else idempotent,
                   queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches

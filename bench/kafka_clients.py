@@ -38,7 +38,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
@@ -50,10 +49,9 @@ from bench.raw import run_produce
 from broker.client.connection import BrokerConnection
 from broker.common.auditcounts import PartitionCounts, audit_path
 from harness.cluster import BrokerProcess, scratch_cluster
-from harness.process import wait_until
+from harness.process import cpu_seconds, wait_until
 
 SIZE = 200
-TICKS = os.sysconf("SC_CLK_TCK")
 GOALS = {"producer": 300_000, "consumer": 500_000}
 # bench.raw's flush policy: fsync every 50,000 messages or 1 s
 BROKER_SETTINGS = {"log.flush.interval.messages": 50_000, "log.flush.interval.ms": 1000}
@@ -68,12 +66,6 @@ PRODUCERS = {
 CONSUMER = {"fetch.queue.backoff.ms": 10}
 THROUGHPUT = {"linger.ms": 5, "batch.size": 1_000_000, "batch.num.messages": 10_000, "compression.type": "none",
               "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid`, every thread (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def settle(pid: int, seconds: float = 0.5) -> None:

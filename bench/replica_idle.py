@@ -15,6 +15,7 @@ read over `--seconds` of idleness. A follower long-polls its leader
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -22,23 +23,17 @@ import time
 from pathlib import Path
 
 from harness.cluster import LocalCluster
-from harness.process import wait_until
+from harness.process import cpu_seconds, wait_until
 from harness.sockets import connections_to, descendants
 from harness.zookeeper import ZooKeeperServer, client
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
+def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU time of `pid` and its descendants, so far."""
-    total = 0
+    total = 0.0
     for each in descendants(pid):
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / TICKS
+        with contextlib.suppress(OSError):  # ended meanwhile
+            total += cpu_seconds(each)
+    return total
 
 
 def full_isrs(zk, topics: list[str]) -> bool:
@@ -74,9 +69,9 @@ def run(code: str, work: Path, counts: list[int], seconds: float) -> list[dict]:
                 pids = {b: broker.process.pid for b, broker in cluster.brokers.items()}
                 links = {f"{f}->{l}": connections_to(cluster.brokers[l].port, pids[f])
                          for f in pids for l in pids if f != l}
-                before = sum(cpu_seconds(p) for p in pids.values())
+                before = sum(tree_cpu_seconds(p) for p in pids.values())
                 time.sleep(seconds)
-                used = sum(cpu_seconds(p) for p in pids.values()) - before
+                used = sum(tree_cpu_seconds(p) for p in pids.values()) - before
                 rows.append({"partitions": count, "connections": links,
                              "broker_cpu_percent": round(100 * used / seconds, 1)})
                 print(f"  {count:4d} partitions: {sum(links.values())} connections between brokers, "

@@ -1,5 +1,5 @@
 """What every harness server shares: free ports on 127.0.0.1, polling until a condition
-holds, a log's tail for error messages, and stopping a process group."""
+holds, a log's tail for error messages, a process's CPU time, and stopping a process group."""
 
 from __future__ import annotations
 
@@ -65,6 +65,13 @@ def free_port() -> int:
     with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far, every thread (Linux
+    /proc): a server's side of a benchmark."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: stat's fields 14, 15
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
