@@ -38,6 +38,20 @@ def clusters(zk_connect, tmp_path):
     stop_clusters(out)
 
 
+@contextmanager
+def running(mirror: Mirror) -> Iterator[Mirror]:
+    """`mirror` runs in a thread of this process for the block; stopped and closed after."""
+    stop = threading.Event()
+    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        yield mirror
+    finally:
+        stop.set()
+        runner.join(30)
+        mirror.close()
+
+
 def test_two_sources_into_one_target_exactly_once_across_ten_kills_of_the_mirror(clusters, tmp_path):
     sources = {name: clusters[name][0] for name in ("east", "west")}
     target = clusters["offline"][0]
@@ -80,35 +94,14 @@ def test_a_missing_target_topic_is_created_with_the_sources_partition_count_and_
     with Producer(zookeeper=east, monitoring=False) as producer:
         for i in range(30):
             producer.send("clicks", b"click %d" % i, key=b"user %d" % i)
-    mirror = Mirror("lagging", [MirrorSource("east", zookeeper=east)], target, pattern="cl.*")
-    stop = threading.Event()
-    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
-    try:
-        runner.start()
+    with running(Mirror("lagging", [MirrorSource("east", zookeeper=east)], target, pattern="cl.*")) as mirror:
         wait_until(lambda: sum(map(len, read_topic(target, "clicks", 3).values())) == 30 if mirror.target.partitions(
             "clicks") else False, 60, "30 messages mirrored")
         wait_until(lambda: set(mirror.lag().values()) == {0}, 30, "lag 0 on every partition")
         assert sorted(mirror.lag()) == [("east", "clicks", p) for p in range(3)]
         assert len(mirror.target.partitions("clicks")) == 3
-    finally:
-        stop.set()
-        runner.join(30)
-        mirror.close()
     source, mirrored = read_topic(east, "clicks", 3), read_topic(target, "clicks", 3)
     assert source == mirrored  # same partitions, same order
-
-
-@contextmanager
-def running(mirror: Mirror) -> Iterator[Mirror]:
-    stop = threading.Event()
-    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
-    runner.start()
-    try:
-        yield mirror
-    finally:
-        stop.set()
-        runner.join(30)
-        mirror.close()
 
 
 def test_a_restarted_mirror_commits_its_group_offsets_though_nothing_new_arrives(clusters):
@@ -157,16 +150,9 @@ def test_key_partitioning_into_a_target_with_another_partition_count(clusters):
             producer.send("views", b"k%d-%d" % (i % 5, i), key=b"user %d" % (i % 5))
         for partition in range(3):
             producer.send("views", b"unkeyed %d" % partition, partition=partition)
-    mirror = Mirror("rekey", [MirrorSource("east", zookeeper=east)], target, topics=["views"], partitioning="key")
-    stop = threading.Event()
-    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
-    try:
-        runner.start()
+    with running(Mirror("rekey", [MirrorSource("east", zookeeper=east)], target, topics=["views"],
+                        partitioning="key")):
         wait_until(lambda: sum(map(len, read_topic(target, "views", 2).values())) >= 63, 60, "63 messages mirrored")
-    finally:
-        stop.set()
-        runner.join(30)
-        mirror.close()
     mirrored = read_topic(target, "views", 2)
     assert sum(map(len, mirrored.values())) == 63
     for user in range(5):
@@ -214,18 +200,11 @@ def test_a_checkpoint_at_a_record_inside_a_source_entry_resumes_at_the_next_reco
     path = mirror_checkpoint_path("midway", "east", "moves", 0)
     with client(target) as zk:
         zk.create(path, Checkpoint(producer_id, source[4].offset).encode(), makepath=True)
-    mirror = Mirror("midway", [MirrorSource("east", zookeeper=east)], target, topics=["moves"], monitoring=False)
-    stop = threading.Event()
-    runner = threading.Thread(target=mirror.run, args=(stop,), daemon=True)
-    try:
-        runner.start()
+    with running(Mirror("midway", [MirrorSource("east", zookeeper=east)], target, topics=["moves"],
+                        monitoring=False)) as mirror:
         wait_until(lambda: mirror.target.partitions("moves") and len(read_topic(target, "moves", 1)[0]) >= 16, 60,
                    "16 records mirrored")
         wait_until(lambda: set(mirror.lag().values()) == {0}, 30, "lag 0")
-    finally:
-        stop.set()
-        runner.join(30)
-        mirror.close()
     with SimpleConsumer("moves", 0, zookeeper=target, offset="smallest", max_wait_ms=0) as consumer:
         mirrored = list(consumer)
     assert [m.value for m in mirrored] == [m.value for m in source[4:]]

@@ -1,18 +1,25 @@
 """The idempotent sender reads a round's answers only after it has drained and encoded
 the next (issue 38). A scripted pipeline injects the broker's refusals, which a real
 broker gives only in races: a partition whose batch failed must not have later batches
-written before that batch's retry, and nothing may be lost to a close in between."""
+written before that batch's retry, and nothing may be lost to a close in between. Late
+answers also share their connection with the sender's own requests, which must never
+read a produce answer as theirs, and an answer that does not decode leaves nothing pending."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
+from broker.client.connection import BrokerConnection
 from broker.client.idempotence import ProducerIdentity
 from broker.client.pipeline import Outcome, Outgoing, Pipeline
 from broker.client.results import ReportBook
 from broker.client.sender import Sender
 from broker.common.compression import Codec
-from broker.common.errors import NotLeaderForPartition, OutOfOrderSequence
+from broker.common.errors import InvalidRequest, NotLeaderForPartition, OutOfOrderSequence
+from broker.common.protocol import ApiKey
+from broker.common.protocol.primitives import Reader
 from tests.unit.test_accumulator import Leaders, accumulator, drain
 
 
@@ -149,8 +156,6 @@ def test_an_answer_that_does_not_decode_fails_its_round_as_a_lost_connection():
     """Nothing may stay pending on an answer the pipeline cannot decode (the CI run's
     batches waited until close): the connection is dropped and every batch waiting on
     it fails with a retriable ConnectionError."""
-    from broker.common.protocol.primitives import Reader
-
     class Garbled:
         def send_many(self, requests, expects_response=True) -> None:
             pass
@@ -159,7 +164,8 @@ def test_an_answer_that_does_not_decode_fails_its_round_as_a_lost_connection():
             return 0, Reader(b"\x00\x01")  # a MULTIPRODUCE answer two bytes long
 
     class OnePool:
-        dropped: list[int] = []
+        def __init__(self) -> None:
+            self.dropped: list[int] = []
 
         def get(self, broker_id: int):
             return Garbled()
@@ -178,12 +184,6 @@ def test_an_answer_that_does_not_decode_fails_its_round_as_a_lost_connection():
 def test_a_call_is_refused_while_earlier_answers_are_unread():
     """The invariant behind the sender's fix, kept by the connection itself: a call on a
     connection with pipelined answers unread would take the first of them for its own."""
-    import pytest
-
-    from broker.client.connection import BrokerConnection
-    from broker.common.errors import InvalidRequest
-    from broker.common.protocol import ApiKey
-
     conn = BrokerConnection("127.0.0.1", 9)  # never connected: the call is refused before it sends
     conn._in_flight.append(41)  # a PRODUCE written with send_many, its answer not read
     with pytest.raises(InvalidRequest, match="1 earlier answers are unread"):
