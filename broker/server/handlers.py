@@ -34,6 +34,7 @@ from broker.server.auth.rules import RequestRules
 from broker.server.auth.sasl import Authentication
 from broker.server.auth.session import Session
 from broker.server.config import BrokerConfig
+from broker.server.deferred import HOLD_SET_BYTES, DeferredAppends, HeldSets
 from broker.server.log.log import AppendResult, Log
 from broker.server.log.manager import LogManager
 from broker.server.log.scheduler import FlushScheduler
@@ -82,6 +83,7 @@ class RequestHandler:
         self.replicas = replicas
         self.shutting_down = False
         self._unwritten: set[Log] = set()  # logs with buffered acks=0 appends
+        self.deferred = DeferredAppends(self._append_held)  # acks=0 sets not yet appended
         self.authentication = Authentication(config, registry.zk)
         self.topics = TopicRequests(config, registry, logs, self.rules)
         self._handlers: dict[int, Callable[[Reader, Session], Reply]] = {
@@ -155,9 +157,11 @@ class RequestHandler:
     def _leader(self, topic: str, partition: int, replicas: list[int]) -> int:
         return self.replicas.leader_of(topic, partition, replicas) if len(replicas) > 1 else replicas[0]
 
-    def _append(self, topic: str, partition: int, messages, acks: int) -> Appended:
+    def _append(self, topic: str, partition: int, messages, acks: int) -> Appended | None:
         """Validate and append. An acknowledged append is in the page cache before its
-        answer; acks=0 appends are written once per socket read (`write_unwritten`)."""
+        answer; a small plain acks=0 set is held and appended with the others of its
+        socket read (None: held; `broker.server.deferred`), and acks=0 appends are
+        written once per socket read (`write_unwritten`)."""
         log, led = self.led(topic, partition)
         if led is not None and acks == -1:
             self.replicas.check_insync(led)
@@ -168,10 +172,26 @@ class RequestHandler:
                 raise InvalidMessage(f"a producer batch must be the only entry of its message set; this one has "
                                      f"{scanned.count} entries")
             batch = batch_identity(messages)
+        elif acks == 0 and len(messages) <= HOLD_SET_BYTES:
+            self.deferred.hold(log, topic, partition, messages, scanned)
+            return None
+        if self.deferred:  # in order after the held sets
+            self.deferred.append_all()
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch,
                             scanned.records, scanned.record_times)
         return self.appended(log, led, result, buffered, batch)
+
+    def _append_held(self, log: Log, held: HeldSets) -> None:
+        """A log's held acks=0 sets as one append — if this broker still leads its
+        partition with that log (the safety-net turn may follow a leadership change)."""
+        current, led = self.led(held.topic, held.partition)
+        if current is not log:
+            raise NotLeaderForPartition(f"{log.name} is no longer this broker's log of {held.topic}-{held.partition}")
+        sets = held.sets
+        result = log.append(sets[0] if len(sets) == 1 else b"".join(sets), held.count, held.low, held.high, True, None,
+                            held.records, (held.record_low, held.record_high))
+        self.appended(log, led, result, True, None)
 
     def appended(self, log: Log, led: Partition | None, result: AppendResult, buffered: bool,
                  batch: BatchIdentity | None) -> Appended:
@@ -190,7 +210,10 @@ class RequestHandler:
         return _new_appended((log, result.base_offset, result.next_offset, led.epoch))
 
     def write_unwritten(self) -> None:
-        """Called by connections after each socket read: one write per touched log."""
+        """Called by connections after each socket read: the held sets appended, then
+        one write per touched log."""
+        if self.deferred:
+            self.deferred.append_all()
         while self._unwritten:
             self._unwritten.pop().write_unwritten()
 
@@ -240,12 +263,14 @@ class RequestHandler:
             try:
                 self.rules.topic(session, _WRITE, part.topic)
                 partition = self._pick_partition(part.topic) if part.partition == -1 else part.partition
-                appended[len(results)] = done = self._append(part.topic, partition, part.messages, req.acks)
+                done = self._append(part.topic, partition, part.messages, req.acks)
             except LogbusError as exc:
                 logger.warning("multiproduce to %s-%d refused: %s", part.topic, part.partition, exc)
                 results.append(PartitionResult.failed(exc))
             else:
-                results.append(PartitionResult(_OK, ProduceResponse(done.base_offset, done.next_offset)))
+                if done is not None:  # None: held, acks=0
+                    appended[len(results)] = done
+                    results.append(PartitionResult(_OK, ProduceResponse(done.base_offset, done.next_offset)))
         if req.acks == 0:
             return self._no_reply
         if req.acks == 1 or not appended:
