@@ -65,29 +65,26 @@ class DeferredAppends:
 
     def __init__(self, append: Callable[[Log, HeldSets], None]) -> None:
         self._append = append
-        self._held: dict[Log, HeldSets] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._held)
+        self.held: dict[Log, HeldSets] = {}  # a plain dict: its truth is the check on every append
 
     def hold(self, log: Log, topic: str, partition: int, messages: bytes | memoryview, scanned: ScanResult) -> None:
         """Hold a validated plain acks=0 set of at most HOLD_SET_BYTES."""
-        held = self._held.get(log)
+        held = self.held.get(log)
         if held is not None and held.size + len(messages) > HOLD_MAX_BYTES:
-            del self._held[log]
+            del self.held[log]
             self._append_logged(log, held)
             held = None
         if held is None:
-            if not self._held:
+            if not self.held:
                 asyncio.get_running_loop().call_soon(self.append_all)  # a read that ends without `append_all`
-            held = self._held[log] = HeldSets(topic, partition)
+            held = self.held[log] = HeldSets(topic, partition)
         held.add(messages, scanned)
 
     def append_all(self) -> None:
         """Append every log's held sets, one append per log."""
-        while self._held:
-            log, held = next(iter(self._held.items()))
-            del self._held[log]
+        while self.held:
+            log, held = next(iter(self.held.items()))
+            del self.held[log]
             self._append_logged(log, held)
 
     def _append_logged(self, log: Log, held: HeldSets) -> None:

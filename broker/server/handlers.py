@@ -175,7 +175,7 @@ class RequestHandler:
         elif acks == 0 and len(messages) <= HOLD_SET_BYTES:
             self.deferred.hold(log, topic, partition, messages, scanned)
             return None
-        if self.deferred:  # in order after the held sets
+        if self.deferred.held:  # in order after the held sets
             self.deferred.append_all()
         buffered = acks == 0
         result = log.append(messages, scanned.count, scanned.min_timestamp, scanned.max_timestamp, buffered, batch,
@@ -212,7 +212,7 @@ class RequestHandler:
     def write_unwritten(self) -> None:
         """Called by connections after each socket read: the held sets appended, then
         one write per touched log."""
-        if self.deferred:
+        if self.deferred.held:
             self.deferred.append_all()
         while self._unwritten:
             self._unwritten.pop().write_unwritten()
