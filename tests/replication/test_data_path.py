@@ -10,7 +10,9 @@ from collections import Counter
 
 import pytest
 
+from broker.common.encoding import encode_message_set
 from broker.common.errors import NotEnoughReplicas, NotLeaderForPartition
+from broker.common.protocol import ApiKey, ProduceRequest, encode_request
 from broker.common.zklayout import PartitionState, broker_path
 from harness.process import wait_until
 from harness.sockets import connections_to
@@ -238,3 +240,21 @@ def test_a_follower_fetches_every_partition_it_follows_on_a_leader_over_one_conn
     still = Counter((f, s.leader) for p in assignment for s in [state(zk, "fanout", p)]
                     for f in assignment[p] if f != s.leader)
     assert {pair: connections(*pair) for pair in still} == {pair: 1 for pair in still}
+
+
+def test_acks_zero_sets_appended_per_socket_read_reach_every_replica(cluster, zk):
+    """Small acks=0 sets, pipelined in one write, are held and appended once per socket
+    read (broker.server.deferred) — on a replicated partition through its leader's log:
+    every replica ends byte-identical, holding every set in order, then the acks=-1 one."""
+    start3(cluster)
+    assignment = create_replicated_topic(cluster, zk, "fire")
+    leader = assignment[0][0]
+    values = [b"fire %04d" % i for i in range(400)]
+    frames = b"".join(encode_request(ApiKey.PRODUCE, i, "test",
+                                     ProduceRequest(0, 1000, "fire", 0, encode_message_set([(None, v, 1000)])).encode())
+                      for i, v in enumerate(values))
+    with connect(cluster.brokers[leader]) as conn:
+        conn.send_frame(frames)
+        produce(conn, "fire", 0, [b"acknowledged"], acks=-1)
+        wait_identical(cluster, "fire", 0, assignment[0])
+        assert [m.value for m in read_partition(conn, "fire", 0)] == [*values, b"acknowledged"]
