@@ -9,7 +9,7 @@ append's offsets, and a set of whole entries followed by another is one valid se
 the log holds the same bytes in the same order as with one append each.
 
 What is held is appended before anything could see the log without it: at the end of
-the read (`RequestHandler.write_unwritten`), before any other append to any log (an
+the read (`RequestHandler.write_unwritten`), before any other native append to any log (an
 acknowledged request's offsets come after the sets sent before it), and — should a read
 end without that call — at the event loop's next turn. Consumers see only flushed bytes
 or the high watermark, which no request in the same read can move. A log whose
