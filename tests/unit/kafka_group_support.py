@@ -114,7 +114,7 @@ def assignment_of(partitions: list[int]) -> bytes:
 
 class Consumer:
     """A group member as Kafka clients behave: JoinGroup (again after
-    MEMBER_ID_REQUIRED), SyncGroup (the leader assigns the topic's partitions round
+    MEMBER_ID_REQUIRED, and anew after UNKNOWN_MEMBER_ID), SyncGroup (the leader assigns the topic's partitions round
     robin), Heartbeat, OffsetCommit."""
 
     def __init__(self, groups: GroupRequests, group: str, partitions: int, session_ms: int = 1000,
@@ -132,6 +132,9 @@ class Consumer:
                                 member_id=self.member_id, protocol_type="consumer", protocols=(
                                     nested(ApiKey.JOIN_GROUP, self.version, "JoinGroupRequestProtocol",
                                            name="roundrobin", metadata=b"t"),))
+            if answer.error_code == ErrorCode.unknown_member_id and self.member_id:
+                self.member_id = ""  # expired while idle (a rebalance it sat out): join anew, as Kafka's clients do
+                continue
             self.member_id = answer.member_id
             if answer.error_code != ErrorCode.member_id_required:
                 break

@@ -78,6 +78,28 @@ def test_three_members_one_stops_heartbeating_and_the_others_take_its_partitions
     assert stale == ErrorCode.unknown_member_id, "the expired member is out of the group"
 
 
+def test_a_member_idle_through_a_rebalance_expires_and_joins_anew(coordinator):
+    """A member that sits out a rebalance (it neither heartbeats nor rejoins) is dropped
+    at its session timeout, and the rebalance completes without it; its next JoinGroup
+    with the old id is UNKNOWN_MEMBER_ID, and it joins anew with a new id, as Kafka's
+    clients do (what a late join in a loaded CI run once made the test above meet)."""
+    async def scenario():
+        await coordinator.groups.start()
+        a, b, c = (Consumer(coordinator.groups, "g", 6) for _ in range(3))
+        await a.join()
+        first_id = a.member_id
+        await asyncio.gather(b.join(), c.join())
+        without_a = sorted(b.assigned + c.assigned)
+        await a.join()
+        await coordinator.groups.stop()
+        return first_id, without_a, a
+
+    first_id, without_a, a = asyncio.run(scenario())
+    assert without_a == list(range(6)), "the rebalance completed without the idle member"
+    assert a.member_id and a.member_id != first_id, "it joined anew"
+    assert a.assigned, "and was given partitions"
+
+
 def test_leave_group_in_batches_rebalances_the_rest_and_describe_and_list_show_it(coordinator):
     async def scenario():
         await coordinator.groups.start()
