@@ -26,10 +26,7 @@ from pathlib import Path
 
 from broker.common.message import encode_message_set
 from broker.common.protocol import ApiKey, ProduceRequest, encode_request
-from broker.server.broker import Broker
-from broker.server.config import BrokerConfig
-from broker.server.connection import Connection
-from harness.process import free_port
+from harness.inprocess import FedBroker, create_topic, feed, fed_broker
 from harness.zookeeper import ZooKeeperServer
 
 MESSAGE_BYTES = 200
@@ -49,15 +46,6 @@ def frames(topic: str, batch: int, acks: int, requests: int) -> bytes:
     return b"".join(encode_request(ApiKey.PRODUCE, i, "bench", body) for i in range(requests))
 
 
-def tcp_pair() -> tuple[socket.socket, socket.socket]:
-    """A connected TCP pair on loopback (the connection sets TCP options): (broker's end, client's end)."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        client = socket.create_connection(server.getsockname())
-        ours, _ = server.accept()
-    client.setblocking(False)
-    return ours, client
-
-
 def drain(peer: socket.socket) -> int:
     """Read whatever answers are waiting at the client's end; the bytes read."""
     total = 0
@@ -71,63 +59,37 @@ def drain(peer: socket.socket) -> int:
         total += len(chunk)
 
 
-def feed(conn: Connection, stream: bytes, peer: socket.socket) -> float:
-    """Hand `stream` to the connection a read at a time: the thread's CPU seconds (the
-    answers read at the client's end between reads included: a recv per 64 KiB)."""
-    view, pos = memoryview(stream), 0
+def timed_feed(fed: FedBroker, stream: bytes) -> float:
+    """Hand `stream` to the connection 64 KiB a read: the thread's CPU seconds (the
+    answers read at the client's end between reads included: a recv per read)."""
     start = time.thread_time()
-    while pos < len(view):
-        room = conn.get_buffer(-1)
-        n = min(len(room), READ_BYTES, len(view) - pos)
-        room[:n] = view[pos : pos + n]
-        room.release()  # as the transport's recv_into does: the buffer may grow at the next read
-        conn.buffer_updated(n)
-        pos += n
-        drain(peer)
+    feed(fed.conn, stream, READ_BYTES, lambda: drain(fed.peer))
     return time.thread_time() - start
 
 
 async def measure(workdir: Path, zookeeper: str, requests: int, rounds: int,
                   cases: tuple[tuple[int, int], ...] = CASES) -> dict[tuple[int, int], list[float]]:
-    config = BrokerConfig.from_settings({
-        "broker.id": "0", "zookeeper.connect": zookeeper + "/bench", "port": str(free_port()),
-        "log.dirs": str(workdir / "logs"), "log.flush.interval.messages": str(1 << 40),
-        "log.flush.interval.ms": str(3_600_000), "num.partitions": "1",
-    })
-    broker = Broker(config)
-    await broker.start()
-    loop = asyncio.get_running_loop()
-    ours, peer = tcp_pair()
-    try:
-        _, conn = await loop.connect_accepted_socket(lambda: Connection(broker, broker.listeners[0]), ours)
-        conn.transport.pause_reading()  # the bench feeds it; nothing arrives on the socket
+    settings = {"log.flush.interval.messages": str(1 << 40), "log.flush.interval.ms": str(3_600_000),
+                "num.partitions": "1"}
+    async with fed_broker(zookeeper + "/bench", workdir, settings) as fed:
+        fed.peer.setblocking(False)
         results: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
         for batch, acks in cases:
-            topic = f"path-{batch}-{acks}"
-            await broker.handler.topics.auto_create(topic)
-            deadline = time.monotonic() + 30
-            while broker.handler.logs.get(topic, 0) is None:  # the assignment's watch creates the log
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"no log of {topic}-0 30 s after its creation")
-                await asyncio.sleep(0.01)
+            await create_topic(fed.broker, f"path-{batch}-{acks}")
         await asyncio.sleep(SETTLE_SECONDS)
         for _ in range(rounds):
             for batch, acks in cases:
                 count = requests if batch == 1 else max(1, requests // 10)
                 stream = frames(f"path-{batch}-{acks}", batch, acks, count)  # not timed
-                log = broker.handler.logs.get(f"path-{batch}-{acks}", 0)
+                log = fed.broker.handler.logs.get(f"path-{batch}-{acks}", 0)
                 end = log.end_offset
-                cpu = feed(conn, stream, peer)
+                cpu = timed_feed(fed, stream)
                 if log.end_offset - end != count * set_bytes(batch):  # refused requests would be measured too
                     raise SystemExit(f"batch {batch} acks {acks}: {count} requests appended "
                                      f"{log.end_offset - end} bytes, not {count * set_bytes(batch)}")
                 results[(batch, acks)].append(cpu / count * 1e6)
                 await asyncio.sleep(0)  # let the loop run what the requests scheduled (flush timers)
-        conn.close()
         return results
-    finally:
-        peer.close()
-        await broker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

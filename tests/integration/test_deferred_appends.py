@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import struct
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,32 +20,23 @@ from broker.common.message import iter_messages
 from broker.common.protocol import (
     ApiKey, MultiProduceRequest, ProducePart, ProduceRequest, Reader, encode_request,
 )
-from broker.server.broker import Broker
-from broker.server.config import BrokerConfig
-from broker.server.connection import Connection
 from broker.server.deferred import HOLD_MAX_BYTES, HOLD_SET_BYTES
-from harness.process import free_port
+from harness.frames import read_frame
+from harness.inprocess import FedBroker, create_topic, feed
+from harness.inprocess import fed_broker as serving
 
 TOPIC = "held"
 
 
 class Fed:
-    """The in-process broker, its connection and the client's end of its socket."""
+    """The in-process broker (`harness.inprocess`), its connection and the client's end."""
 
-    def __init__(self, broker: Broker, conn: Connection, peer: socket.socket) -> None:
-        self.broker, self.conn, self.peer = broker, conn, peer
+    def __init__(self, fed: FedBroker) -> None:
+        self.broker, self.conn, self.peer = fed
 
     def read(self, stream: bytes) -> None:
-        """`stream` as one socket read (the scratch buffer grows to hold it)."""
-        while True:
-            room = self.conn.get_buffer(-1)
-            if len(room) >= len(stream):
-                break
-            room.release()
-            self.conn._filled = True  # as after a read that filled its room: the next one is larger
-        room[: len(stream)] = stream
-        room.release()
-        self.conn.buffer_updated(len(stream))
+        """`stream` in reads as large as the connection offers (one, for the short ones here)."""
+        feed(self.conn, stream, len(stream))
 
     def log(self, partition: int):
         return self.broker.handler.logs.get(TOPIC, partition)
@@ -60,50 +50,18 @@ class Fed:
     def answer(self) -> tuple[int, Reader]:
         """The next answer's correlation id and a reader at its body (after the error code)."""
         self.peer.settimeout(10)
-        size = struct.unpack(">i", _exactly(self.peer, 4))[0]
-        frame = _exactly(self.peer, size)
+        frame = read_frame(self.peer)
         correlation_id, error = struct.unpack_from(">ih", frame)
         assert error == 0, f"request {correlation_id} failed with error code {error}"
         return correlation_id, Reader(frame, 6)
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "the broker closed the connection"
-        out += chunk
-    return out
-
-
 @asynccontextmanager
 async def fed_broker(zk_connect: str, workdir: Path, partitions: int = 2,
                      settings: dict[str, str] | None = None) -> AsyncIterator[Fed]:
-    config = BrokerConfig.from_settings({
-        "broker.id": "0", "zookeeper.connect": zk_connect, "port": str(free_port()),
-        "log.dirs": str(workdir / "logs"), "num.partitions": str(partitions), **(settings or {}),
-    })
-    broker = Broker(config)
-    await broker.start()
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        peer = socket.create_connection(server.getsockname())
-        ours, _ = server.accept()
-    try:
-        _, conn = await asyncio.get_running_loop().connect_accepted_socket(
-            lambda: Connection(broker, broker.listeners[0]), ours)
-        conn.transport.pause_reading()  # the test feeds it; nothing is read from the socket
-        await broker.handler.topics.auto_create(TOPIC)
-        for partition in range(partitions):
-            for _ in range(3000):  # the assignment's watch creates the logs
-                if broker.handler.logs.get(TOPIC, partition) is not None:
-                    break
-                await asyncio.sleep(0.01)
-            assert broker.handler.logs.get(TOPIC, partition) is not None, "no log 30 s after the topic's creation"
-        yield Fed(broker, conn, peer)
-        conn.close()
-    finally:
-        peer.close()
-        await broker.stop()
+    async with serving(zk_connect, workdir, {"num.partitions": str(partitions), **(settings or {})}) as fed:
+        await create_topic(fed.broker, TOPIC, partitions)
+        yield Fed(fed)
 
 
 def produce(partition: int, message_set: bytes, acks: int = 0, correlation_id: int = 0) -> bytes:
@@ -132,8 +90,7 @@ def test_sets_sharing_a_read_are_stored_byte_for_byte_as_appends_one_by_one(zk_c
 
     async def run() -> None:
         async with fed_broker(zk_connect, tmp_path, settings={"log.segment.bytes": "8192"}) as fed:
-            for start in range(0, len(stream), 20_000):  # reads ending mid-frame too
-                fed.read(stream[start : start + 20_000])
+            feed(fed.conn, stream, 20_000)  # reads ending mid-frame too
             for partition, sets in sent.items():
                 log = fed.log(partition)
                 assert fed.stored(partition) == b"".join(sets)
