@@ -72,10 +72,13 @@ def test_a_replica_down_during_a_deletion_and_a_recreation_serves_only_the_new_t
             with BrokerConnection(*live.address) as connection:
                 for topic in (KEPT, DROPPED):
                     connection.delete_topic(topic, 30_000)  # complete without broker 2
+            other = cluster.brokers[1 if live is cluster.brokers[0] else 0]
             for topic in (KEPT, DROPPED):
                 assert zk.exists(topic_path(topic)) is None and zk.exists(deletion_path(topic)) is None
-                for broker_id in (0, 1):
-                    assert partition_dirs(cluster, broker_id, topic) == []
+                assert partition_dirs(cluster, live.broker_id, topic) == []  # the answering broker's watch came first
+                # the other live replica removes its directories on its own watch, not before the answer
+                wait_until(lambda: partition_dirs(cluster, other.broker_id, topic) == [], 30,
+                           f"broker {other.broker_id} to remove {topic}'s directories")
             assert zk.exists(offset_path("readers", KEPT, 0)) is None
             assert zk.exists(audit_path(KEPT, 0)) is None
             assert partition_dirs(cluster, 2, KEPT) and partition_dirs(cluster, 2, DROPPED)  # it was down
