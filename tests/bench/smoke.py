@@ -140,6 +140,10 @@ SMOKES: dict[str, Smoke] = {
     "index_costs": Smoke(["--sets", "50", "--rounds", "1"], [
         r"^append plain batch 50 +median +[\d.]+ us/set",
         r"^FETCH v1 read at a record inside +median +[\d.]+ us"]),
+    "producer_costs": Smoke(["--messages", "2000", "--rounds", "1"], [
+        r"^append \+ encode +min +\d+ median +\d+$",
+        r"^encoded as appended \(the alternative\) +min +\d+ median +\d+$",
+        r"^floor: crc32c of 200 bytes +min +-?\d+ median +-?\d+$"]),
     "request_path": Smoke(["--requests", "200", "--rounds", "1"], [
         r"^produce batch  1 acks 0 min +[\d.]+ median +[\d.]+ us/request",
         r"^produce batch 50 acks 1 min +[\d.]+ median +[\d.]+ us/request"]),
