@@ -12,7 +12,8 @@ broker process's, with the share of the run its CPU was busy: near 1.00 the brok
 bounds the row (its event loop is one thread), well under it the producer does.
 `--against-raw N` measures only the Producer (acks 0, idempotence off) against
 `bench.raw`'s pre-encoded frames — the broker's own ceiling — at batch 1 and 50 on one
-broker, alternating, N rounds (issue 38).
+broker, alternating, N rounds (issue 38): a message a call, and at batch 50 also 50 a
+call.
 
 `--consumer-rounds N` measures only the consumer's reads of one partition of magic-3
 producer batches — as before issue 25 (`decode_messages`), iteration, and the batch
@@ -60,12 +61,14 @@ CALLS = ("produce", "send", "send_many")
 
 
 def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = "produce",
-            idempotent: bool | None = None, broker_pid: int | None = None) -> tuple[float, float, float, float]:
+            idempotent: bool | None = None, broker_pid: int | None = None,
+            chunk: int = MANY_CHUNK) -> tuple[float, float, float, float]:
     """(msg/s, CPU µs per message, the broker's CPU µs per message, the broker's busy
     share): the clock and this process's CPU time (user + system, every thread: the
     caller's calls, the sender thread, ZooKeeper's) from the first call until `close`
-    returns, through `call` (one of CALLS); the broker's from /proc when `broker_pid`
-    is given (NaN otherwise). Idempotence is on with acks 1 unless told."""
+    returns, through `call` (one of CALLS; `send_many` hands `chunk` messages a call);
+    the broker's from /proc when `broker_pid` is given (NaN otherwise). Idempotence is
+    on with acks 1 unless told."""
     value = b"x" * SIZE
     broker_cpu = (lambda: cpu_seconds(broker_pid)) if broker_pid else (lambda: float("nan"))
     with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False,
@@ -73,7 +76,7 @@ def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = 
                   queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches
         start, cpu, broker = time.perf_counter(), time.process_time(), broker_cpu()
         if call == "send_many":
-            chunk = [value] * min(MANY_CHUNK, count)
+            chunk = [value] * min(chunk, count)
             count -= count % len(chunk)
             for _ in range(count // len(chunk)):
                 producer.send_many(topic, chunk)
@@ -91,7 +94,10 @@ def against_raw(rounds: int, count: int) -> None:
     """`--against-raw N`: the broker's own ceiling (`bench.raw`: pre-encoded acks=0
     frames from two processes, one partition each) and the real Producer (one process,
     one partition, acks 0, idempotence off) at batch 1 and 50 on one broker, in turn,
-    N rounds; the Producer's share of the raw figure and its CPU per message."""
+    N rounds; the Producer's share of the raw figure and its CPU per message. The
+    Producer is called a message at a time (`produce`, a web server's producer), and at
+    batch 50 also a batch a call (`send_many` of 50, as the paper's own tool sent and as
+    `bench.raw` writes a set)."""
     rows: dict[str, list[float]] = {}
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         broker = cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
@@ -99,17 +105,20 @@ def against_raw(rounds: int, count: int) -> None:
             for r in range(rounds):
                 for batch in (1, 50):
                     create_topic(zk, f"raw-{r}-{batch}", 2)
-                    create_topic(zk, f"client-{r}-{batch}", 1)
                     wait_until(lambda: broker_knows(broker.port, f"raw-{r}-{batch}", 2), 30, "raw topic on the broker")
                     raw_rate = run_produce(broker.port, f"raw-{r}-{batch}", count, batch, 2)
-                    rate, cpu, _, _ = produce(zookeeper.connect_string, f"client-{r}-{batch}", count, batch, 0)
-                    for name, v in ((f"raw batch {batch}", raw_rate), (f"producer batch {batch}", rate),
-                                    (f"producer/raw batch {batch}", rate / raw_rate),
-                                    (f"producer CPU us/msg batch {batch}", cpu)):
-                        rows.setdefault(name, []).append(v)
+                    rows.setdefault(f"raw batch {batch}", []).append(raw_rate)
+                    calls = [("produce", "producer")] + ([("send_many", "producer 50 a call")] if batch == 50 else [])
+                    for call, label in calls:
+                        create_topic(zk, f"{call}-{r}-{batch}", 1)
+                        rate, cpu, _, _ = produce(zookeeper.connect_string, f"{call}-{r}-{batch}", count, batch, 0,
+                                                  call, chunk=batch)
+                        for name, v in ((f"{label} batch {batch}", rate), (f"{label}/raw batch {batch}", rate / raw_rate),
+                                        (f"{label} CPU us/msg batch {batch}", cpu)):
+                            rows.setdefault(name, []).append(v)
     print(f"{count} messages of {SIZE} bytes per run, acks 0, one broker, {rounds} rounds alternating")
     for name, values in rows.items():
-        print(f"{name:30} " + " ".join(f"{v:10.2f}" if v < 100 else f"{v:10.0f}" for v in values))
+        print(f"{name:40} " + " ".join(f"{v:10.2f}" if v < 100 else f"{v:10.0f}" for v in values))
 
 
 def broker_knows(port: int, topic: str, partitions: int) -> bool:

@@ -57,7 +57,8 @@ SMOKES: dict[str, Smoke] = {
     "clients:against-raw": Smoke(["--count", "500", "--against-raw", "1"], [
         r"^raw batch 1 +\d+$",
         r"^producer/raw batch 50 +[\d.]+$",
-        r"^producer CPU us/msg batch 50 +[\d.]+$"]),
+        r"^producer CPU us/msg batch 50 +[\d.]+$",
+        r"^producer 50 a call/raw batch 50 +[\d.]+$"]),
     "kafka_clients": Smoke(["--records", "2000", "--rounds", "1"], [
         r"^\| native raw batch 50, acks=0 \| [\d,]+ \| \| \| 1.00 \| \|$",
         r"^\| librdkafka producer acks=1 \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",
