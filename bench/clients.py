@@ -5,6 +5,7 @@ and 1 — and one consumer reading everything back.
     .venv/bin/python -m bench.clients --count 200000 [--send] [--send-many]
     .venv/bin/python -m bench.clients --count 200000 --consumer-rounds 3
     .venv/bin/python -m bench.clients --count 200000 --against-raw 3
+    .venv/bin/python -m bench.clients --count 1000000 --gc-rounds 2
 
 Every producer row also gives the producing process's CPU time per message (user +
 system, all its threads: what the producer takes from a web server's cores), and the
@@ -14,6 +15,11 @@ bounds the row (its event loop is one thread), well under it the producer does.
 `bench.raw`'s pre-encoded frames — the broker's own ceiling — at batch 1 and 50 on one
 broker, alternating, N rounds (issue 38): a message a call, and at batch 50 also 50 a
 call.
+
+`--gc-rounds N` measures only the Producer (acks 0, a message a call) at batch 1 and
+50, N rounds: its rate, CPU and the cyclic GC's share of that CPU — the time between
+the collector's start and stop callbacks, and its collections of each generation
+(issue 38: a tuple a message made it run every 700 messages).
 
 `--consumer-rounds N` measures only the consumer's reads of one partition of magic-3
 producer batches — as before issue 25 (`decode_messages`), iteration, and the batch
@@ -38,8 +44,11 @@ The default count (200,000 per run) keeps the whole run near a minute; the paper
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from bench.raw import run_produce
 from broker.client.connection import BrokerConnection
@@ -119,6 +128,42 @@ def against_raw(rounds: int, count: int) -> None:
     print(f"{count} messages of {SIZE} bytes per run, acks 0, one broker, {rounds} rounds alternating")
     for name, values in rows.items():
         print(f"{name:40} " + " ".join(f"{v:10.2f}" if v < 100 else f"{v:10.0f}" for v in values))
+
+
+@contextmanager
+def gc_clock() -> Iterator[dict]:
+    """The cyclic GC's seconds (`seconds`) and collections per generation (`runs`) in
+    this process while the block runs, from the collector's own callbacks."""
+    spent = {"seconds": 0.0, "runs": [0, 0, 0]}
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent["seconds"] += time.perf_counter() - started[0]
+            spent["runs"][info["generation"]] += 1
+
+    gc.callbacks.append(callback)
+    try:
+        yield spent
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def gc_rounds(rounds: int, count: int) -> None:
+    """`--gc-rounds N`: the Producer's rate, CPU and GC a message at batch 1 and 50."""
+    with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
+        cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
+        print(f"{count} messages of {SIZE} bytes per run, acks 0, one broker, {rounds} rounds")
+        with client(zookeeper.connect_string) as zk:
+            for r in range(rounds):
+                for batch in (1, 50):
+                    create_topic(zk, f"gc-{r}-{batch}", 1)
+                    with gc_clock() as spent:
+                        rate, cpu, _, _ = produce(zookeeper.connect_string, f"gc-{r}-{batch}", count, batch, 0)
+                    print(f"round {r + 1} batch {batch:2}: {rate:10.0f} msg/s, CPU {cpu:6.2f} us/msg, "
+                          f"GC {spent['seconds'] / count * 1e6:5.2f} us/msg, collections {spent['runs']}")
 
 
 def broker_knows(port: int, topic: str, partitions: int) -> bool:
@@ -205,6 +250,8 @@ def main() -> None:
     parser.add_argument("--send-many", action="store_true", help="also the batch-50 runs through send_many")
     parser.add_argument("--against-raw", type=int, default=0,
                         help="only the Producer against bench.raw's frames at batch 1 and 50, alternating, N rounds")
+    parser.add_argument("--gc-rounds", type=int, default=0,
+                        help="only the Producer's rate, CPU and GC a message at batch 1 and 50, N rounds")
     parser.add_argument("--consumer-rounds", type=int, default=0,
                         help="only the consumer reads (before issue 25, iteration, batches), alternating, N rounds")
     args = parser.parse_args()
@@ -214,6 +261,9 @@ def main() -> None:
         return
     if args.against_raw:
         against_raw(args.against_raw, args.count)
+        return
+    if args.gc_rounds:
+        gc_rounds(args.gc_rounds, args.count)
         return
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         pid = cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000}).process.pid

@@ -79,10 +79,10 @@ def append_and_encode(messages: int) -> tuple[float, float]:
     batches = []
     while drained := accumulator.drain(time.monotonic(), lambda topic: {0: 0}):  # not timed: the sender's round
         batches += [batch for batch, _ in drained]
-    assert sum(len(batch.records) for batch in batches) == messages
+    assert sum(batch.count for batch in batches) == messages
     encoding = clock()
     for batch in batches:
-        encode_message_set(batch.records)
+        encode_message_set(batch.messages())
     return (appended - start) / messages * 1e9, (clock() - encoding) / messages * 1e9
 
 

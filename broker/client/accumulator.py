@@ -17,7 +17,8 @@ message, and fuller batches at low rates (Kafka's sticky partitioner). Such a ba
 is *movable*: when its leader is down, or a send of it fails, it may go to another
 available partition, since none of its messages asked for one.
 
-Messages are `(key, value, timestamp)` tuples, what `encode_message_set` takes.
+A batch holds its messages' keys, values and timestamps flat (`ProducerBatch.fields`):
+no object a message for the cyclic GC to count.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import time
 from collections import deque
 from random import randrange
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Callable, Collection, Iterable
 
@@ -84,7 +85,7 @@ class RecordAccumulator:
                  retry_backoff: float = 0.1, max_in_flight_per_partition: int = 0) -> None:
         self.metadata = metadata
         self.batch_size = max(1, batch_size)
-        self._last_index = self.batch_size - 1  # a batch is full once a message gets this index
+        self._last_field = 3 * (self.batch_size - 1)  # a batch is full once a message's fields start here
         self.batch_bytes = batch_bytes
         self.linger = linger
         self.queue_size, self.queue_full, self.max_block = queue_size, queue_full, max_block  # back-pressure
@@ -121,19 +122,19 @@ class RecordAccumulator:
             opened = batch is None
             if opened:
                 batch = self._new_batch(topic, partition)
-            records = batch.records
-            index, position = len(records), batch.bytes
-            records.append((key, value, timestamp))
+            fields = batch.fields
+            start, position = len(fields), batch.bytes
+            fields += (key, value, timestamp)
             batch.bytes = position + size
             self.outstanding += 1
             result = (batch.result or batch.future_result()) if future else None  # under the lock (future_result)
-            if index >= self._last_index or position + size >= self.batch_bytes:
+            if start >= self._last_field or position + size >= self.batch_bytes:
                 self._close(batch)
             elif opened:
                 self._wake_sender()  # to time this batch's linger
         finally:
             lock.release()
-        return RecordFuture(result, position, index) if future else None
+        return RecordFuture(result, position, start // 3) if future else None
 
     def append_many(self, topic: str, values: list[bytes], timestamp: int, key: bytes | None = None,
                     partition: int | None = None) -> ManyFuture:
@@ -149,15 +150,15 @@ class RecordAccumulator:
                 if batch is None:
                     batch = self._new_batch(topic, partition)
                     self._wake_sender()
-                take = values[done:done + self.batch_size - len(batch.records)]
+                take = values[done:done + self.batch_size - batch.count]
                 size = per_record * len(take) + sum(map(len, take))
                 if batch.bytes + size > self.batch_bytes and len(take) > 1:
                     take, size = _within_bytes(batch.bytes, take, per_record, self.batch_bytes)
-                batch.records.extend(zip(repeat(key), take, repeat(timestamp)))
+                batch.fields += chain.from_iterable(zip(repeat(key), take, repeat(timestamp)))
                 batch.bytes += size
                 self.outstanding += len(take)
                 result = batch.future_result()  # under the lock: once closed, the sender may settle it
-                if len(batch.records) >= self.batch_size or batch.bytes >= self.batch_bytes:
+                if batch.count >= self.batch_size or batch.bytes >= self.batch_bytes:
                     self._close(batch)
             if not results or results[-1] is not result:
                 results.append(result)
@@ -170,7 +171,7 @@ class RecordAccumulator:
         batches = internal_batches(topic, records, self.exact_offsets)
         with self._lock:
             for batch in batches:
-                self.outstanding += len(batch.records)
+                self.outstanding += batch.count
                 self._ready.append(batch)
             self._wake_sender()
 
@@ -331,7 +332,7 @@ class RecordAccumulator:
     def release(self, batches: list[ProducerBatch]) -> None:
         """Settled batches' messages leave the queue (blocked senders and flushes wake)."""
         with self._lock:
-            self.outstanding -= sum(len(b.records) for b in batches)
+            self.outstanding -= sum(len(b.fields) for b in batches) // 3  # `count`, without a call a batch
             self._space.notify_all()
 
     def abandon(self) -> list[ProducerBatch]:

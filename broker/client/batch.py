@@ -1,11 +1,18 @@
 """A producer batch: messages bound for one partition, in send order, and what the
 sender and idempotence need to know of it (docs/clients.md, "Producer"). The
-`RecordAccumulator` (accumulator.py) fills and hands them over."""
+`RecordAccumulator` (accumulator.py) fills and hands them over.
+
+A batch keeps its messages flat, key, value and timestamp of each in turn, in one list
+(`fields`), not as a tuple a message. A tuple is an object the cyclic GC counts while
+it lives; a queue of them made the collector run once every 700 messages and walk the
+whole heap every few thousand: 12-14% of the producer's CPU at batch 50 (BENCHMARKS.md,
+issue 38). The tuple `fields += (key, value, timestamp)` makes is freed at once, and
+uncounted with it."""
 
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from broker.client.results import BatchResult
 from broker.common.message import HEADER_SIZE
@@ -17,13 +24,13 @@ class ProducerBatch:
     """Messages bound for one partition, in send order. `internal` batches carry the
     producer's own monitoring events."""
 
-    __slots__ = ("topic", "partition", "records", "bytes", "created", "movable", "internal", "attempts",
+    __slots__ = ("topic", "partition", "fields", "bytes", "created", "movable", "internal", "attempts",
                  "not_before", "finished", "exact", "result", "riders", "producer_id", "epoch", "sequence")
 
     def __init__(self, topic: str, partition: int, movable: bool, exact: bool, internal: bool = False) -> None:
         self.topic = topic
         self.partition = partition
-        self.records: list[Record] | tuple[Record] = []  # a tuple once sealed with one message (`seal`)
+        self.fields: list | tuple = []  # key, value, timestamp of each message, flat; a tuple once sealed with one
         self.bytes = 0  # encoded size without compression: HEADER_SIZE + key + value per message
         self.created = time.monotonic()
         self.movable, self.internal = movable, internal
@@ -39,14 +46,34 @@ class ProducerBatch:
         self.sequence: int | None = None
 
     def __repr__(self) -> str:
-        return f"<batch {self.topic}-{self.partition} of {len(self.records)}>"
+        return f"<batch {self.topic}-{self.partition} of {self.count}>"
+
+    @property
+    def count(self) -> int:
+        """How many messages the batch holds."""
+        return len(self.fields) // 3
+
+    def messages(self) -> Iterator[Record] | tuple[Record]:
+        """The (key, value, timestamp) of each message, in order: for one message the
+        sealed fields themselves, else made one at a time (`zip` reuses its tuple)."""
+        fields = self.fields
+        if len(fields) == 3:  # batch 1's every batch
+            return (fields if type(fields) is tuple else tuple(fields),)
+        it = iter(fields)
+        return zip(it, it, it)
+
+    @property
+    def records(self) -> list[Record]:
+        """The messages as a list of (key, value, timestamp): for the rare paths (a
+        failed batch) and for tests; the hot paths use `messages`."""
+        return list(self.messages())
 
     def seal(self) -> None:
         """The batch stops taking messages. One message's list becomes a tuple, which the
-        cyclic GC stops tracking once it has seen it (as the record inside): at batch 1
-        the batches queued behind the sender were half its full collections' work."""
-        if len(self.records) == 1:
-            self.records = tuple(self.records)
+        cyclic GC stops tracking once it has seen it: at batch 1 the batches queued
+        behind the sender were half its full collections' work."""
+        if len(self.fields) == 3:
+            self.fields = tuple(self.fields)
 
     def future_result(self) -> BatchResult:
         """The result futures of this batch's messages view. Made under the accumulator's
@@ -72,11 +99,11 @@ class ProducerBatch:
         """Take `other`'s messages (after this batch's) and the duty to settle its result;
         its messages' offsets now count from this batch's start."""
         for result in other.results:
-            result.shift_records += len(self.records)
+            result.shift_records += self.count
             result.shift_bytes += self.bytes
-        if type(self.records) is tuple:
-            self.records = list(self.records)
-        self.records.extend(other.records)
+        if type(self.fields) is tuple:
+            self.fields = list(self.fields)
+        self.fields += other.fields
         self.bytes += other.bytes
         self.riders = (*self.riders, *other.results)
         self.movable = self.movable and other.movable
@@ -93,6 +120,6 @@ def internal_batches(topic: str, records: Iterable[tuple[int, Record]], exact: b
         batch = batches.get(partition)
         if batch is None:
             batch = batches[partition] = ProducerBatch(topic, partition, False, exact, internal=True)
-        batch.records.append((key, value, timestamp))
+        batch.fields += (key, value, timestamp)
         batch.bytes += record_size(key, value)
     return list(batches.values())

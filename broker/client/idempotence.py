@@ -46,9 +46,9 @@ class ProducerIdentity:
             batch.sequence = self._next.get(key, 0)
             batch.epoch = epoch
             batch.producer_id = self.producer_id
-            self._next[key] = (batch.sequence + len(batch.records)) % SEQUENCE_LIMIT
+            self._next[key] = (batch.sequence + batch.count) % SEQUENCE_LIMIT
             batch.movable = False
-        return BatchIdentity(self.producer_id, epoch, batch.sequence, len(batch.records))
+        return BatchIdentity(self.producer_id, epoch, batch.sequence, batch.count)
 
     def reset(self, topic: str, partition: int) -> None:
         """Start the partition's sequences again under a new epoch. Past the largest

@@ -282,13 +282,13 @@ class Sender:
 
     def _encode(self, batch: ProducerBatch) -> bytes:
         if self.idempotence is None:  # a set compressed below its message count goes plain (docs/clients.md)
-            payload = encode_message_set(batch.records, self.codec)
+            payload = encode_message_set(batch.messages(), self.codec)
             if self.codec is not _PLAIN and payload[5] == 0:  # plain entries: each future its own offset
                 batch.exact = True
                 if batch.result is not None:
                     batch.result.exact = True
             return payload
-        return encode_batch(batch.records, self.idempotence.assign(batch), self.codec)
+        return encode_batch(batch.messages(), self.idempotence.assign(batch), self.codec)
 
     def _send(self, drained: list[tuple[ProducerBatch, int]]) -> None:
         """Write a round, each batch encoded as its request is written (pipeline.py), and
@@ -357,8 +357,8 @@ class Sender:
         user = [(b, offset) for b, offset in delivered if not b.internal]
         if self.monitoring is not None:
             for batch, _ in user:
-                self.monitoring.record(batch.topic, map(_Message._make, batch.records))
-        self.report.delivered(sum(len(b.records) for b, _ in user))
+                self.monitoring.record(batch.topic, map(_Message._make, batch.messages()))
+        self.report.delivered(sum(len(b.fields) for b, _ in user) // 3)  # `count`, without a call a batch
         try:
             for batch, base_offset in delivered:
                 if batch.result is not None:
@@ -367,7 +367,7 @@ class Sender:
                     rider.succeed(batch.partition, base_offset)
             if self.on_delivery is not None:
                 for batch, base_offset in user:
-                    count = len(batch.records)
+                    count = batch.count
                     _call_back(self.on_delivery, delivered_batch((batch.topic, batch.partition, base_offset, count,
                                                                   batch.bytes - HEADER_SIZE * count, batch.created)))
         finally:
@@ -383,10 +383,10 @@ class Sender:
             self.idempotence.reset(batch.topic, batch.partition)
         failures = []
         if batch.internal:
-            logger.warning("could not publish %d monitoring events: %s", len(batch.records), error)
+            logger.warning("could not publish %d monitoring events: %s", batch.count, error)
         else:
             failures = [FailedSend(batch.topic, key, value, ts, batch.partition, error)
-                        for key, value, ts in batch.records]
+                        for key, value, ts in batch.messages()]
             self.report.failed(failures)
         try:
             for result in batch.results:

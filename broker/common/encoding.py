@@ -63,18 +63,17 @@ def encode_message_set(messages: Messages, codec: Codec | str | None = _PLAIN) -
     return inner if len(wrapper) < count else wrapper
 
 
-def encode_batch(messages: list[tuple[bytes | None, bytes, int | None]], identity: BatchIdentity,
-                 codec: Codec | str | None = _PLAIN) -> bytes:
+def encode_batch(messages: Messages, identity: BatchIdentity, codec: Codec | str | None = _PLAIN) -> bytes:
     """An idempotent producer's batch: one magic-3 entry of `messages` (their count in
     `identity`), uncompressed when compressed it would break encode_message_set's rule."""
-    if identity.count != len(messages) or not messages:
-        raise ValueError(f"a batch of {len(messages)} messages cannot carry count {identity.count}")
     codec = Codec.parse(codec)
-    parts, largest, _ = _inner_parts(messages)
+    parts, largest, count = _inner_parts(messages)
+    if identity.count != count or not count:
+        raise ValueError(f"a batch of {count} messages cannot carry count {identity.count}")
     fields, inner = BATCH_FIELDS.pack(*identity), b"".join(parts)
     if codec is not _PLAIN:
         out = _wrapper((fields, compress(codec, inner)), largest, int(codec), MAGIC_BATCH)
-        if len(out) >= len(messages):
+        if len(out) >= count:
             return out
     return _wrapper((fields, inner), largest, 0, MAGIC_BATCH)
 

@@ -59,6 +59,8 @@ SMOKES: dict[str, Smoke] = {
         r"^producer/raw batch 50 +[\d.]+$",
         r"^producer CPU us/msg batch 50 +[\d.]+$",
         r"^producer 50 a call/raw batch 50 +[\d.]+$"]),
+    "clients:gc-rounds": Smoke(["--count", "500", "--gc-rounds", "1"], [
+        r"^round 1 batch 50: +\d+ msg/s, CPU +[\d.]+ us/msg, GC +[\d.]+ us/msg, collections \[\d+, \d+, \d+\]$"]),
     "kafka_clients": Smoke(["--records", "2000", "--rounds", "1"], [
         r"^\| native raw batch 50, acks=0 \| [\d,]+ \| \| \| 1.00 \| \|$",
         r"^\| librdkafka producer acks=1 \| [\d,]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 300,000 \|$",

@@ -3,6 +3,8 @@ and linger, partition choice, drain order, retries, and futures resolving."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from broker.client.accumulator import EXPIRY_CHECK, ProducerBatch, RecordAccumulator
@@ -13,7 +15,9 @@ from broker.common.errors import (
     BrokerShuttingDown, ErrorCode, MessageTooLarge, NotLeaderForPartition, StorageError, TopicCreationDisabled,
     UnknownPartition, UnknownTopic, error_for,
 )
-from broker.common.message import HEADER_SIZE
+from broker.common.compression import Codec
+from broker.common.message import HEADER_SIZE, BatchIdentity, encode_batch, encode_message_set, iter_messages
+from tests.unit.test_producer_encoding import PACKAGES
 
 
 class Leaders:
@@ -378,3 +382,79 @@ def test_a_round_takes_at_most_500_batches_from_the_front_and_the_rest_keep_thei
     assert [len(r) for r in rounds] == [500, 500, 200]
     assert sum(rounds, []) == [b"%d" % i for i in range(1200)]
     assert [b.records[0][1] for b in acc._ready] == [b"waits"]
+
+
+# ---------------------------------------------------------------- flat fields (issue 38)
+
+def sent_messages(count: int) -> list[tuple[bytes | None, bytes, int]]:
+    return [(None if i % 3 else b"key-%d" % i, b"value-%d" % i, 1_700_000_000_000 + i // 4) for i in range(count)]
+
+
+@pytest.mark.parametrize("count", [1, 2, 50])
+def test_a_batch_gives_back_its_messages_in_order_from_every_way_in(count):
+    """`append` (keyed and not, with and without a future), `send_many`'s slices,
+    the producer's own events and a merged batch keep key, value and timestamp of
+    each message flat; `messages` gives them back as sent, sealed or not."""
+    sent = sent_messages(count)
+    acc = accumulator(batch_size=count)
+    for i, (key, value, timestamp) in enumerate(sent):
+        acc.append("t", key, value, timestamp, 0, future=i % 2 == 0)
+    [(batch, _)] = drain(acc, 0.0)
+    assert list(batch.messages()) == batch.records == sent and batch.count == count
+
+    many = accumulator(batch_size=count)
+    many.append_many("t", [value for _, value, _ in sent], 5, key=b"k", partition=1)
+    [(batch, _)] = drain(many, 0.0)
+    assert batch.records == [(b"k", value, 5) for _, value, _ in sent]
+
+    internal = accumulator()
+    internal.append_internal("t", [(0, message) for message in sent])
+    [(batch, _)] = drain(internal, 0.0)
+    assert batch.records == sent and batch.internal
+
+    first, second = (ProducerBatch("t", 0, movable=False, exact=True) for _ in range(2))
+    for batch, part in ((first, sent[:1]), (second, sent[1:] or sent)):
+        for key, value, timestamp in part:
+            batch.fields += (key, value, timestamp)
+        batch.seal()
+    first.absorb(second)
+    assert first.records == sent[:1] + (sent[1:] or sent) and first.count == len(first.records)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize("codec", list(Codec))
+@pytest.mark.parametrize("count", [1, 50])
+def test_a_batch_encodes_from_its_fields_to_exactly_the_messages_sent(codec, idempotent, count):
+    """What the sender encodes (`batch.messages()`, never a list of tuples) decodes to
+    the messages appended, for every codec, with and without idempotence."""
+    if codec in PACKAGES:
+        pytest.importorskip(PACKAGES[codec])
+    sent = sent_messages(count)
+    acc = accumulator(batch_size=count)
+    for key, value, timestamp in sent:
+        acc.append("t", key, value, timestamp, 0, False)
+    [(batch, _)] = drain(acc, 0.0)
+    payload = (encode_batch(batch.messages(), BatchIdentity(9, 0, 0, batch.count), codec) if idempotent
+               else encode_message_set(batch.messages(), codec))
+    assert [(m.key, m.value, m.timestamp) for m in iter_messages(payload, 0)] == sent
+
+
+def test_appending_makes_no_object_a_message_for_the_cyclic_gc():
+    """A tuple a message counted toward the collector's next run while the batch
+    waited: at batch 50 it ran every 700 messages, 14% of the producer's CPU. With the
+    collector off (nothing untracks meanwhile), 2,000 appends and a 2,000-message
+    `send_many` add only the batches' own objects to what it tracks."""
+    acc = accumulator(batch_size=5000, queue_size=10_000)
+    values = [b"v%d" % i for i in range(2000)]
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        for value in values:
+            acc.append("t", None, value, 1_700_000_000_000, 0, False)
+        acc.append_many("t", values, 1_700_000_000_000, partition=1)
+        added = len(gc.get_objects()) - before
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert added < 50, f"{added} objects tracked for 4,000 messages"
