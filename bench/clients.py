@@ -5,7 +5,7 @@ and 1 — and one consumer reading everything back.
     .venv/bin/python -m bench.clients --count 200000 [--send] [--send-many]
     .venv/bin/python -m bench.clients --count 200000 --consumer-rounds 3
     .venv/bin/python -m bench.clients --count 200000 --against-raw 3
-    .venv/bin/python -m bench.clients --count 1000000 --gc-rounds 2
+    .venv/bin/python -m bench.clients --count 1000000 --gc-rounds 2 [--batches 50]
 
 Every producer row also gives the producing process's CPU time per message (user +
 system, all its threads: what the producer takes from a web server's cores), and the
@@ -17,9 +17,9 @@ broker, alternating, N rounds (issue 38): a message a call, and at batch 50 also
 call.
 
 `--gc-rounds N` measures only the Producer (acks 0, a message a call) at batch 1 and
-50, N rounds: its rate, CPU and the cyclic GC's share of that CPU — the time between
-the collector's start and stop callbacks, and its collections of each generation
-(issue 38: a tuple a message made it run every 700 messages).
+50 (`--batches`), N rounds: its rate, CPU and the cyclic GC's share of that CPU — the
+time between the collector's start and stop callbacks, and its collections of each
+generation (issue 38: a tuple a message made it run every 700 messages).
 
 `--consumer-rounds N` measures only the consumer's reads of one partition of magic-3
 producer batches — as before issue 25 (`decode_messages`), iteration, and the batch
@@ -151,14 +151,14 @@ def gc_clock() -> Iterator[dict]:
         gc.callbacks.remove(callback)
 
 
-def gc_rounds(rounds: int, count: int) -> None:
-    """`--gc-rounds N`: the Producer's rate, CPU and GC a message at batch 1 and 50."""
+def gc_rounds(rounds: int, count: int, batches: list[int]) -> None:
+    """`--gc-rounds N`: the Producer's rate, CPU and GC a message at each of `batches`."""
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
         print(f"{count} messages of {SIZE} bytes per run, acks 0, one broker, {rounds} rounds")
         with client(zookeeper.connect_string) as zk:
             for r in range(rounds):
-                for batch in (1, 50):
+                for batch in batches:
                     create_topic(zk, f"gc-{r}-{batch}", 1)
                     with gc_clock() as spent:
                         rate, cpu, _, _ = produce(zookeeper.connect_string, f"gc-{r}-{batch}", count, batch, 0)
@@ -251,7 +251,8 @@ def main() -> None:
     parser.add_argument("--against-raw", type=int, default=0,
                         help="only the Producer against bench.raw's frames at batch 1 and 50, alternating, N rounds")
     parser.add_argument("--gc-rounds", type=int, default=0,
-                        help="only the Producer's rate, CPU and GC a message at batch 1 and 50, N rounds")
+                        help="only the Producer's rate, CPU and GC a message at --batches, N rounds")
+    parser.add_argument("--batches", default="1,50", help="--gc-rounds' batch sizes (default 1,50)")
     parser.add_argument("--consumer-rounds", type=int, default=0,
                         help="only the consumer reads (before issue 25, iteration, batches), alternating, N rounds")
     args = parser.parse_args()
@@ -263,7 +264,7 @@ def main() -> None:
         against_raw(args.against_raw, args.count)
         return
     if args.gc_rounds:
-        gc_rounds(args.gc_rounds, args.count)
+        gc_rounds(args.gc_rounds, args.count, [int(b) for b in args.batches.split(",")])
         return
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         pid = cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000}).process.pid
