@@ -62,12 +62,6 @@ class ProducerBatch:
         it = iter(fields)
         return zip(it, it, it)
 
-    @property
-    def records(self) -> list[Record]:
-        """The messages as a list of (key, value, timestamp): for the rare paths (a
-        failed batch) and for tests; the hot paths use `messages`."""
-        return list(self.messages())
-
     def seal(self) -> None:
         """The batch stops taking messages. One message's list becomes a tuple, which the
         cyclic GC stops tracking once it has seen it: at batch 1 the batches queued

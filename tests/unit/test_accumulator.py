@@ -39,12 +39,16 @@ def drain(acc: RecordAccumulator, now: float, metadata=None):
     return acc.drain(now, (metadata or acc.metadata).partitions)
 
 
+def first_value(batch: ProducerBatch) -> bytes:
+    return next(iter(batch.messages()))[1]
+
+
 def test_a_batch_is_ready_when_it_holds_batch_size_messages():
     acc = accumulator()
     for i in range(4):
         acc.append("t", None, b"v%d" % i, 1, 0)
     [(batch, leader)] = drain(acc, 0.0)
-    assert (batch.partition, leader, [r[1] for r in batch.records]) == (0, 7, [b"v0", b"v1", b"v2"])
+    assert (batch.partition, leader, [r[1] for r in batch.messages()]) == (0, 7, [b"v0", b"v1", b"v2"])
     assert drain(acc, 0.0) == []  # the fourth message lingers
 
 
@@ -54,7 +58,7 @@ def test_a_batch_is_ready_when_it_reaches_batch_bytes():
     assert drain(acc, 0.0) == []
     acc.append("t", None, b"y" * 10, 1, 1)
     [(batch, _)] = drain(acc, 0.0)
-    assert len(batch.records) == 2 and batch.bytes == 2 * (HEADER_SIZE + 10)
+    assert batch.count == 2 and batch.bytes == 2 * (HEADER_SIZE + 10)
 
 
 def test_an_open_batch_is_ready_once_its_first_message_lingered():
@@ -97,9 +101,9 @@ def test_a_partition_without_leader_holds_its_batches_in_order_and_others_go():
     acc.append("t", b"k", b"first", 1, 0)
     acc.append("t", b"k", b"second", 1, 0)
     acc.append("t", b"k", b"other", 1, 1)
-    assert [b.records[0][1] for b, _ in drain(acc, 0.0)] == [b"other"]
+    assert [first_value(b) for b, _ in drain(acc, 0.0)] == [b"other"]
     metadata.topics["t"] = {0: 7, 1: 8}
-    assert [b.records[0][1] for b, _ in drain(acc, 0.0)] == [b"first", b"second"]
+    assert [first_value(b) for b, _ in drain(acc, 0.0)] == [b"first", b"second"]
 
 
 def test_an_unkeyed_batch_whose_leader_died_moves_to_an_available_partition():
@@ -124,7 +128,7 @@ def test_a_retried_batch_goes_first_after_its_backoff_and_an_unkeyed_one_avoids_
     assert drain(acc, 0.5) == []  # the retried batch of partition 0 also holds back "later"
     out = [b for b, _ in drain(acc, 1.0)]
     assert out[0] is placed and placed.attempts == 1
-    assert [b.records[0][1] for b in out].index(b"later") > out.index(placed)
+    assert [first_value(b) for b in out].index(b"later") > out.index(placed)
     assert movable.partition != failed_on
 
 
@@ -157,7 +161,7 @@ def test_a_future_asked_after_futureless_appends_counts_them_and_a_merged_future
     merging.append("t", None, b"01", 1, 0, future=False)
     last = merging.append("t", None, b"02", 1, 0)
     [(first, _)] = drain(merging, 0.0)
-    assert first.result is None and len(first.records) == 3
+    assert first.result is None and first.count == 3
     assert first.results == [last.batch]
     for result in first.results:
         result.succeed(0, 77)
@@ -201,7 +205,7 @@ def test_send_many_fills_batches_and_resolves_one_future_for_the_call():
     future = acc.append_many("t", [b"v%d" % i for i in range(7)], 1)
     acc.begin_flush()
     batches = [b for b, _ in drain(acc, 0.0)]
-    assert [len(b.records) for b in batches] == [3, 3, 1]
+    assert [b.count for b in batches] == [3, 3, 1]
     assert len({b.partition for b in batches[:1]}) == 1
     for b in batches[:-1]:
         b.result.succeed(b.partition, 0)
@@ -215,7 +219,7 @@ def test_send_many_keeps_batches_within_batch_bytes():
     acc = accumulator(batch_size=100, batch_bytes=3 * (HEADER_SIZE + 10))
     future = acc.append_many("t", [b"x" * 10] * 7, 1)
     acc.begin_flush()
-    assert [len(b.records) for b, _ in drain(acc, 0.0)] == [3, 3, 1]
+    assert [b.count for b, _ in drain(acc, 0.0)] == [3, 3, 1]
     assert future.count == 7
 
 
@@ -247,7 +251,7 @@ def test_released_batches_make_room_and_abandon_takes_the_rest():
     acc.release([batch])
     assert acc.outstanding == 1
     [left] = acc.abandon()
-    assert len(left.records) == 1
+    assert left.count == 1
 
 
 def test_batches_older_than_the_delivery_timeout_expire():
@@ -300,8 +304,8 @@ def test_send_many_with_a_partition_or_a_key_fills_that_partitions_batches():
     acc.begin_flush()
     batches = [b for b, _ in drain(acc, 0.0)]
     assert {b.partition for b in batches} == {1} and not any(b.movable for b in batches)
-    assert [len(b.records) for b in batches] == [2, 2, 2]  # the key counts in batch_bytes
-    assert [r for b in batches for r in b.records] == [(b"k1", b"x" * 10, 1)] * 5 + [(None, b"one", 1)]
+    assert [b.count for b in batches] == [2, 2, 2]  # the key counts in batch_bytes
+    assert [r for b in batches for r in b.messages()] == [(b"k1", b"x" * 10, 1)] * 5 + [(None, b"one", 1)]
     for b in batches:
         b.result.succeed(1, 0)
     assert single.result(0).partition == 1 and future.result(0) == 5
@@ -316,7 +320,7 @@ def test_with_idempotence_a_partition_has_five_batches_out_and_its_waiting_messa
                       exact_offsets=False)
     futures = [acc.append("t", None, b"%02d" % i, 1, 0) for i in range(12)]
     round_ = [batch for batch, _ in drain(acc, 0.0)]
-    assert [[r[1] for r in b.records] for b in round_] == [[b"00", b"01"], [b"02", b"03"], [b"04", b"05"],
+    assert [[r[1] for r in b.messages()] for b in round_] == [[b"00", b"01"], [b"02", b"03"], [b"04", b"05"],
                                                           [b"06", b"07"], [b"08", b"09", b"10", b"11"]]
     assert len(round_[4].results) == 4
     assert drain(acc, 0.0) == []
@@ -327,12 +331,12 @@ def test_with_idempotence_a_partition_has_five_batches_out_and_its_waiting_messa
 
     more = [acc.append("t", None, b"%02d" % i, 1, 0) for i in range(30)]
     round_ = [batch for batch, _ in drain(acc, 0.0)]
-    assert [len(b.records) for b in round_] == [4] * 5  # shares of six, but batch_bytes holds four
+    assert [b.count for b in round_] == [4] * 5  # shares of six, but batch_bytes holds four
     for batch in round_:
         batch.sequence = 0  # sent
     next_round = [batch for batch, _ in drain(acc, 0.0)]
-    assert [len(b.records) for b in next_round] == [2] * 5  # the ten left, spread; none joins a sent batch
-    assert [r[1] for b in round_ + next_round for r in b.records] == [b"%02d" % i for i in range(30)]
+    assert [b.count for b in next_round] == [2] * 5  # the ten left, spread; none joins a sent batch
+    assert [r[1] for b in round_ + next_round for r in b.messages()] == [b"%02d" % i for i in range(30)]
     assert not more[29].done()
 
 
@@ -378,10 +382,10 @@ def test_a_round_takes_at_most_500_batches_from_the_front_and_the_rest_keep_thei
     acc.append("t", None, b"waits", 1, 1)
     for i in range(1200):
         acc.append("t", None, b"%d" % i, 1, 0)
-    rounds = [[b.records[0][1] for b, _ in drain(acc, 0.0)] for _ in range(3)]
+    rounds = [[first_value(b) for b, _ in drain(acc, 0.0)] for _ in range(3)]
     assert [len(r) for r in rounds] == [500, 500, 200]
     assert sum(rounds, []) == [b"%d" % i for i in range(1200)]
-    assert [b.records[0][1] for b in acc._ready] == [b"waits"]
+    assert [first_value(b) for b in acc._ready] == [b"waits"]
 
 
 # ---------------------------------------------------------------- flat fields (issue 38)
@@ -400,17 +404,17 @@ def test_a_batch_gives_back_its_messages_in_order_from_every_way_in(count):
     for i, (key, value, timestamp) in enumerate(sent):
         acc.append("t", key, value, timestamp, 0, future=i % 2 == 0)
     [(batch, _)] = drain(acc, 0.0)
-    assert list(batch.messages()) == batch.records == sent and batch.count == count
+    assert list(batch.messages()) == sent and batch.count == count
 
     many = accumulator(batch_size=count)
     many.append_many("t", [value for _, value, _ in sent], 5, key=b"k", partition=1)
     [(batch, _)] = drain(many, 0.0)
-    assert batch.records == [(b"k", value, 5) for _, value, _ in sent]
+    assert list(batch.messages()) == [(b"k", value, 5) for _, value, _ in sent]
 
     internal = accumulator()
     internal.append_internal("t", [(0, message) for message in sent])
     [(batch, _)] = drain(internal, 0.0)
-    assert batch.records == sent and batch.internal
+    assert list(batch.messages()) == sent and batch.internal
 
     first, second = (ProducerBatch("t", 0, movable=False, exact=True) for _ in range(2))
     for batch, part in ((first, sent[:1]), (second, sent[1:] or sent)):
@@ -418,7 +422,7 @@ def test_a_batch_gives_back_its_messages_in_order_from_every_way_in(count):
             batch.fields += (key, value, timestamp)
         batch.seal()
     first.absorb(second)
-    assert first.records == sent[:1] + (sent[1:] or sent) and first.count == len(first.records)
+    assert list(first.messages()) == sent[:1] + (sent[1:] or sent) and first.count == 1 + len(sent[1:] or sent)
 
 
 @pytest.mark.parametrize("idempotent", [False, True])

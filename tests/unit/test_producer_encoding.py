@@ -89,6 +89,17 @@ def test_a_batch_decodes_to_exactly_the_messages_sent(codec, idempotent, count):
     assert len({m.offset for m in decoded}) == count
 
 
+def test_a_batch_takes_its_messages_from_any_iterable_and_refuses_a_count_it_does_not_hold():
+    """The sender hands `encode_batch` a batch's messages as an iterator (`zip` over
+    its flat fields): the count it encoded is checked against the identity's."""
+    records = messages(3, 5)
+    assert encode_batch(iter(records), BatchIdentity(9, 0, 5, 5)) == encode_batch(records, BatchIdentity(9, 0, 5, 5))
+    with pytest.raises(ValueError, match="a batch of 5 messages cannot carry count 6"):
+        encode_batch(iter(records), BatchIdentity(9, 0, 5, 6))
+    with pytest.raises(ValueError, match="a batch of 0 messages cannot carry count 0"):
+        encode_batch(iter(()), BatchIdentity(9, 0, 5, 0))
+
+
 def sharing_timestamps(seed: int, count: int) -> list[tuple[bytes | None, bytes, int]]:
     """What a producer's batch looks like: runs of messages in one millisecond, keys
     absent, empty or of changing lengths within a run (the encoder reuses a header

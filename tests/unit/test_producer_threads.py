@@ -58,7 +58,7 @@ def test_messages_appended_from_many_threads_each_get_their_own_offset(switching
     offsets = {f.result(0).offset: f for fs in futures for f in fs}
     assert len(offsets) == 8000
     position = index = 0
-    for key, value, _ in batch.records:  # each offset is the place of the message it was given for
+    for key, value, _ in batch.messages():  # each offset is the place of the message it was given for
         i, n = map(int, value.split(b"-"))
         assert futures[i][n].result(0).offset == (position if exact else index)
         position += 22 + len(value)
