@@ -5,7 +5,7 @@ and 1 — and one consumer reading everything back.
     .venv/bin/python -m bench.clients --count 200000 [--send] [--send-many]
     .venv/bin/python -m bench.clients --count 200000 --consumer-rounds 3
     .venv/bin/python -m bench.clients --count 200000 --against-raw 3
-    .venv/bin/python -m bench.clients --count 1000000 --gc-rounds 2 [--batches 50]
+    .venv/bin/python -m bench.clients --count 1000000 --gc-rounds 2 [--batches 50] [--monitoring]
 
 Every producer row also gives the producing process's CPU time per message (user +
 system, all its threads: what the producer takes from a web server's cores), and the
@@ -71,16 +71,17 @@ CALLS = ("produce", "send", "send_many")
 
 def produce(zk: str, topic: str, count: int, batch: int, acks: int, call: str = "produce",
             idempotent: bool | None = None, broker_pid: int | None = None,
-            chunk: int = MANY_CHUNK) -> tuple[float, float, float, float]:
+            chunk: int = MANY_CHUNK, monitoring: bool = False) -> tuple[float, float, float, float]:
     """(msg/s, CPU µs per message, the broker's CPU µs per message, the broker's busy
     share): the clock and this process's CPU time (user + system, every thread: the
     caller's calls, the sender thread, ZooKeeper's) from the first call until `close`
     returns, through `call` (one of CALLS; `send_many` hands `chunk` messages a call);
     the broker's from /proc when `broker_pid` is given (NaN otherwise). Idempotence is
-    on with acks 1 unless told."""
+    on with acks 1 unless told; monitoring (the producer's audit counts, on by default
+    in a `Producer`) only when told."""
     value = b"x" * SIZE
     broker_cpu = (lambda: cpu_seconds(broker_pid)) if broker_pid else (lambda: float("nan"))
-    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=False,
+    with Producer(zookeeper=zk, mode="async", acks=acks, batch_size=batch, linger_ms=5, monitoring=monitoring,
                   enable_idempotence=acks != 0 if idempotent is None else idempotent,
                   queue_size=50_000) as producer:  # closed also on failure: its ZooKeeper watches
         start, cpu, broker = time.perf_counter(), time.process_time(), broker_cpu()
@@ -151,8 +152,9 @@ def gc_clock() -> Iterator[dict]:
         gc.callbacks.remove(callback)
 
 
-def gc_rounds(rounds: int, count: int, batches: list[int]) -> None:
-    """`--gc-rounds N`: the Producer's rate, CPU and GC a message at each of `batches`."""
+def gc_rounds(rounds: int, count: int, batches: list[int], monitoring: bool) -> None:
+    """`--gc-rounds N`: the Producer's rate, CPU and GC a message at each of `batches`,
+    with its monitoring (audit counts) on if told."""
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000})
         print(f"{count} messages of {SIZE} bytes per run, acks 0, one broker, {rounds} rounds")
@@ -161,7 +163,8 @@ def gc_rounds(rounds: int, count: int, batches: list[int]) -> None:
                 for batch in batches:
                     create_topic(zk, f"gc-{r}-{batch}", 1)
                     with gc_clock() as spent:
-                        rate, cpu, _, _ = produce(zookeeper.connect_string, f"gc-{r}-{batch}", count, batch, 0)
+                        rate, cpu, _, _ = produce(zookeeper.connect_string, f"gc-{r}-{batch}", count, batch, 0,
+                                                  monitoring=monitoring)
                     print(f"round {r + 1} batch {batch:2}: {rate:10.0f} msg/s, CPU {cpu:6.2f} us/msg, "
                           f"GC {spent['seconds'] / count * 1e6:5.2f} us/msg, collections {spent['runs']}")
 
@@ -253,6 +256,8 @@ def main() -> None:
     parser.add_argument("--gc-rounds", type=int, default=0,
                         help="only the Producer's rate, CPU and GC a message at --batches, N rounds")
     parser.add_argument("--batches", default="1,50", help="--gc-rounds' batch sizes (default 1,50)")
+    parser.add_argument("--monitoring", action="store_true",
+                        help="--gc-rounds with the producer's monitoring on (a Producer's default)")
     parser.add_argument("--consumer-rounds", type=int, default=0,
                         help="only the consumer reads (before issue 25, iteration, batches), alternating, N rounds")
     args = parser.parse_args()
@@ -264,7 +269,7 @@ def main() -> None:
         against_raw(args.against_raw, args.count)
         return
     if args.gc_rounds:
-        gc_rounds(args.gc_rounds, args.count, [int(b) for b in args.batches.split(",")])
+        gc_rounds(args.gc_rounds, args.count, [int(b) for b in args.batches.split(",")], args.monitoring)
         return
     with scratch_cluster("logbus-bench-clients-") as (zookeeper, cluster):
         pid = cluster.start_broker(0, {"log.flush.interval.ms": 200, "log.flush.interval.messages": 100_000}).process.pid

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from broker.client.accumulator import RecordAccumulator
 from broker.client.batch import ProducerBatch
@@ -75,14 +75,6 @@ def _call_back(callback: Callable, argument: object) -> None:
         callback(argument)
     except Exception:
         logger.exception("producer callback %r raised", callback)
-
-
-class _Message(NamedTuple):
-    """A delivered message as `MonitoringCounter.record` reads it."""
-
-    key: bytes | None
-    value: bytes
-    timestamp: int
 
 
 def _unencoded(drained: list[tuple[ProducerBatch, int]]) -> list[Outgoing]:
@@ -357,7 +349,9 @@ class Sender:
         user = [(b, offset) for b, offset in delivered if not b.internal]
         if self.monitoring is not None:
             for batch, _ in user:
-                self.monitoring.record(batch.topic, map(_Message._make, batch.messages()))
+                timestamps = batch.fields[2::3]
+                self.monitoring.record_batch(batch.topic, timestamps, batch.bytes - HEADER_SIZE * len(timestamps),
+                                             batch.messages)
         self.report.delivered(sum(len(b.fields) for b, _ in user) // 3)  # `count`, without a call a batch
         try:
             for batch, base_offset in delivered:

@@ -1,6 +1,7 @@
 """The monitoring-event counter and the reader's rules, on events built by the counter."""
 
 import json
+import random
 from types import SimpleNamespace
 
 from broker.client.monitoring import MonitoringCounter
@@ -30,9 +31,30 @@ def test_events_are_cumulative_and_only_for_changed_windows():
     assert counter.events() == []
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_a_batch_counts_as_its_messages_one_by_one_within_a_window_and_across_windows(seed):
+    """`record_batch` (the producer's sender: a batch's timestamps and key-and-value
+    bytes) gives the same windows as `record` of each message, whether the batch's
+    timestamps fall in one window (counted without a step a message), straddle a
+    boundary, or come out of order (a caller's own timestamps)."""
+    rng = random.Random(seed)
+    base = rng.choice([0, 999, 1000, 5_000_000])
+    triples = [(rng.choice([None, b"", b"key"]), rng.randbytes(rng.randrange(0, 30)),
+                base + rng.choice([0, 1, rng.randrange(-1500, 1500)] if seed % 3 else [0, 1]))
+               for _ in range(rng.randrange(1, 60))]
+    one_by_one, batched = MonitoringCounter("p", window_ms=1000), MonitoringCounter("p", window_ms=1000)
+    one_by_one.record("t", [message(ts, value, key) for key, value, ts in triples])
+    batched.record_batch("t", [ts for _, _, ts in triples],
+                         sum(len(value) + len(key or b"") for key, value, _ in triples), lambda: iter(triples))
+    assert batched.counts() == one_by_one.counts()
+    batched.record_batch("t", [], 0, lambda: iter(()))
+    assert batched.counts() == one_by_one.counts()
+
+
 def test_monitoring_topic_is_never_counted():
     counter = MonitoringCounter("p1", monitoring_topic="_audit")
     counter.record("_audit", [message(1)])
+    counter.record_batch("_audit", [1], 3, lambda: iter([(None, b"abc", 1)]))
     assert counter.events() == []
 
 

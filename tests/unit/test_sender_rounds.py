@@ -39,12 +39,12 @@ class ScriptedPipeline:
 
     def write(self, batches, encode=None) -> None:
         assert all(out.payload or encode(out.batch) for out in batches)
-        self.written.append([value for out in batches for _, value, _ in out.batch.records])
+        self.written.append([value for out in batches for _, value, _ in out.batch.messages()])
         self.due.extend(batches)
 
     def answers(self) -> list[Outcome]:
         due, self.due = self.due, []
-        return [Outcome(out.batch, 0, self.errors.get(out.batch.records[0][1])) for out in due]
+        return [Outcome(out.batch, 0, self.errors.get(next(iter(out.batch.messages()))[1])) for out in due]
 
 
 class MetadataStub(Leaders):
@@ -60,7 +60,7 @@ def sender_over(acc, pipeline) -> Sender:
 
 
 def values(batches) -> list[bytes]:
-    return [value for batch in batches for _, value, _ in batch.records]
+    return [value for batch in batches for _, value, _ in batch.messages()]
 
 
 def test_a_round_encoded_behind_a_failed_batch_waits_for_its_retry_in_order():
