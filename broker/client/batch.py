@@ -12,7 +12,7 @@ uncounted with it."""
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 from broker.client.results import BatchResult
 from broker.common.message import HEADER_SIZE
@@ -61,6 +61,10 @@ class ProducerBatch:
             return (fields if type(fields) is tuple else tuple(fields),)
         it = iter(fields)
         return zip(it, it, it)
+
+    def timestamps(self) -> Sequence[int]:
+        """Each message's timestamp, in order (one slice of the fields)."""
+        return self.fields[2::3]
 
     def seal(self) -> None:
         """The batch stops taking messages. One message's list becomes a tuple, which the

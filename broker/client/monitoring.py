@@ -28,7 +28,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, Sequence
 
 from broker.client.metadata import ClusterMetadata, open_metadata
 from broker.client.consumer import SimpleConsumer
@@ -44,14 +44,6 @@ MIRROR_TIER = "mirror"
 
 # (tier, source, producer_id, topic, window_start): the identity of a counter's window
 EventKey = tuple[str, str | None, str, str, int]
-
-
-class _Delivered(NamedTuple):
-    """A delivered message as `MonitoringCounter.record` reads it."""
-
-    key: bytes | None
-    value: bytes
-    timestamp: int
 
 
 @dataclass
@@ -120,18 +112,21 @@ class MonitoringCounter:
 
     def record(self, topic: str, messages) -> None:
         """Count delivered messages, given as objects with `key`, `value`, `timestamp`."""
-        if topic == self.monitoring_topic:
-            return
+        if topic != self.monitoring_topic:
+            self._add(topic, self._windows((m.key, m.value, m.timestamp) for m in messages))
+
+    def _windows(self, messages: Iterable[tuple[bytes | None, bytes, int]]) -> dict[int, list[int]]:
+        """[count, key and value bytes] per window start of (key, value, timestamp)s."""
         window = self.window_ms
         sums: dict[int, list[int]] = {}
-        for m in messages:
-            start = m.timestamp - m.timestamp % window
+        for key, value, timestamp in messages:
+            start = timestamp - timestamp % window
             entry = sums.get(start)
             if entry is None:
                 entry = sums[start] = [0, 0]
             entry[0] += 1
-            entry[1] += len(m.value) + (len(m.key) if m.key is not None else 0)
-        self._add(topic, sums)
+            entry[1] += len(value) + (len(key) if key is not None else 0)
+        return sums
 
     def record_batch(self, topic: str, timestamps: Sequence[int], size: int,
                      messages: Callable[[], Iterable[tuple[bytes | None, bytes, int]]]) -> None:
@@ -148,7 +143,7 @@ class MonitoringCounter:
         if max(timestamps) < start + window:
             self._add(topic, {start: [len(timestamps), size]})
         else:
-            self.record(topic, map(_Delivered._make, messages()))
+            self._add(topic, self._windows(messages()))
 
     def _add(self, topic: str, sums: dict[int, list[int]]) -> None:
         """Add (count, bytes) per window start to the topic's windows, which become due."""

@@ -349,7 +349,7 @@ class Sender:
         user = [(b, offset) for b, offset in delivered if not b.internal]
         if self.monitoring is not None:
             for batch, _ in user:
-                timestamps = batch.fields[2::3]
+                timestamps = batch.timestamps()
                 self.monitoring.record_batch(batch.topic, timestamps, batch.bytes - HEADER_SIZE * len(timestamps),
                                              batch.messages)
         self.report.delivered(sum(len(b.fields) for b, _ in user) // 3)  # `count`, without a call a batch
