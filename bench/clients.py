@@ -133,16 +133,19 @@ def against_raw(rounds: int, count: int) -> None:
 
 @contextmanager
 def gc_clock() -> Iterator[dict]:
-    """The cyclic GC's seconds (`seconds`) and collections per generation (`runs`) in
-    this process while the block runs, from the collector's own callbacks."""
-    spent = {"seconds": 0.0, "runs": [0, 0, 0]}
+    """The cyclic GC's seconds (`seconds`), collections per generation (`runs`) and
+    longest collection in seconds (`longest`) in this process while the block runs, from
+    the collector's own callbacks."""
+    spent = {"seconds": 0.0, "runs": [0, 0, 0], "longest": 0.0}
     started = [0.0]
 
     def callback(phase: str, info: dict) -> None:
         if phase == "start":
             started[0] = time.perf_counter()
         else:
-            spent["seconds"] += time.perf_counter() - started[0]
+            took = time.perf_counter() - started[0]
+            spent["seconds"] += took
+            spent["longest"] = max(spent["longest"], took)
             spent["runs"][info["generation"]] += 1
 
     gc.callbacks.append(callback)

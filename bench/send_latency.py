@@ -8,7 +8,9 @@ First the maximum: one async producer sends `--count` messages as fast as it can
 (the clock stops when `flush` returns). Then, for each fraction of that rate and each
 fixed rate of `--rates` (2,000 and 20,000 msg/s: issue 38), the
 producer sends paced messages for `--seconds` and the time of every `send` call is
-taken with `perf_counter_ns`: mean, p99, p99.9 and max. At 100% and above the queue
+taken with `perf_counter_ns`: mean, p99, p99.9 and max, beside the cyclic GC's
+collections in that time and the longest of them (is a slow `send` the collector's?).
+At 100% and above the queue
 fills (`queue_size`) and `send` blocks until the sender makes room: that is
 saturation, where the caller's time is the broker's pace.
 
@@ -24,6 +26,7 @@ import logging
 import statistics
 import time
 
+from bench.clients import gc_clock
 from broker.client.producer import Producer
 from broker.common.zklayout import create_topic
 from harness.cluster import scratch_cluster
@@ -45,9 +48,9 @@ def maximum_rate(zk: str, topic: str, count: int, acks: int) -> float:
     return count / elapsed
 
 
-def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> tuple[list[int], float]:
-    """Send at `rate` messages/s for `seconds`; the duration of each `send` in ns, and
-    the rate reached."""
+def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> tuple[list[int], float, dict]:
+    """Send at `rate` messages/s for `seconds`; the duration of each `send` in ns, the
+    rate reached, and the GC's work meanwhile (`gc_clock`)."""
     value = b"x" * SIZE
     count = max(1, int(rate * seconds))
     durations = [0] * count
@@ -57,19 +60,20 @@ def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> 
         send(topic, value)
         producer.flush(60)  # topic metadata and connection in place before the clock
         interval = 1e9 / rate
-        start = clock()
-        for i in range(count):
-            due = start + i * interval
-            ahead = due - clock()
-            if ahead > 200_000:  # sleep when well ahead of schedule, else go on at once
-                time.sleep(ahead / 1e9)
-            before = clock()
-            send(topic, value)
-            durations[i] = clock() - before
-        reached = count / ((clock() - start) / 1e9)
+        with gc_clock() as collected:
+            start = clock()
+            for i in range(count):
+                due = start + i * interval
+                ahead = due - clock()
+                if ahead > 200_000:  # sleep when well ahead of schedule, else go on at once
+                    time.sleep(ahead / 1e9)
+                before = clock()
+                send(topic, value)
+                durations[i] = clock() - before
+            reached = count / ((clock() - start) / 1e9)
         report = producer.flush(300)
     assert report.ok, report
-    return durations, reached
+    return durations, reached, collected
 
 
 def summary(durations: list[int]) -> tuple[float, float, float, float]:
@@ -102,12 +106,16 @@ def main() -> None:
         targets = [(f"{f:7.0%}", f * top) for f in FRACTIONS]
         targets += [(f"{int(r):7d}", float(r)) for r in args.rates.split(",") if r]
         for label, rate in targets:
-            durations, reached = paced_sends(zookeeper.connect_string, "latency", rate, args.seconds, args.acks)
-            rows.append((label, reached, len(durations), *summary(durations)))
+            durations, reached, collected = paced_sends(zookeeper.connect_string, "latency", rate, args.seconds,
+                                                        args.acks)
+            rows.append((label, reached, len(durations), *summary(durations), sum(collected["runs"]),
+                         collected["longest"] * 1e3))
     print(f"async send() latency, {SIZE}-byte messages, acks={args.acks}, maximum {top:,.0f} msg/s")
-    print(f"{'target':>7} {'msg/s':>9} {'sends':>8} {'mean ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8}")
-    for label, reached, n, mean, p99, p999, worst in rows:
-        print(f"{label} {reached:9,.0f} {n:8d} {mean:8.4f} {p99:8.3f} {p999:9.3f} {worst:8.2f}")
+    print(f"{'target':>7} {'msg/s':>9} {'sends':>8} {'mean ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8} "
+          f"{'GCs':>5} {'longest GC ms':>13}")
+    for label, reached, n, mean, p99, p999, worst, collections, longest in rows:
+        print(f"{label} {reached:9,.0f} {n:8d} {mean:8.4f} {p99:8.3f} {p999:9.3f} {worst:8.2f} {collections:5d} "
+              f"{longest:13.2f}")
 
 
 if __name__ == "__main__":
