@@ -1,7 +1,8 @@
 """Compression codecs of the message format (docs/protocol.md, "Message format", a
 contract): gzip built in, snappy, lz4 and zstd from optional extras, and decompression
-with a bound on the output, so a gzip bomb of a few KiB cannot make the broker
-allocate gigabytes. `broker.common.message` wraps compressed sets with these."""
+with a bound on the output, so a bomb of a few KiB cannot make the broker allocate
+gigabytes: gzip, lz4 and zstd stop at the bound, snappy is refused by the length its
+header declares. `broker.common.message` wraps compressed sets with these."""
 
 from __future__ import annotations
 
@@ -81,6 +82,8 @@ def decompress(codec: Codec, data: bytes | memoryview, max_bytes: int = DEFAULT_
     try:
         if codec is Codec.GZIP:
             out = _gunzip_bounded(data, max_bytes)
+        elif codec is Codec.LZ4:
+            out = _lz4_bounded(data, max_bytes)
         elif codec is Codec.ZSTD:
             import zstandard  # type: ignore[import-not-found]
 
@@ -91,11 +94,14 @@ def decompress(codec: Codec, data: bytes | memoryview, max_bytes: int = DEFAULT_
                     out += chunk
                 out = bytes(out)
         else:
+            if codec is Codec.SNAPPY and _snappy_length(data) > max_bytes:
+                raise InvalidMessage(f"a snappy entry declares more than {max_bytes} bytes")
             out = _optional_codec(codec)[1](bytes(data))
     except InvalidMessage:
         raise
     except ImportError as exc:
-        raise InvalidMessage(f"compression codec {codec.name.lower()} needs the 'zstandard' package") from exc
+        package = "lz4" if codec is Codec.LZ4 else "zstandard"
+        raise InvalidMessage(f"compression codec {codec.name.lower()} needs the {package!r} package") from exc
     except Exception as exc:  # every codec library has its own error classes
         raise InvalidMessage(f"cannot decompress a {codec.name.lower()} entry: {exc}") from exc
     if len(out) > max_bytes:
@@ -119,3 +125,34 @@ def _gunzip_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
             raise InvalidMessage("cannot decompress a gzip entry: truncated gzip stream")
         rest = d.unused_data
     return bytes(out)
+
+
+def _lz4_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
+    """One LZ4 frame (Kafka's and the producer's lz4 value) with a bound on the output.
+    `lz4.frame.decompress` allocates all a frame holds before the caller can look: 128
+    MiB for a frame of 270 KiB of zeros. Bytes after the frame are refused, where
+    `lz4.frame.decompress` dropped them unread."""
+    import lz4.frame  # type: ignore[import-not-found]
+
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    out = decompressor.decompress(bytes(data), max_bytes + 1)
+    if len(out) > max_bytes:
+        raise InvalidMessage(f"a lz4 entry decompresses to more than {max_bytes} bytes")
+    if not decompressor.eof:
+        raise InvalidMessage("cannot decompress a lz4 entry: truncated lz4 frame")
+    if decompressor.unused_data:
+        raise InvalidMessage(f"a lz4 entry holds {len(decompressor.unused_data)} bytes after its frame")
+    return out
+
+
+def _snappy_length(data: bytes | memoryview) -> int:
+    """The uncompressed length a raw snappy block declares (its leading varint), which
+    the library allocates before it decodes a byte: checked first, so a six-byte value
+    cannot ask for gigabytes."""
+    length = shift = 0
+    for byte in bytes(data[:5]):
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return length
+        shift += 7
+    raise InvalidMessage("cannot decompress a snappy entry: no length in its header")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 
+import lz4.frame
+
 import pytest
 
 from broker.client.consumer import SimpleConsumer
@@ -49,6 +51,9 @@ POISONS = {
     "flipped attribute bit 0": lambda: flipped_attributes(0x01),
     "flipped attribute bit 6": lambda: flipped_attributes(0x40),
     "gzip bomb": lambda: wrapper(gzip.compress(encode_message_set([(None, b"\0" * (8 << 20), 1000)]))),
+    "lz4 bomb": lambda: wrapper(lz4.frame.compress(encode_message_set([(None, b"\0" * (8 << 20), 1000)])), 3),
+    "lz4 frame with bytes after it": lambda: wrapper(lz4.frame.compress(encode_message_set(
+        [(None, b"inner", 1000)])) + encode_message_set([(None, b"smuggled", 1000)]), 3),
 }
 
 
@@ -70,6 +75,8 @@ def test_every_poison_is_refused_with_invalid_message_and_the_log_stays_intact(c
     for name, reason in refused.items():
         print(f"  {name}: {reason}")
     assert "decompresses to more than" in refused["gzip bomb"]
+    assert "decompresses to more than" in refused["lz4 bomb"]
+    assert "after its frame" in refused["lz4 frame with bytes after it"]
     assert "CRC mismatch" in refused["gzip of inner set with bad CRC"]
 
 
