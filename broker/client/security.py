@@ -10,8 +10,14 @@ the Spark data source's options carry them. The password never appears in `repr`
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import os
+import shutil
 import socket
 import ssl
+import tempfile
+import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Mapping
@@ -72,7 +78,8 @@ class ClientSecurity:
         """From Kafka-style client property names; unknown names are refused by name.
         PEM text given inline (`ssl.ca.pem`, `ssl.cert.pem`, `ssl.private.key`: an Airflow
         connection's fields, a Spark executor's options) is written to files only this
-        process's user can read, since `ssl` loads certificates from files."""
+        process's user can read and that do not outlive it (`_pem_path`), since `ssl`
+        loads certificates from files."""
         properties = _materialize_pem(properties)
         unknown = sorted(set(properties) - set(_PROPERTIES))
         if unknown:
@@ -140,7 +147,34 @@ class ClientSecurity:
 
 OPEN = ClientSecurity()  # plaintext, no authentication: the default
 
-_pem_dir: str | None = None
+_pem_paths: dict[str, str] = {}  # sha256 of a PEM text -> the path this process reads it at
+_pem_lock = threading.Lock()
+
+
+def _pem_path(data: bytes) -> str:
+    """A path to `data` that only this process's user can read and that nothing leaves
+    behind. On Linux an anonymous memory file (memfd), read at /proc/self/fd/N, is gone
+    with the process however it ends. A file in a temporary directory was removed by
+    `atexit` only: Airflow's task processes end with `os._exit`, and every secured task
+    left its client key in /tmp. Elsewhere a private temporary directory, removed at exit."""
+    digest = hashlib.sha256(data).hexdigest()
+    with _pem_lock:
+        path = _pem_paths.get(digest)
+        if path is None:
+            if hasattr(os, "memfd_create"):
+                fd = os.memfd_create(f"logbus-pem-{digest[:16]}", os.MFD_CLOEXEC)  # a fork keeps it, an exec does not
+                os.fchmod(fd, 0o600)
+                with os.fdopen(os.dup(fd), "wb") as file:
+                    file.write(data)
+                path = f"/proc/self/fd/{fd}"
+            else:
+                directory = tempfile.mkdtemp(prefix="logbus-tls-")  # mode 0700
+                atexit.register(shutil.rmtree, directory, True)
+                path = os.path.join(directory, f"{digest[:16]}.pem")
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+                    file.write(data)
+            _pem_paths[digest] = path
+        return path
 
 
 def _materialize_pem(properties: Mapping[str, object]) -> dict[str, object]:
@@ -148,24 +182,8 @@ def _materialize_pem(properties: Mapping[str, object]) -> dict[str, object]:
     out = {k: v for k, v in properties.items() if k not in _INLINE_PEM}
     if not inline:
         return out
-    global _pem_dir
-    if _pem_dir is None:
-        import atexit
-        import shutil
-        import tempfile
-
-        _pem_dir = tempfile.mkdtemp(prefix="logbus-tls-")  # mode 0700
-        atexit.register(shutil.rmtree, _pem_dir, True)
-    import hashlib
-    import os
-
     for key, text in inline.items():
-        data = str(text).encode()
-        path = Path(_pem_dir) / f"{hashlib.sha256(data).hexdigest()[:16]}.pem"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
+        path = _pem_path(str(text).encode())
         if out.get(_INLINE_PEM[key]):
             raise ValueError(f"give {key} or {_INLINE_PEM[key]}, not both")
         out[_INLINE_PEM[key]] = str(path)

@@ -82,6 +82,46 @@ def test_client_security_refuses_what_cannot_work(tmp_path):
     assert "hunter2" not in repr(secured)
 
 
+INLINE_PEM_THEN_EXIT = """
+import os, sys
+from pathlib import Path
+from broker.client.security import ClientSecurity
+ca, cert, key = (Path(p).read_text() for p in sys.argv[1:4])
+security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": ca, "ssl.cert.pem": cert,
+                                           "ssl.private.key": key})
+security.ssl_context()  # the key loads from where it was put
+child = os.fork()  # as Airflow's task runner: the forked child connects with the same settings
+if child == 0:
+    security.ssl_context()
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+os._exit(0)  # as Airflow's task processes end: no atexit
+"""
+
+
+def test_inline_pem_is_readable_in_the_process_and_its_forks_and_left_nowhere_after_os_exit(tmp_path):
+    """Airflow's task processes take the connection's PEM text inline and end with
+    os._exit; the private key must not stay behind in the temporary directory."""
+    import os
+    import subprocess
+    import sys
+
+    from harness.certificates import CertificateAuthority
+
+    ca = CertificateAuthority(tmp_path / "ca")
+    issued = ca.issue("task")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, "-c", INLINE_PEM_THEN_EXIT, str(ca.cafile), str(issued.certfile),
+                           str(issued.keyfile)], env={**os.environ, "TMPDIR": str(scratch)},
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "child 0"), done.stderr
+    key = issued.keyfile.read_bytes()
+    left = [p for p in scratch.rglob("*") if p.is_file() and key in p.read_bytes()]
+    assert not left and not list(scratch.iterdir()), f"left behind: {[str(p) for p in scratch.rglob('*')]}"
+
+
 def test_inline_pem_becomes_a_private_file():
     security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": "-----BEGIN X-----\n"})
     from pathlib import Path
