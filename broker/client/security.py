@@ -161,20 +161,31 @@ def _pem_path(data: bytes) -> str:
     with _pem_lock:
         path = _pem_paths.get(digest)
         if path is None:
-            if hasattr(os, "memfd_create"):
-                fd = os.memfd_create(f"logbus-pem-{digest[:16]}", os.MFD_CLOEXEC)  # a fork keeps it, an exec does not
-                os.fchmod(fd, 0o600)
-                with os.fdopen(os.dup(fd), "wb") as file:
-                    file.write(data)
-                path = f"/proc/self/fd/{fd}"
-            else:
-                directory = tempfile.mkdtemp(prefix="logbus-tls-")  # mode 0700
-                atexit.register(shutil.rmtree, directory, True)
-                path = os.path.join(directory, f"{digest[:16]}.pem")
-                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
-                    file.write(data)
-            _pem_paths[digest] = path
+            path = _pem_paths[digest] = _memory_file(digest, data) or _private_file(digest, data)
         return path
+
+
+def _memory_file(digest: str, data: bytes) -> str | None:
+    """`data` in a memfd (Linux), or None where there is none (another OS, a sandbox
+    that refuses the call)."""
+    try:
+        fd = os.memfd_create(f"logbus-pem-{digest[:16]}", os.MFD_CLOEXEC)  # a fork keeps it, an exec does not
+    except (AttributeError, OSError):
+        return None
+    os.fchmod(fd, 0o600)
+    with os.fdopen(os.dup(fd), "wb") as file:
+        file.write(data)
+    return f"/proc/self/fd/{fd}"
+
+
+def _private_file(digest: str, data: bytes) -> str:
+    """`data` in a file of a private temporary directory, removed at a normal exit."""
+    directory = tempfile.mkdtemp(prefix="logbus-tls-")  # mode 0700
+    atexit.register(shutil.rmtree, directory, True)
+    path = os.path.join(directory, f"{digest[:16]}.pem")
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+        file.write(data)
+    return path
 
 
 def _materialize_pem(properties: Mapping[str, object]) -> dict[str, object]:

@@ -122,6 +122,28 @@ def test_inline_pem_is_readable_in_the_process_and_its_forks_and_left_nowhere_af
     assert not left and not list(scratch.iterdir()), f"left behind: {[str(p) for p in scratch.rglob('*')]}"
 
 
+def test_inline_pem_falls_back_to_a_private_directory_where_memory_files_are_refused(monkeypatch, tmp_path):
+    """A sandbox may refuse memfd_create (seccomp): the PEM then goes to a 0700
+    directory of the temporary directory, removed at a normal exit."""
+    import os
+
+    import broker.client.security as security_module
+
+    def refused(*_args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(security_module, "_pem_paths", {})
+    monkeypatch.setattr(os, "memfd_create", refused)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(security_module.tempfile, "tempdir", None)
+    security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": "-----BEGIN Y-----\n"})
+    from pathlib import Path
+
+    path = Path(security.ssl_cafile)
+    assert path.parent.parent == tmp_path and path.parent.name.startswith("logbus-tls-")
+    assert path.read_text() == "-----BEGIN Y-----\n" and path.stat().st_mode & 0o077 == 0
+
+
 def test_inline_pem_becomes_a_private_file():
     security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": "-----BEGIN X-----\n"})
     from pathlib import Path
