@@ -11,6 +11,7 @@ the Spark data source's options carry them. The password never appears in `repr`
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import os
 import shutil
@@ -179,13 +180,19 @@ def _memory_file(digest: str, data: bytes) -> str | None:
 
 
 def _private_file(digest: str, data: bytes) -> str:
-    """`data` in a file of a private temporary directory, removed at a normal exit."""
-    directory = tempfile.mkdtemp(prefix="logbus-tls-")  # mode 0700
-    atexit.register(shutil.rmtree, directory, True)
-    path = os.path.join(directory, f"{digest[:16]}.pem")
+    """`data` in a file of this process's private temporary directory."""
+    path = os.path.join(_private_directory(), f"{digest[:16]}.pem")
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
         file.write(data)
     return path
+
+
+@functools.cache
+def _private_directory() -> str:
+    """One 0700 temporary directory a process, removed at a normal exit."""
+    directory = tempfile.mkdtemp(prefix="logbus-tls-")
+    atexit.register(shutil.rmtree, directory, True)
+    return directory
 
 
 def _materialize_pem(properties: Mapping[str, object]) -> dict[str, object]:

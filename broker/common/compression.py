@@ -39,6 +39,15 @@ class Codec(enum.IntEnum):
         return cls(name)
 
 
+_PACKAGES = {Codec.SNAPPY: "python-snappy", Codec.LZ4: "lz4", Codec.ZSTD: "zstandard"}  # the extras' packages
+
+
+def _missing(codec: Codec) -> InvalidMessage:
+    """The refusal of a codec whose package is not installed, naming the extra."""
+    return InvalidMessage(f"compression codec {codec.name.lower()} needs the {_PACKAGES[codec]!r} package "
+                          f"(pip install 'logbus[{codec.name.lower()}]')")
+
+
 def _optional_codec(codec: Codec) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
     """(compress, decompress) for the codecs whose libraries are optional extras."""
     try:
@@ -55,11 +64,7 @@ def _optional_codec(codec: Codec) -> tuple[Callable[[bytes], bytes], Callable[[b
 
             return zstandard.ZstdCompressor().compress, zstandard.ZstdDecompressor().decompress
     except ImportError as exc:
-        package = {Codec.SNAPPY: "python-snappy", Codec.LZ4: "lz4", Codec.ZSTD: "zstandard"}[codec]
-        raise InvalidMessage(
-            f"compression codec {codec.name.lower()} needs the {package!r} package "
-            f"(pip install 'logbus[{codec.name.lower()}]')"
-        ) from exc
+        raise _missing(codec) from exc
     raise InvalidMessage(f"unknown compression codec {int(codec)}")
 
 
@@ -93,15 +98,16 @@ def decompress(codec: Codec, data: bytes | memoryview, max_bytes: int = DEFAULT_
                     chunk = reader.read(max_bytes + 1 - len(out))
                     out += chunk
                 out = bytes(out)
-        else:
-            if codec is Codec.SNAPPY and _snappy_length(data) > max_bytes:
+        elif codec is Codec.SNAPPY:
+            if _snappy_length(data) > max_bytes:
                 raise InvalidMessage(f"a snappy entry declares more than {max_bytes} bytes")
             out = _optional_codec(codec)[1](bytes(data))
+        else:
+            raise InvalidMessage(f"unknown compression codec {int(codec)}")
     except InvalidMessage:
         raise
-    except ImportError as exc:
-        package = "lz4" if codec is Codec.LZ4 else "zstandard"
-        raise InvalidMessage(f"compression codec {codec.name.lower()} needs the {package!r} package") from exc
+    except ImportError as exc:  # lz4's and zstd's bounded readers import their packages here
+        raise _missing(codec) from exc
     except Exception as exc:  # every codec library has its own error classes
         raise InvalidMessage(f"cannot decompress a {codec.name.lower()} entry: {exc}") from exc
     if len(out) > max_bytes:

@@ -3,13 +3,20 @@ start with, what a client refuses to be configured with, and the ACL rule."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+import broker.client.security as security_module
 from broker.client.security import ClientSecurity
 from broker.common.acls import Acl, AclEntry, Operation, PatternType, Permission, Resource, ResourceType, decide
 from broker.common.listeners import Endpoint, SecurityProtocol, parse_endpoints
 from broker.server.auth.listeners import inter_broker_listener, listeners
 from broker.server.config import BrokerConfig, ConfigError
+from harness.certificates import CertificateAuthority
 
 BASE = {"broker.id": "0", "zookeeper.connect": "127.0.0.1:2181"}
 
@@ -103,12 +110,6 @@ os._exit(0)  # as Airflow's task processes end: no atexit
 def test_inline_pem_is_readable_in_the_process_and_its_forks_and_left_nowhere_after_os_exit(tmp_path):
     """Airflow's task processes take the connection's PEM text inline and end with
     os._exit; the private key must not stay behind in the temporary directory."""
-    import os
-    import subprocess
-    import sys
-
-    from harness.certificates import CertificateAuthority
-
     ca = CertificateAuthority(tmp_path / "ca")
     issued = ca.issue("task")
     scratch = tmp_path / "tmp"
@@ -117,28 +118,23 @@ def test_inline_pem_is_readable_in_the_process_and_its_forks_and_left_nowhere_af
                            str(issued.keyfile)], env={**os.environ, "TMPDIR": str(scratch)},
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "child 0"), done.stderr
-    key = issued.keyfile.read_bytes()
-    left = [p for p in scratch.rglob("*") if p.is_file() and key in p.read_bytes()]
-    assert not left and not list(scratch.iterdir()), f"left behind: {[str(p) for p in scratch.rglob('*')]}"
+    assert not list(scratch.iterdir()), f"left behind: {[str(p) for p in scratch.rglob('*')]}"
 
 
-def test_inline_pem_falls_back_to_a_private_directory_where_memory_files_are_refused(monkeypatch, tmp_path):
+def test_inline_pem_falls_back_to_a_private_directory_where_memory_files_are_refused(monkeypatch, tmp_path,
+                                                                                       request):
     """A sandbox may refuse memfd_create (seccomp): the PEM then goes to a 0700
     directory of the temporary directory, removed at a normal exit."""
-    import os
-
-    import broker.client.security as security_module
-
     def refused(*_args):
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(security_module, "_pem_paths", {})
+    security_module._private_directory.cache_clear()  # a directory of this test's TMPDIR, and again after
+    request.addfinalizer(security_module._private_directory.cache_clear)
     monkeypatch.setattr(os, "memfd_create", refused)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(security_module.tempfile, "tempdir", None)
     security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": "-----BEGIN Y-----\n"})
-    from pathlib import Path
-
     path = Path(security.ssl_cafile)
     assert path.parent.parent == tmp_path and path.parent.name.startswith("logbus-tls-")
     assert path.read_text() == "-----BEGIN Y-----\n" and path.stat().st_mode & 0o077 == 0
@@ -146,8 +142,6 @@ def test_inline_pem_falls_back_to_a_private_directory_where_memory_files_are_ref
 
 def test_inline_pem_becomes_a_private_file():
     security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": "-----BEGIN X-----\n"})
-    from pathlib import Path
-
     path = Path(security.ssl_cafile)
     assert path.read_text() == "-----BEGIN X-----\n" and path.stat().st_mode & 0o077 == 0
 
