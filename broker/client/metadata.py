@@ -38,6 +38,7 @@ from broker.common.zkauth import NO_AUTH, ZooKeeperAuth
 from broker.common.zklayout import (
     BROKER_IDS, BROKER_TOPICS, Assignment, decode_assignment, read_assignment, read_brokers, topic_path,
 )
+from broker.common.zksession import start_session
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def connect_zookeeper(connect: str, timeout: float = 10.0, session_timeout: floa
     `auth`, authenticated and creating nodes with its ACL (docs/zookeeper.md)."""
     zk = KazooClient(hosts=connect, timeout=session_timeout, **auth.client_kwargs())
     try:
-        zk.start(timeout)
+        start_session(zk, timeout)
     except (KazooTimeoutError, Exception) as exc:  # kazoo raises several kinds on bad hosts
         try:
             zk.stop()

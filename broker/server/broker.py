@@ -20,6 +20,7 @@ from broker.common.protocol import BrokerInfo
 from broker.common.topicdeletion import deleted_ids
 from broker.common.zkauth import NO_CHROOT, ZooKeeperAuth, protect_root
 from broker.common.zklayout import CONSUMERS, MIRRORS
+from broker.common.zksession import start_session
 from broker.server.audit import RecordCounter, led_logs
 from broker.server.auth.authorizer import Authorizer
 from broker.server.auth.interbroker import InterBrokerSecurity
@@ -144,7 +145,7 @@ class Broker:
         # kazoo warns when the chroot does not exist yet; a broker creates it itself
         # (`_prepare_zookeeper`, registration), so on a new cluster that is no news (issue 39)
         warnings.filterwarnings("ignore", message="No chroot path exists", module="kazoo.client")
-        await loop.run_in_executor(None, self.zk.start, self.config.zookeeper_connection_timeout_ms / 1000)
+        await loop.run_in_executor(None, start_session, self.zk, self.config.zookeeper_connection_timeout_ms / 1000)
         await loop.run_in_executor(None, self._prepare_zookeeper)
         await loop.run_in_executor(None, self.registry.start)
         # the topics are known now (the watches read them): a deletion missed while down is finished here

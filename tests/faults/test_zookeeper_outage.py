@@ -222,3 +222,32 @@ def test_connection_lost_in_each_zookeeper_step_of_the_start(own_zookeeper, tmp_
         still_serves(broker)
     finally:
         cluster.stop()
+
+
+def test_session_expired_as_the_start_connects(own_zookeeper, tmp_path):
+    """A broker paused right after its ZooKeeper connection was made (its session
+    expired in the fault schedule of a history run) exited with code 1 and "cannot
+    reach ZooKeeper ... within 10000 ms": kazoo's `start` looks at the connection once
+    its wait ends, finds it lost, and gives up, although kazoo was already opening a
+    new session. The start must go on with the new session and serve."""
+    from tests.replication.faults import expire_session_as_it_connects
+
+    cluster = LocalCluster(own_zookeeper.connect_string, tmp_path, settings={"log.flush.interval.ms": 20})
+    try:
+        broker = cluster.start_broker(0, {"zookeeper.session.timeout.ms": SESSION_MS},
+                                      preamble=expire_session_as_it_connects())
+        log = broker.log_tail(400)
+        assert "fault: session" in log and "expired as it connected" in log
+        assert broker.alive
+        zk = KazooClient(own_zookeeper.connect_string)
+        zk.start(30)
+        try:
+            _, stat = zk.get(broker_path(0))
+        finally:
+            zk.stop()
+            zk.close()
+        expired = int(log.split("fault: session 0x")[1].split()[0], 16)
+        assert stat.ephemeralOwner != expired  # registered by the new session
+        still_serves(broker)
+    finally:
+        cluster.stop()

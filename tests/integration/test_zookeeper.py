@@ -184,3 +184,23 @@ def test_losing_a_creation_race_adopts_the_winners_assignment(cluster, zk):
     # no watches started: only ensure_topic's own read can bring the assignment
     assert registry.ensure_topic("raced", 5) == winner
     assert registry.view.topics["raced"] == winner and seen == [("raced", winner)]
+
+
+def test_a_client_goes_on_with_a_session_that_expired_as_it_connected(zk_connect, monkeypatch):
+    """The client library's `connect_zookeeper` (the mirror's, the admin tool's, a
+    ZooKeeper-metadata producer's) gave up with ZooKeeperUnavailable when its first
+    session expired right after it was established (a process paused at that moment):
+    it must go on with the session kazoo opens next."""
+    from kazoo.client import KazooClient
+
+    from broker.client.metadata import connect_zookeeper
+    from tests.replication.faults import _expire_session_as_it_connects
+
+    monkeypatch.setattr(KazooClient, "start_async", KazooClient.start_async)  # restored afterwards
+    _expire_session_as_it_connects()
+    client = connect_zookeeper(zk_connect, timeout=10, session_timeout=2)
+    try:
+        assert client.retry(client.exists, "/") is not None  # served by the next session
+    finally:
+        client.stop()
+        client.close()

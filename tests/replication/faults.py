@@ -55,6 +55,49 @@ def _lose_each_zookeeper_path_once() -> None:
     KazooClient.ensure_path = ensure_path
 
 
+def expire_session_as_it_connects() -> str:
+    """A preamble under which the broker's first ZooKeeper session expires the moment
+    it is established, before the start goes on: a broker paused (a VM stall, a long
+    GC) or a ZooKeeper server failing right after it connected. kazoo opens a new
+    session by itself; the start must carry on with it, not end the broker."""
+    return "from tests.replication.faults import _expire_session_as_it_connects; _expire_session_as_it_connects()"
+
+
+def _expire_session_as_it_connects() -> None:
+    import sys
+    import time
+
+    from kazoo.client import KazooClient, KazooState
+
+    original = KazooClient.start_async
+    expired: list[int] = []
+
+    def start_async(self):
+        event = original(self)
+        answered = event.wait
+
+        def wait(timeout=None):
+            connected = answered(timeout)
+            if connected and not expired:
+                expired.append(self.client_id[0])
+                # ZooKeeper's way to expire a session at will: a second client resumes
+                # it, taking its connection, and closes it
+                twin = KazooClient(",".join(f"{host}:{port}" for host, port in self.hosts),
+                                   client_id=self.client_id)
+                twin.start(30)
+                twin.stop()
+                twin.close()
+                while self.state != KazooState.LOST:  # until kazoo has noticed
+                    time.sleep(0.01)
+                print(f"fault: session 0x{expired[0]:x} expired as it connected", file=sys.stderr, flush=True)
+            return connected
+
+        event.wait = wait
+        return event
+
+    KazooClient.start_async = start_async
+
+
 def die_after_removing_topic_nodes() -> str:
     """A preamble under which the controller is killed -9 (SIGKILL to itself) the moment
     it has removed a deleted topic's nodes, before the groups' offsets, the record counts
