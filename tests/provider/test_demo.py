@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# the demo's own deadline (`demo` below) comes first, so that a slow or stuck run shows
+# where it was; pytest-timeout's default (300 s) cut it once with nothing to read
+DEMO_DEADLINE_S = 600
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEMO_DEADLINE_S + 240)]
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_WARNING = re.compile(r"\b\w*Warning\b|warnings\.warn")
 TEN_YEARS_S = 10 * 365 * 86400
@@ -42,6 +45,10 @@ def test_epoch_numbers_are_told_from_ids_offsets_and_iso_times():
                          "complete through: 2026-11-24T02:00Z, 0.1795485600000") == []
 
 
+def tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(none)"
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """One run of the demo (its own ZooKeeper, brokers and Airflow home under a scratch
@@ -55,11 +62,12 @@ def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
                                 "--keep", str(work)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True, env=env)
     try:
-        output, _ = process.communicate(timeout=900)
+        output, _ = process.communicate(timeout=DEMO_DEADLINE_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGINT)
         output, _ = process.communicate(timeout=120)
-        pytest.fail(f"the demo did not finish within 15 minutes:\n{output[-5000:]}")
+        logs = "".join(f"\n---- {name}, last lines ----\n{tail(work / name)}" for name in ("airflow.log", "mirror.log"))
+        pytest.fail(f"the demo did not finish within {DEMO_DEADLINE_S} s:\n{output[-5000:]}{logs}")
     return subprocess.CompletedProcess(process.args, process.returncode, output), work
 
 
