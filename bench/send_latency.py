@@ -14,6 +14,11 @@ At 100% and above the queue
 fills (`queue_size`) and `send` blocks until the sender makes room: that is
 saturation, where the caller's time is the broker's pace.
 
+After each fixed rate, a control row ("no-op"): the same paced loop calling a function
+that does nothing, with no producer in the process. Its max is the machine's own stall
+(the scheduler, other tenants, the hypervisor) that any call can meet, so a `send` max
+near it says nothing about `send`.
+
 The study saw 0.02 ms on average but 120 ms outliers at any rate. One broker, one
 partition, 200-byte messages, acks=1, the producer's default batching (200 messages,
 linger 5 ms), ZooKeeper and broker on the same machine.
@@ -25,6 +30,7 @@ import argparse
 import logging
 import statistics
 import time
+from collections.abc import Callable
 
 from bench.clients import gc_clock
 from broker.client.producer import Producer
@@ -48,32 +54,42 @@ def maximum_rate(zk: str, topic: str, count: int, acks: int) -> float:
     return count / elapsed
 
 
-def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> tuple[list[int], float, dict]:
-    """Send at `rate` messages/s for `seconds`; the duration of each `send` in ns, the
-    rate reached, and the GC's work meanwhile (`gc_clock`)."""
+def paced_calls(call: Callable[[str, bytes], object], topic: str, rate: float,
+                seconds: float) -> tuple[list[int], float, dict]:
+    """Call `call(topic, value)` at `rate` a second for `seconds`; the duration of each
+    call in ns, the rate reached, and the GC's work meanwhile (`gc_clock`)."""
     value = b"x" * SIZE
     count = max(1, int(rate * seconds))
     durations = [0] * count
     clock = time.perf_counter_ns
+    interval = 1e9 / rate
+    with gc_clock() as collected:
+        start = clock()
+        for i in range(count):
+            due = start + i * interval
+            ahead = due - clock()
+            if ahead > 200_000:  # sleep when well ahead of schedule, else go on at once
+                time.sleep(ahead / 1e9)
+            before = clock()
+            call(topic, value)
+            durations[i] = clock() - before
+        reached = count / ((clock() - start) / 1e9)
+    return durations, reached, collected
+
+
+def paced_sends(zk: str, topic: str, rate: float, seconds: float, acks: int) -> tuple[list[int], float, dict]:
+    """`paced_calls` of a producer's `send`, which then delivers every message."""
     with Producer(zookeeper=zk, mode="async", acks=acks, monitoring=False, enable_idempotence=acks != 0) as producer:
-        send = producer.send
-        send(topic, value)
+        producer.send(topic, b"x" * SIZE)
         producer.flush(60)  # topic metadata and connection in place before the clock
-        interval = 1e9 / rate
-        with gc_clock() as collected:
-            start = clock()
-            for i in range(count):
-                due = start + i * interval
-                ahead = due - clock()
-                if ahead > 200_000:  # sleep when well ahead of schedule, else go on at once
-                    time.sleep(ahead / 1e9)
-                before = clock()
-                send(topic, value)
-                durations[i] = clock() - before
-            reached = count / ((clock() - start) / 1e9)
+        measured = paced_calls(producer.send, topic, rate, seconds)
         report = producer.flush(300)
     assert report.ok, report
-    return durations, reached, collected
+    return measured
+
+
+def nothing(topic: str, value: bytes) -> None:
+    """The control's call: what the loop and the machine cost a call that does nothing."""
 
 
 def summary(durations: list[int]) -> tuple[float, float, float, float]:
@@ -110,11 +126,15 @@ def main() -> None:
                                                         args.acks)
             rows.append((label, reached, len(durations), *summary(durations), sum(collected["runs"]),
                          collected["longest"] * 1e3))
+            if label.strip().isdigit():  # a fixed rate: the control right after, in the same minute
+                durations, reached, collected = paced_calls(nothing, "latency", rate, args.seconds)
+                rows.append((f"{label} no-op", reached, len(durations), *summary(durations),
+                             sum(collected["runs"]), collected["longest"] * 1e3))
     print(f"async send() latency, {SIZE}-byte messages, acks={args.acks}, maximum {top:,.0f} msg/s")
-    print(f"{'target':>7} {'msg/s':>9} {'sends':>8} {'mean ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8} "
+    print(f"{'target':>13} {'msg/s':>9} {'sends':>8} {'mean ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8} "
           f"{'GCs':>5} {'longest GC ms':>13}")
     for label, reached, n, mean, p99, p999, worst, collections, longest in rows:
-        print(f"{label} {reached:9,.0f} {n:8d} {mean:8.4f} {p99:8.3f} {p999:9.3f} {worst:8.2f} {collections:5d} "
+        print(f"{label:>13} {reached:9,.0f} {n:8d} {mean:8.4f} {p99:8.3f} {p999:9.3f} {worst:8.2f} {collections:5d} "
               f"{longest:13.2f}")
 
 

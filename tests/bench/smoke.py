@@ -93,7 +93,8 @@ SMOKES: dict[str, Smoke] = {
         r"async send\(\) latency, 200-byte messages, acks=1, maximum [\d,]+ msg/s",
         r"^ +1% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +\d+ +[\d.]+$",
         r"^ +100% +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +\d+ +[\d.]+$",
-        r"^ +2000 +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +\d+ +[\d.]+$"]),
+        r"^ +2000 +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +\d+ +[\d.]+$",
+        r"^ +2000 no-op +[\d,]+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +\d+ +[\d.]+$"]),
     "spark_load": Smoke(["--messages", "500", "--s3"], [
         r"500 messages, [\d.]+ MB in the broker",
         r"plain Spark from JSON-lines +[\d.]+ s +[\d,]+ messages/s +\(500 rows\)",
