@@ -1,13 +1,14 @@
 """Compression codecs of the message format (docs/protocol.md, "Message format", a
 contract): gzip built in, snappy, lz4 and zstd from optional extras, and decompression
 with a bound on the output, so a bomb of a few KiB cannot make the broker allocate
-gigabytes: gzip, lz4 and zstd stop at the bound, snappy is refused by the length its
-header declares. `broker.common.message` wraps compressed sets with these."""
+gigabytes: gzip, lz4 and zstd stop at the bound, snappy is refused by the lengths its
+blocks declare. snappy is read raw or in xerial's framing (Kafka's Java producer's). `broker.common.message` wraps compressed sets with these."""
 
 from __future__ import annotations
 
 import enum
 import gzip
+import struct
 import zlib
 from typing import Callable
 
@@ -39,7 +40,7 @@ class Codec(enum.IntEnum):
         return cls(name)
 
 
-_PACKAGES = {Codec.SNAPPY: "python-snappy", Codec.LZ4: "lz4", Codec.ZSTD: "zstandard"}  # the extras' packages
+_PACKAGES = {Codec.SNAPPY: "cramjam", Codec.LZ4: "lz4", Codec.ZSTD: "zstandard"}  # the extras' packages
 
 
 def _missing(codec: Codec) -> InvalidMessage:
@@ -48,21 +49,21 @@ def _missing(codec: Codec) -> InvalidMessage:
                           f"(pip install 'logbus[{codec.name.lower()}]')")
 
 
-def _optional_codec(codec: Codec) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
-    """(compress, decompress) for the codecs whose libraries are optional extras."""
+def _compressor(codec: Codec) -> Callable[[bytes], bytes]:
+    """The compressor of a codec whose library is an optional extra."""
     try:
         if codec is Codec.SNAPPY:
-            import snappy  # type: ignore[import-not-found]
+            import cramjam  # type: ignore[import-not-found]
 
-            return snappy.compress, snappy.decompress
+            return lambda data: bytes(cramjam.snappy.compress_raw(data))  # raw, as librdkafka writes it
         if codec is Codec.LZ4:
             import lz4.frame  # type: ignore[import-not-found]
 
-            return lz4.frame.compress, lz4.frame.decompress
+            return lz4.frame.compress
         if codec is Codec.ZSTD:
             import zstandard  # type: ignore[import-not-found]
 
-            return zstandard.ZstdCompressor().compress, zstandard.ZstdDecompressor().decompress
+            return zstandard.ZstdCompressor().compress
     except ImportError as exc:
         raise _missing(codec) from exc
     raise InvalidMessage(f"unknown compression codec {int(codec)}")
@@ -73,7 +74,7 @@ def compress(codec: Codec, data: bytes) -> bytes:
         return data
     if codec is Codec.GZIP:
         return gzip.compress(data, compresslevel=6, mtime=0)
-    return _optional_codec(codec)[0](data)
+    return _compressor(codec)(data)
 
 
 DEFAULT_MAX_DECOMPRESSED = 64 << 20
@@ -99,14 +100,12 @@ def decompress(codec: Codec, data: bytes | memoryview, max_bytes: int = DEFAULT_
                     out += chunk
                 out = bytes(out)
         elif codec is Codec.SNAPPY:
-            if _snappy_length(data) > max_bytes:
-                raise InvalidMessage(f"a snappy entry declares more than {max_bytes} bytes")
-            out = _optional_codec(codec)[1](bytes(data))
+            out = _snappy_bounded(data, max_bytes)
         else:
             raise InvalidMessage(f"unknown compression codec {int(codec)}")
     except InvalidMessage:
         raise
-    except ImportError as exc:  # lz4's and zstd's bounded readers import their packages here
+    except ImportError as exc:  # the bounded readers import their packages here
         raise _missing(codec) from exc
     except Exception as exc:  # every codec library has its own error classes
         raise InvalidMessage(f"cannot decompress a {codec.name.lower()} entry: {exc}") from exc
@@ -151,12 +150,53 @@ def _lz4_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
     return out
 
 
-def _snappy_length(data: bytes | memoryview) -> int:
+# Java's snappy framing (xerial snappy-java's SnappyOutputStream), which Kafka's Java
+# producer and kafka-python write: a magic, a version and the oldest version that reads
+# it, then blocks of a 4-byte big-endian length and raw snappy. librdkafka writes raw
+# snappy and reads both; so does the broker.
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = struct.Struct(">8sii")
+_XERIAL_BLOCK = struct.Struct(">i")
+_XERIAL_VERSION = 1
+
+
+def _snappy_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
+    """Raw snappy or xerial's framing of it, with a bound on the output: each raw
+    block's declared length is checked before the library allocates it."""
+    import cramjam  # type: ignore[import-not-found]
+
+    data = bytes(data)
+    if not data.startswith(XERIAL_MAGIC):
+        if _snappy_length(data) > max_bytes:
+            raise InvalidMessage(f"a snappy entry declares more than {max_bytes} bytes")
+        return bytes(cramjam.snappy.decompress_raw(data))
+    if len(data) < _XERIAL_HEADER.size:
+        raise InvalidMessage("cannot decompress a snappy entry: truncated xerial header")
+    _, _, compatible = _XERIAL_HEADER.unpack_from(data)
+    if compatible > _XERIAL_VERSION:
+        raise InvalidMessage(f"cannot decompress a snappy entry: xerial framing version {compatible} is unknown")
+    out, position = bytearray(), _XERIAL_HEADER.size
+    while position < len(data):
+        if position + _XERIAL_BLOCK.size > len(data):
+            raise InvalidMessage("cannot decompress a snappy entry: truncated xerial block length")
+        (size,) = _XERIAL_BLOCK.unpack_from(data, position)
+        position += _XERIAL_BLOCK.size
+        block = data[position:position + size]
+        if size < 0 or len(block) < size:
+            raise InvalidMessage(f"cannot decompress a snappy entry: a xerial block of {size} bytes is cut")
+        if len(out) + _snappy_length(block) > max_bytes:
+            raise InvalidMessage(f"a snappy entry declares more than {max_bytes} bytes")
+        out += cramjam.snappy.decompress_raw(block)
+        position += size
+    return bytes(out)
+
+
+def _snappy_length(data: bytes) -> int:
     """The uncompressed length a raw snappy block declares (its leading varint), which
     the library allocates before it decodes a byte: checked first, so a six-byte value
     cannot ask for gigabytes."""
     length = shift = 0
-    for byte in bytes(data[:5]):
+    for byte in data[:5]:
         length |= (byte & 0x7F) << shift
         if not byte & 0x80:
             return length

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gzip
 
 import lz4.frame
-
 import pytest
+from aiokafka.codec import snappy_encode as aiokafka_snappy
 
 from broker.client.consumer import SimpleConsumer
 from broker.client.errors import CorruptMessageError
@@ -54,6 +54,10 @@ POISONS = {
     "lz4 bomb": lambda: wrapper(lz4.frame.compress(encode_message_set([(None, b"\0" * (8 << 20), 1000)])), 3),
     "lz4 frame with bytes after it": lambda: wrapper(lz4.frame.compress(encode_message_set(
         [(None, b"inner", 1000)])) + encode_message_set([(None, b"smuggled", 1000)]), 3),
+    "snappy bomb in xerial framing": lambda: wrapper(aiokafka_snappy(encode_message_set(
+        [(None, b"\0" * (8 << 20), 1000)])), 2),
+    "xerial snappy block cut short": lambda: wrapper(aiokafka_snappy(encode_message_set(
+        [(None, b"inner", 1000)]))[:-3], 2),
 }
 
 
@@ -77,6 +81,8 @@ def test_every_poison_is_refused_with_invalid_message_and_the_log_stays_intact(c
     assert "decompresses to more than" in refused["gzip bomb"]
     assert "decompresses to more than" in refused["lz4 bomb"]
     assert "after its frame" in refused["lz4 frame with bytes after it"]
+    assert "declares more than" in refused["snappy bomb in xerial framing"]
+    assert "is cut" in refused["xerial snappy block cut short"]
     assert "CRC mismatch" in refused["gzip of inner set with bad CRC"]
 
 

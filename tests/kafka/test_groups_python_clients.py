@@ -1,5 +1,5 @@
 """kafka-python and aiokafka through the Kafka listener: each produces a topic with its
-own producer (idempotent, acks=all; lz4 and gzip), then consumes part of it in a consumer group,
+own producer (idempotent, acks=all; lz4 and snappy), then consumes part of it in a consumer group,
 commits, leaves; a second consumer of the group resumes exactly where the first
 committed (docs/kafka.md, "Consumer groups"). Each client negotiates its own
 versions: kafka-python 3.0 the highest of Kafka 4.x's schemas, aiokafka 0.14 its fixed
@@ -78,7 +78,7 @@ def kafka_python_produces(bootstrap: str, values: dict[int, list[bytes]]) -> Non
 
 async def aiokafka_produces(bootstrap: str, values: dict[int, list[bytes]]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                compression_type="gzip", linger_ms=20)  # its lz4 needs cramjam, not installed
+                                compression_type="snappy", linger_ms=20)  # cramjam's, in xerial's framing
     await producer.start()
     try:
         sent = [await producer.send("t", v, partition=p) for p, vs in values.items() for v in vs]

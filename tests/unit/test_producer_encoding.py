@@ -18,7 +18,7 @@ from broker.common.message import (
 )
 from broker.common.protocol import ProduceRequest
 
-PACKAGES = {Codec.SNAPPY: "snappy", Codec.LZ4: "lz4.frame", Codec.ZSTD: "zstandard"}
+PACKAGES = {Codec.SNAPPY: "cramjam", Codec.LZ4: "lz4.frame", Codec.ZSTD: "zstandard"}
 
 
 def installed(codec: Codec) -> Codec:
