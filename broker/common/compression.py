@@ -2,7 +2,8 @@
 contract): gzip built in, snappy, lz4 and zstd from optional extras, and decompression
 with a bound on the output, so a bomb of a few KiB cannot make the broker allocate
 gigabytes: gzip, lz4 and zstd stop at the bound, snappy is refused by the lengths its
-blocks declare. snappy is read raw or in xerial's framing (Kafka's Java producer's). `broker.common.message` wraps compressed sets with these."""
+blocks declare. snappy is read raw or in xerial's framing (Kafka's Java producer's).
+`broker.common.message` wraps compressed sets with these."""
 
 from __future__ import annotations
 
