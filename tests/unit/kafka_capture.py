@@ -40,7 +40,8 @@ class CaptureBroker:
         self.port = self.sock.getsockname()[1]
         self._lock = threading.Lock()
         self._stopped = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     @property
     def address(self) -> str:
@@ -51,8 +52,15 @@ class CaptureBroker:
             return [f for f in self.frames if frames.peek(f)[0] == api_key]
 
     def close(self) -> None:
+        """Stop accepting: a listening socket closed under a thread blocked in `accept`
+        does not wake it on Linux, a shutdown does."""
         self._stopped = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
+        self._acceptor.join(10)
 
     def _accept(self) -> None:
         while not self._stopped:
