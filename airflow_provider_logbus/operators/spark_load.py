@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -19,6 +18,7 @@ from airflow_provider_logbus.hooks.logbus import LogbusHook
 from airflow_provider_logbus.hooks.registry import SchemaRegistryHook, registry_access
 from airflow_provider_logbus.operators.target import DEFAULT_CATALOG_CONN_ID, resolve_target
 from airflow_provider_logbus.operators.lineage import ReportsBatchLineage
+from airflow_provider_logbus.operators.sparklog import spark_log_file
 from airflow_provider_logbus.plan import BatchPlan, Range, ranges_to_json
 from airflow_provider_logbus.spark.decode_avro import reader_schema
 from airflow_provider_logbus.spark.failure import SPARK_LOG, read_failure
@@ -263,17 +263,14 @@ class LogbusSparkLoadOperator(ReportsBatchLineage, BaseOperator):
         # spark-submit's output goes to the task log; the job also writes its own log and
         # the traceback of its failure to this file. The job starts by emptying the
         # staging directory, so the file joins it only when the job failed.
-        fd, spark_log = tempfile.mkstemp(prefix=f"logbus-spark-{name_of(staging)}-", suffix=".log")
-        os.close(fd)
-        self._hook = LogbusSparkSubmitHook(
-            conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan.batch_id}",
-            application_args=self.application_args(plan.ranges, staging, layout, spark_log), env_vars=env)
-        try:
-            self._hook.submit(LOAD_JOB)
-        except AirflowException as exc:  # spark-submit failed: say why, from what the job recorded
-            raise LogbusLoadError(self.failure_message(staging, Path(spark_log), exc, storage)) from exc
-        finally:
-            Path(spark_log).unlink(missing_ok=True)
+        with spark_log_file(name_of(staging)) as spark_log:
+            self._hook = LogbusSparkSubmitHook(
+                conf=conf, conn_id=self.conn_id, name=f"logbus-load-{self.table}-{plan.batch_id}",
+                application_args=self.application_args(plan.ranges, staging, layout, str(spark_log)), env_vars=env)
+            try:
+                self._hook.submit(LOAD_JOB)
+            except AirflowException as exc:  # spark-submit failed: say why, from what the job recorded
+                raise LogbusLoadError(self.failure_message(staging, spark_log, exc, storage)) from exc
 
     def job_environment(self, storage: Storage) -> dict[str, str]:
         """spark-submit's environment: this interpreter, and the secrets (the cluster's,
