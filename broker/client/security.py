@@ -189,9 +189,15 @@ def _private_file(digest: str, data: bytes) -> str:
 
 @functools.cache
 def _private_directory() -> str:
-    """One 0700 temporary directory a process, removed at a normal exit."""
-    directory = tempfile.mkdtemp(prefix="logbus-tls-")
-    atexit.register(shutil.rmtree, directory, True)
+    """One 0700 temporary directory a process, removed at a normal exit of that process:
+    a forked child inherits the atexit handler (and this cache) and must leave it."""
+    directory, owner = tempfile.mkdtemp(prefix="logbus-tls-"), os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(directory, True)
+
+    atexit.register(remove)
     return directory
 
 

@@ -140,6 +140,31 @@ def test_inline_pem_falls_back_to_a_private_directory_where_memory_files_are_ref
     assert path.read_text() == "-----BEGIN Y-----\n" and path.stat().st_mode & 0o077 == 0
 
 
+FALLBACK_THEN_FORK = """
+import os, sys
+from pathlib import Path
+def refused(*_args):
+    raise PermissionError(1, "Operation not permitted")
+os.memfd_create = refused  # a sandbox without memory files: the private directory
+from broker.client.security import ClientSecurity
+security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": "-----BEGIN Z-----\\n"})
+if os.fork() == 0:
+    sys.exit(0)  # a forked child that ends normally runs the atexit handlers it inherited
+os.wait()
+print(Path(security.ssl_cafile).exists(), flush=True)
+"""
+
+
+def test_a_forked_child_that_exits_normally_leaves_the_parents_pem_in_place(tmp_path):
+    """The fallback directory is removed at exit by the process that made it only: a
+    forked child (Airflow's task runner forks) inherits the atexit handler, and its
+    normal exit removed the parent's PEM files while the parent still used them."""
+    done = subprocess.run([sys.executable, "-c", FALLBACK_THEN_FORK], env={**os.environ, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+    assert not list(tmp_path.iterdir())  # and the parent's own exit removed it
+
+
 def test_inline_pem_becomes_a_private_file():
     security = ClientSecurity.from_properties({"security.protocol": "SSL", "ssl.ca.pem": "-----BEGIN X-----\n"})
     path = Path(security.ssl_cafile)
