@@ -166,8 +166,8 @@ def _snappy_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
     block's declared length is checked before the library allocates it."""
     import cramjam  # type: ignore[import-not-found]
 
-    data = bytes(data)
-    if not data.startswith(XERIAL_MAGIC):
+    data = memoryview(data)  # blocks are read in place: no copy of the batch or of a block
+    if data[:len(XERIAL_MAGIC)] != XERIAL_MAGIC:
         if _snappy_length(data) > max_bytes:
             raise InvalidMessage(f"a snappy entry declares more than {max_bytes} bytes")
         return bytes(cramjam.snappy.decompress_raw(data))
@@ -192,10 +192,11 @@ def _snappy_bounded(data: bytes | memoryview, max_bytes: int) -> bytes:
     return bytes(out)
 
 
-def _snappy_length(data: bytes) -> int:
+def _snappy_length(data: memoryview) -> int:
     """The uncompressed length a raw snappy block declares (its leading varint), which
     the library allocates before it decodes a byte: checked first, so a six-byte value
-    cannot ask for gigabytes."""
+    cannot ask for gigabytes. (cramjam's `decompress_raw_len` refuses a length past 4 GiB
+    with its own error instead of returning it, and reads an empty block as 0.)"""
     length = shift = 0
     for byte in data[:5]:
         length |= (byte & 0x7F) << shift
