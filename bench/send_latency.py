@@ -119,14 +119,14 @@ def main() -> None:
             create_topic(zk, "latency", 1)
         top = maximum_rate(zookeeper.connect_string, "latency", args.count, args.acks)
         rows = []
-        targets = [(f"{f:7.0%}", f * top) for f in FRACTIONS]
-        targets += [(f"{int(r):7d}", float(r)) for r in args.rates.split(",") if r]
-        for label, rate in targets:
+        targets = [(f"{f:7.0%}", f * top, False) for f in FRACTIONS]
+        targets += [(f"{int(r):7d}", float(r), True) for r in args.rates.split(",") if r]
+        for label, rate, fixed in targets:
             durations, reached, collected = paced_sends(zookeeper.connect_string, "latency", rate, args.seconds,
                                                         args.acks)
             rows.append((label, reached, len(durations), *summary(durations), sum(collected["runs"]),
                          collected["longest"] * 1e3))
-            if label.strip().isdigit():  # a fixed rate: the control right after, in the same minute
+            if fixed:  # the control right after, in the same minute
                 durations, reached, collected = paced_calls(nothing, "latency", rate, args.seconds)
                 rows.append((f"{label} no-op", reached, len(durations), *summary(durations),
                              sum(collected["runs"]), collected["longest"] * 1e3))

@@ -37,10 +37,10 @@ def spark_log_file(name: str) -> Iterator[Path]:
         os.close(fd)
 
 
-def remove_abandoned(now: float | None = None) -> list[Path]:
+def remove_abandoned() -> list[Path]:
     """Remove the load logs in the temporary directory that no live process holds;
     the removed paths."""
-    now = time.time() if now is None else now
+    now = time.time()
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*.log"):
         try:

@@ -15,7 +15,7 @@ from broker.common.message import encode_message_set, iter_messages
 from broker.common.zklayout import broker_path, create_topic
 from harness.cluster import LocalCluster
 from harness.process import wait_until
-from harness.zookeeper import ZooKeeperServer
+from harness.zookeeper import ZooKeeperServer, client
 
 SESSION_MS = 2000
 OUTAGE_S = 12.0  # kazoo's default back-off has grown to 12.8 s by then
@@ -239,13 +239,8 @@ def test_session_expired_as_the_start_connects(own_zookeeper, tmp_path):
         log = broker.log_tail(400)
         assert "fault: session" in log and "expired as it connected" in log
         assert broker.alive
-        zk = KazooClient(own_zookeeper.connect_string)
-        zk.start(30)
-        try:
+        with client(own_zookeeper.connect_string) as zk:
             _, stat = zk.get(broker_path(0))
-        finally:
-            zk.stop()
-            zk.close()
         expired = int(log.split("fault: session 0x")[1].split()[0], 16)
         assert stat.ephemeralOwner != expired  # registered by the new session
         still_serves(broker)

@@ -65,9 +65,10 @@ def expire_session_as_it_connects() -> str:
 
 def _expire_session_as_it_connects() -> None:
     import sys
-    import time
 
     from kazoo.client import KazooClient, KazooState
+
+    from harness.process import wait_until
 
     original = KazooClient.start_async
     expired: list[int] = []
@@ -87,8 +88,7 @@ def _expire_session_as_it_connects() -> None:
                 twin.start(30)
                 twin.stop()
                 twin.close()
-                while self.state != KazooState.LOST:  # until kazoo has noticed
-                    time.sleep(0.01)
+                wait_until(lambda: self.state == KazooState.LOST, 30, "kazoo to notice its session expired")
                 print(f"fault: session 0x{expired[0]:x} expired as it connected", file=sys.stderr, flush=True)
             return connected
 

@@ -1,4 +1,4 @@
-"""snappy as Kafka's clients write it (docs/kafka.md, "Codecs"): raw blocks
+"""snappy as Kafka's clients write it (docs/kafka.md, "Record batches"): raw blocks
 (librdkafka, logbus's own producers) and xerial's framing of them (Kafka's Java
 producer; kafka-python and aiokafka here, whose encoders are the reference), read with
 a bound on the output that each block's declared length is checked against before the
